@@ -1,0 +1,24 @@
+"""ringattention: exact attention over sequences sharded across a ring of devices, in JAX.
+
+Ring Attention with Blockwise Transformers (Liu et al. 2023), Blockwise Parallel Transformer (Liu &
+Abbeel 2023), Striped Attention (Brandon et al. 2023), FlashAttention-2 (Dao 2023).
+"""
+
+from ringattention import layouts, masks
+from ringattention.blockwise import BlockSizes, blockwise_feedforward
+from ringattention.implementations import names as implementation_names
+from ringattention.reference import reference_attention
+from ringattention.ring import ring_attention
+from ringattention.sharded import sharded_attention
+
+__all__ = [
+    "BlockSizes",
+    "blockwise_feedforward",
+    "implementation_names",
+    "layouts",
+    "masks",
+    "reference_attention",
+    "ring_attention",
+    "sharded_attention",
+]
+__version__ = "0.1.0"

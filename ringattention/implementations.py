@@ -1,0 +1,74 @@
+"""Registry of inner-loop implementations of one ring step.
+
+Every implementation provides the same two functions over one device's query shard and the key/value
+shard it holds in the current ring step (shapes: B batch, Sq/Sk shard lengths, H query heads, K kv heads,
+D head dim; positions are *global* and increasing within a shard):
+
+``forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale, block_sizes, interpret)``
+    q [B, Sq, H, D], k/v [B, Sk, K, D] (same dtype), q_pos [Sq] int32, k_pos [Sk] int32,
+    q_seg [B, Sq] int32 | None, k_seg [B, Sk] int32 | None.
+    Returns ``o`` float32 [B, Sq, H, D], the attention output over this step's visible keys (0 for rows
+    that see none), and ``lse`` float32 [B, H, Sq], its log-sum-exp of scaled logits (-inf for such rows).
+
+``backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
+block_sizes, interpret)``
+    do [B, Sq, H, D] (q's dtype), lse float32 [B, H, Sq] (the *global* lse of the whole ring pass),
+    delta float32 [B, H, Sq] = rowsum(o * do) of the final output. Returns float32 dq [B, Sq, H, D],
+    dk [B, Sk, K, D], dv [B, Sk, K, D]: this step's contributions.
+
+Query head ``h`` reads kv head ``h // (H // K)``; kv heads are never repeated in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    name: str
+    module: str  # imported lazily; must define forward_step and backward_step
+    platforms: tuple[str, ...]  # platforms on which "auto" may pick it, best first in AUTO_ORDER
+    available: Callable[[], bool] = lambda: True
+
+    def load(self):
+        return importlib.import_module(self.module)
+
+
+_REGISTRY: dict[str, Implementation] = {}
+
+# "auto" tries these in order and takes the first registered, available one for the platform.
+AUTO_ORDER = ("pallas_hopper", "pallas_gpu", "pallas_tpu", "xla")
+
+
+def register(impl: Implementation) -> None:
+    _REGISTRY[impl.name] = impl
+
+
+def names() -> tuple[str, ...]:
+    return ("auto", *_REGISTRY)
+
+
+def _platform() -> str:
+    return jax.default_backend()
+
+
+def resolve(name: str) -> Implementation:
+    """Returns the implementation called ``name`` ("auto" picks the best for the default backend)."""
+    if name == "auto":
+        platform = _platform()
+        for candidate in AUTO_ORDER:
+            impl = _REGISTRY.get(candidate)
+            if impl and platform in impl.platforms and impl.available():
+                return impl
+        return _REGISTRY["xla"]
+    if name not in _REGISTRY:
+        raise ValueError(f"implementation={name!r} is not known; choose one of {names()}")
+    return _REGISTRY[name]
+
+
+register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu")))

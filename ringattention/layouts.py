@@ -1,0 +1,87 @@
+"""How global sequence positions are dealt to the devices of a ring.
+
+Three layouts, all of which keep positions increasing within a shard:
+
+* ``"contiguous"``: shard ``r`` holds positions ``[r*S, (r+1)*S)`` (Ring Attention, Liu et al. 2023).
+* ``"striped"``: shard ``r`` holds positions ``r, r+N, r+2N, ...`` (Striped Attention, Brandon et al.
+  2023), so every device does the same causal work in every ring step.
+* ``"zigzag"``: the sequence is cut into ``2N`` chunks; shard ``r`` holds chunk ``r`` then chunk
+  ``2N-1-r``, which balances causal work over the whole ring pass.
+
+``to_layout`` / ``from_layout`` reorder a global array into the order in which the ring's shards are
+concatenated (shard 0 first) and back; ``positions`` gives the global position of every element of that
+order (what RoPE needs); ``shard_positions`` gives one shard's positions and accepts a traced ring index.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+LAYOUTS = ("contiguous", "striped", "zigzag")
+
+
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"{layout=} is not a known layout; choose one of {LAYOUTS}")
+
+
+def check_divisible(seq_len: int, layout: str, ring_size: int) -> None:
+    """Raises ValueError unless a global ``seq_len`` can be dealt to ``ring_size`` shards."""
+    check_layout(layout)
+    if ring_size < 1:
+        raise ValueError(f"{ring_size=} must be >= 1")
+    parts = 2 * ring_size if layout == "zigzag" else ring_size
+    if seq_len % parts:
+        raise ValueError(
+            f"{seq_len=} must be divisible by {parts} for {layout=} with {ring_size=}"
+        )
+
+
+def permutation(seq_len: int, layout: str, ring_size: int) -> np.ndarray:
+    """Global positions in layout order: ``x_layout = x[..., permutation, ...]``. int32 [seq_len]."""
+    check_divisible(seq_len, layout, ring_size)
+    shard = seq_len // ring_size
+    idx = np.arange(seq_len)
+    if layout == "contiguous":
+        return idx.astype(np.int32)
+    if layout == "striped":
+        # element i of shard r holds position i*N + r
+        return idx.reshape(shard, ring_size).T.reshape(-1).astype(np.int32)
+    chunks = idx.reshape(2 * ring_size, shard // 2)
+    order = [c for r in range(ring_size) for c in (r, 2 * ring_size - 1 - r)]
+    return chunks[order].reshape(-1).astype(np.int32)
+
+
+def positions(seq_len: int, layout: str, ring_size: int) -> np.ndarray:
+    """Global position of every element of a sequence in layout order. int32 [seq_len]."""
+    return permutation(seq_len, layout, ring_size)
+
+
+def to_layout(x, layout: str, ring_size: int, axis: int = 1):
+    """Reorders a global array (natural order along ``axis``) into layout order."""
+    perm = permutation(x.shape[axis], layout, ring_size)
+    return jnp.take(x, jnp.asarray(perm), axis=axis)
+
+
+def from_layout(x, layout: str, ring_size: int, axis: int = 1):
+    """Inverse of :func:`to_layout`."""
+    perm = permutation(x.shape[axis], layout, ring_size)
+    return jnp.take(x, jnp.asarray(np.argsort(perm)), axis=axis)
+
+
+def shard_positions(layout: str, shard_len: int, ring_size: int, ring_index) -> jnp.ndarray:
+    """Global positions of shard ``ring_index`` (may be traced). int32 [shard_len], increasing."""
+    check_layout(layout)
+    i = jnp.arange(shard_len, dtype=jnp.int32)
+    r = jnp.asarray(ring_index, jnp.int32)
+    if layout == "contiguous":
+        return r * shard_len + i
+    if layout == "striped":
+        return i * ring_size + r
+    if shard_len % 2:
+        raise ValueError(f"zigzag needs an even shard length, got {shard_len=}")
+    half = shard_len // 2
+    first = r * half + i
+    second = (2 * ring_size - 1 - r) * half + (i - half)
+    return jnp.where(i < half, first, second)

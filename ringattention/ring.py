@@ -1,0 +1,239 @@
+"""Ring attention: exact attention over a sequence sharded across a ring of devices.
+
+Each device keeps its query shard and passes key/value shards (and their segment ids) around the ring
+with ``lax.ppermute``, merging every step's partial result with a float32 log-sum-exp (Ring Attention
+with Blockwise Transformers, Liu, Zaharia & Abbeel 2023). The backward pass is a second lap that
+recomputes scores from the saved lse: dq accumulates locally, dk/dv accumulate in float32 while they
+travel with k/v and arrive home after a full lap. Residuals are O(shard).
+
+Every ppermute is issued at the top of a step, before the compute it should hide behind. The step's
+inner loop is pluggable (``implementations.py``): pure-JAX blockwise or a Pallas kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ringattention import implementations, layouts
+from ringattention._vma import full_like
+
+F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    axis_name: object
+    causal: bool
+    layout: str
+    softmax_scale: float
+    implementation: str
+    block_sizes: object
+    interpret: bool
+    ring_size: int
+
+
+def merge(o1, lse1, o2, lse2):
+    """Merges two normalised partial attentions. o [B, S, H, D] f32, lse [B, H, S] f32 (-inf: none)."""
+    m = jnp.maximum(lse1, lse2)
+    m_safe = jnp.where(jnp.isneginf(m), 0.0, m)
+    w1, w2 = jnp.exp(lse1 - m_safe), jnp.exp(lse2 - m_safe)  # [B, H, S], 0 where lse is -inf
+    total = w1 + w2
+    seen = total > 0
+    inv = 1.0 / jnp.where(seen, total, 1.0)
+    t = lambda w: jnp.swapaxes(w * inv, 1, 2)[..., None]  # noqa: E731  [B, S, H, 1]
+    o = o1 * t(w1) + o2 * t(w2)
+    lse = jnp.where(seen, m_safe + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
+    return o, lse
+
+
+def _step_visible(cfg, q_pos, k_pos, q_seg, k_seg):
+    # Scalar: can any query of this shard see any key of the held shard? (else skip the step)
+    vis = jnp.bool_(True)
+    if cfg.causal:
+        vis = vis & (k_pos[0] <= q_pos[-1])  # positions increase within a shard
+    if q_seg is not None:
+        lo = jnp.maximum(q_seg.min(-1), k_seg.min(-1))
+        hi = jnp.minimum(q_seg.max(-1), k_seg.max(-1))
+        vis = vis & jnp.any(lo <= hi)
+    return vis
+
+
+def _step_args(cfg, q, q_seg, t):
+    # Global positions of this shard and of the shard held at ring step t (it came from r - t).
+    n, s = cfg.ring_size, q.shape[1]
+    r = lax.axis_index(cfg.axis_name)
+    q_pos = layouts.shard_positions(cfg.layout, s, n, r)
+    k_pos = layouts.shard_positions(cfg.layout, s, n, (r - t) % n)
+    return q_pos, k_pos
+
+
+def _kw(cfg):
+    return dict(causal=cfg.causal, softmax_scale=cfg.softmax_scale, block_sizes=cfg.block_sizes,
+                interpret=cfg.interpret)
+
+
+def _send(cfg, x):
+    perm = [(i, (i + 1) % cfg.ring_size) for i in range(cfg.ring_size)]
+    return jax.tree.map(lambda a: lax.ppermute(a, cfg.axis_name, perm), x)
+
+
+def _forward_lap(cfg, q, k, v, q_seg, k_seg):
+    """Returns o float32 [B, S, H, D] and lse float32 [B, H, S] over the whole ring."""
+    impl = implementations.resolve(cfg.implementation).load()
+    n = cfg.ring_size
+
+    def compute(kv, t):
+        k_, v_, ks = kv
+        q_pos, k_pos = _step_args(cfg, q, q_seg, t)
+        run = lambda: impl.forward_step(q, k_, v_, q_pos, k_pos, q_seg, ks, **_kw(cfg))  # noqa: E731
+        if n == 1:
+            return run()
+        B, S, H, _ = q.shape
+        empty = lambda: (full_like(q, q.shape, 0.0), full_like(q, (B, H, S), -jnp.inf))  # noqa: E731
+        return lax.cond(_step_visible(cfg, q_pos, k_pos, q_seg, ks), run, empty)
+
+    kv = (k, v, k_seg)
+    if n == 1:
+        return compute(kv, 0)
+    nxt = _send(cfg, kv)  # issued before the step-0 compute it hides behind
+    o, lse = compute(kv, 0)
+
+    def body(carry, t):
+        o, lse, kv = carry
+        nxt = _send(cfg, kv)
+        o, lse = merge(o, lse, *compute(kv, t))
+        return (o, lse, nxt), None
+
+    (o, lse, kv), _ = lax.scan(body, (o, lse, nxt), jnp.arange(1, n - 1))
+    return merge(o, lse, *compute(kv, n - 1))
+
+
+def _backward_lap(cfg, q, k, v, q_seg, k_seg, do, lse, delta):
+    """Returns float32 dq, dk, dv; dk/dv travel with k/v and are home after a full lap."""
+    impl = implementations.resolve(cfg.implementation).load()
+    n = cfg.ring_size
+
+    def compute(kv, t):
+        k_, v_, ks = kv
+        q_pos, k_pos = _step_args(cfg, q, q_seg, t)
+        run = lambda: impl.backward_step(q, k_, v_, do, lse, delta, q_pos, k_pos, q_seg, ks,  # noqa: E731
+                                         **_kw(cfg))
+        if n == 1:
+            return run()
+        empty = lambda: tuple(full_like(q, x.shape, 0.0) for x in (q, k_, v_))  # noqa: E731
+        return lax.cond(_step_visible(cfg, q_pos, k_pos, q_seg, ks), run, empty)
+
+    kv = (k, v, k_seg)
+    if n == 1:
+        return compute(kv, 0)
+    nxt = _send(cfg, kv)
+    dq, dk, dv = compute(kv, 0)
+
+    def body(carry, t):
+        dq, kv, acc = carry  # acc: (dk, dv) of the shard held at step t - 1
+        nxt = _send(cfg, kv)
+        dk_in, dv_in = _send(cfg, acc)  # that shard's accumulator moves on with it
+        dq_s, dk_s, dv_s = compute(kv, t)
+        return (dq + dq_s, nxt, (dk_in + dk_s, dv_in + dv_s)), None
+
+    (dq, kv, acc), _ = lax.scan(body, (dq, nxt, (dk, dv)), jnp.arange(1, n - 1))
+    dk_in, dv_in = _send(cfg, acc)
+    dq_s, dk_s, dv_s = compute(kv, n - 1)
+    dk, dv = _send(cfg, (dk_in + dk_s, dv_in + dv_s))  # the last hop home
+    return dq + dq_s, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _ring(q, k, v, segment_ids, cfg):
+    o, _ = _forward_lap(cfg, q, k, v, segment_ids, segment_ids)
+    return o.astype(q.dtype)
+
+
+def _ring_fwd(q, k, v, segment_ids, cfg):
+    o, lse = _forward_lap(cfg, q, k, v, segment_ids, segment_ids)
+    o = o.astype(q.dtype)
+    return o, (q, k, v, segment_ids, o, lse)
+
+
+def _ring_bwd(cfg, res, do):
+    q, k, v, segment_ids, o, lse = res
+    delta = jnp.einsum("bshd,bshd->bhs", o.astype(F32), do.astype(F32))  # [B, H, S]
+    dq, dk, dv = _backward_lap(cfg, q, k, v, segment_ids, segment_ids, do.astype(q.dtype), lse, delta)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_ring.defvjp(_ring_fwd, _ring_bwd)
+
+
+def _validate(q, k, v, segment_ids, layout, softmax_scale):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(f"{name} must be [batch, shard, heads, head_dim]; got {name}.shape="
+                             f"{getattr(x, 'shape', None)}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name} must be floating point; got {name}.dtype={x.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype; got {q.dtype=} {k.dtype=} {v.dtype=}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got {k.shape=} {v.shape=}")
+    if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q and k must agree in batch, shard length and head_dim; got {q.shape=} "
+                         f"{k.shape=}")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"query heads must be a multiple of kv heads; got {q.shape[2]=} "
+                         f"{k.shape[2]=}")
+    layouts.check_layout(layout)
+    if layout == "zigzag" and q.shape[1] % 2:
+        raise ValueError(f"zigzag needs an even shard length; got {q.shape[1]=}")
+    if segment_ids is not None:
+        if getattr(segment_ids, "shape", None) != q.shape[:2]:
+            raise ValueError(f"segment_ids must be [batch, shard] = {q.shape[:2]}; got "
+                             f"segment_ids.shape={getattr(segment_ids, 'shape', None)}")
+        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+            raise TypeError(f"segment_ids must be integers; got {segment_ids.dtype=}")
+    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float))
+                                          and softmax_scale > 0):
+        raise ValueError(f"{softmax_scale=} must be a positive number or None")
+
+
+def _axis_size(axis_name) -> int:
+    return lax.psum(1, axis_name)
+
+
+def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causal: bool = False,
+                   segment_ids: jax.Array | None = None, layout: str = "contiguous",
+                   softmax_scale: float | None = None, implementation: str = "auto",
+                   block_sizes=None, interpret: bool = False) -> jax.Array:
+    """Exact attention over a sequence sharded along mesh axis ``axis_name`` (inside ``shard_map``).
+
+    Args:
+      q: [batch, q_shard, heads, head_dim], this device's query shard in ``layout`` order.
+      k, v: [batch, kv_shard, kv_heads, head_dim] with ``heads % kv_heads == 0`` (GQA/MQA); only the kv
+        heads travel around the ring. ``kv_shard == q_shard``.
+      axis_name: the mesh axis (bound by ``shard_map``) along which the sequence is sharded.
+      causal: a key is visible only if its global position is <= the query's.
+      segment_ids: None or int [batch, q_shard], this shard of the global ids; a query sees a key only
+        if their ids are equal. Key ids travel with k/v.
+      layout: "contiguous", "striped" or "zigzag" (see ``ringattention.layouts``).
+      softmax_scale: defaults to ``head_dim ** -0.5``.
+      implementation: "auto", "xla", or a registered kernel ("pallas_gpu", ...).
+      block_sizes: the implementation's ``BlockSizes`` (None: its defaults).
+      interpret: run Pallas kernels in interpret mode (CPU tests).
+
+    Returns:
+      [batch, q_shard, heads, head_dim] in ``q.dtype``.
+    """
+    _validate(q, k, v, segment_ids, layout, softmax_scale)
+    impl = implementations.resolve(implementation)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    cfg = _Config(axis_name, bool(causal), layout, scale, impl.name, block_sizes, bool(interpret),
+                  _axis_size(axis_name))
+    if segment_ids is not None:
+        segment_ids = segment_ids.astype(jnp.int32)
+    return _ring(q, k, v, segment_ids, cfg)
