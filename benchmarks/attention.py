@@ -44,7 +44,8 @@ def time_fn(fn, args, warmup=1, reps=10, budget_s=20.0):
         t0 = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
-        if time.perf_counter() - t_start > budget_s and len(times) >= 3:
+        # long calls (tens of seconds each) vary little: two timed runs suffice
+        if time.perf_counter() - t_start > budget_s and len(times) >= (2 if times[0] > 10 else 3):
             break
     return statistics.median(times)
 
@@ -136,7 +137,14 @@ def check(fns, q, k, v, causal, prefix=2048):
     qs, ks, vs = (x[:, :prefix] for x in (q, k, v))
     ref = ringattention.reference_attention(qs.astype(jnp.float32), ks.astype(jnp.float32),
                                             vs.astype(jnp.float32), causal=causal)
-    return {name: rel(jax.jit(f)(qs, ks, vs), ref) for name, f in fns.items()}
+    errs = {}
+    for name, f in fns.items():
+        try:
+            errs[name] = rel(jax.jit(f)(qs, ks, vs), ref)
+        except Exception as e:  # noqa: BLE001 - e.g. a sweep candidate that does not compile
+            print(f"{name}: {e!r}"[:300])
+            errs[name] = float("nan")
+    return errs
 
 
 def bench_shape(args, impls, b, l, h, kvh, d, causal):
@@ -153,10 +161,13 @@ def bench_shape(args, impls, b, l, h, kvh, d, causal):
     for impl in impls:
         bs = block_sizes_for(impl, args.block)
         tag = f"{impl}" + (f" {args.block}" if args.block else "")
-        f = ring_fn(impl, causal, bs)
-        fns[f"ring[{tag}]"] = (f, fwdbwd(f))
+        if not args.sweep:
+            f = ring_fn(impl, causal, bs)
+            fns[f"ring[{tag}]"] = (f, fwdbwd(f))
         if args.bare:
             fns[f"bare[{tag}]"] = bare_fns(impl, causal, bs)
+        for spec in filter(None, args.sweep.split(";")):  # bare step per BlockSizes candidate
+            fns[f"bare[{impl} {spec}]"] = bare_fns(impl, causal, block_sizes_for(impl, spec))
     errs = check({n: f for n, (f, _) in fns.items()}, q, k, v, causal)
     base_out = jax.jit(base)(q, k, v)
     rows = []
@@ -204,25 +215,31 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--bare", action="store_true", help="also time the bare step (no ring)")
     ap.add_argument("--block", default="", help='BlockSizes fields, e.g. "q_chunk=2048,kv_chunk=1024"')
+    ap.add_argument("--sweep", default="", help='";"-separated --block specs, timed as bare steps '
+                    "(no ring)")
     ap.add_argument("--out", default=None, help="path prefix for .json and .md")
     args = ap.parse_args()
     impls = args.impls.split(",")
+    meta = dict(date=datetime.date.today().isoformat(), jax=jax.__version__,
+                device=str(jax.devices()[0].device_kind), platform=jax.default_backend(),
+                args=vars(args))
     rows = []
     for shape in args.shapes.split(","):
         h, kvh, d = (int(x) for x in shape.split(":"))
         for l in (int(x) for x in args.seqs.split(",")):
             for causal in (bool(int(c)) for c in args.causal.split(",")):
                 rows += bench_shape(args, impls, args.batch, l, h, kvh, d, causal)
-    meta = dict(date=datetime.date.today().isoformat(), jax=jax.__version__,
-                device=str(jax.devices()[0].device_kind), platform=jax.default_backend(),
-                args=vars(args))
-    md = f"{meta['date']}, jax {meta['jax']}, {meta['device']}\n\n{table(rows)}\n"
-    print(md)
-    if args.out:
-        with open(args.out + ".json", "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(md)
+                write(args.out, meta, rows)  # after every shape: a cut-off run keeps its rows
+    print(f"{meta['date']}, jax {meta['jax']}, {meta['device']}\n\n{table(rows)}\n")
+
+
+def write(out, meta, rows):
+    if not out:
+        return
+    with open(out + ".json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    with open(out + ".md", "w") as f:
+        f.write(f"{meta['date']}, jax {meta['jax']}, {meta['device']}\n\n{table(rows)}\n")
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ F32 = jnp.float32
 class BlockSizes:
     """Chunk sizes of the XLA inner loop; each is clamped to the shard (largest divisor <= request)."""
 
-    q_chunk: int = 1024
-    kv_chunk: int = 1024
+    q_chunk: int = 2048  # tuned on an H200: benchmarks/results/xla_chunk_sweep_h200.md
+    kv_chunk: int = 2048
 
 
 def _chunk(length: int, request: int) -> int:

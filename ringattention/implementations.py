@@ -72,3 +72,5 @@ def resolve(name: str) -> Implementation:
 
 
 register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu")))
+register(Implementation("pallas_tpu", "ringattention.kernels.pallas_tpu", platforms=("tpu",)))
+register(Implementation("pallas_gpu", "ringattention.kernels.pallas_gpu", platforms=("gpu",), available=lambda: "cuda" in jax.devices()[0].client.platform_version.lower()))  # noqa: E501

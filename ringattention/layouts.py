@@ -85,3 +85,24 @@ def shard_positions(layout: str, shard_len: int, ring_size: int, ring_index) -> 
     first = r * half + i
     second = (2 * ring_size - 1 - r) * half + (i - half)
     return jnp.where(i < half, first, second)
+
+
+def causal_work(layout: str, ring_size: int, shard_len: int, block: int) -> np.ndarray:
+    """Causal (query block, key block) pairs each device computes at each ring step.
+
+    Returns int [ring_size (device), ring_size (step)]: the number of block pairs that are not
+    completely hidden by the causal mask when device ``r`` holds the key shard of device ``r - t``.
+    Balanced layouts give every device the same row sums (zigzag) or the same count at every step
+    (striped).
+    """
+    if shard_len % block:
+        raise ValueError(f"{shard_len=} must be a multiple of {block=}")
+    nb = shard_len // block
+    out = np.zeros((ring_size, ring_size), np.int64)
+    for r in range(ring_size):
+        qp = np.asarray(shard_positions(layout, shard_len, ring_size, r)).reshape(nb, block)
+        for t in range(ring_size):
+            kp = np.asarray(shard_positions(layout, shard_len, ring_size, (r - t) % ring_size))
+            kp = kp.reshape(nb, block)
+            out[r, t] = int((kp.min(1)[None, :] <= qp.max(1)[:, None]).sum())
+    return out

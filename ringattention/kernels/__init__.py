@@ -1,0 +1,1 @@
+"""Pallas kernels for one ring step."""

@@ -1,0 +1,161 @@
+"""Kernel bodies of the Pallas (Triton) GPU ring step: forward, dq and dk/dv.
+
+FlashAttention-2 (Dao 2023) tiling in the log2 domain: logits are scaled by ``softmax_scale *
+log2(e)`` so every exponential is an ``exp2``; the carried running max ``m``, denominator ``l`` and
+accumulators are float32. Each kernel walks its key (or query) blocks in two phases given by
+per-block bounds that the wrapper derives from ``masks.block_table``: ``[lo, mid)`` blocks are
+fully visible and run without a mask, ``[mid, hi)`` are partially visible and run with the
+elementwise causal / segment mask; blocks outside ``[lo, hi)`` are hidden and never loaded. Shapes
+in comments: ``bq``/``bk`` block lengths, ``D`` the (padded) head dim, ``Sq``/``Sk`` the (padded)
+shard lengths, ``G`` query heads per kv head.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+F32 = jnp.float32
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+
+def _dot_nt(a, b, precision):
+    # a [m, k], b [n, k] -> float32 [m, n]
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=precision,
+                           preferred_element_type=F32)
+
+
+def _dot_nn(a, b, precision):
+    # a [m, k], b [k, n] -> float32 [m, n]
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision,
+                           preferred_element_type=F32)
+
+
+def _visible(q_pos, k_pos, q_seg, k_seg, keys_first: bool = False):
+    """bool [bq, bk] ([bk, bq] if ``keys_first``); each argument a loaded vector or None."""
+    rows, cols = (slice(None), None), (None, slice(None))
+    qi, ki = (cols, rows) if keys_first else (rows, cols)
+    vis = None
+    if q_pos is not None:
+        vis = k_pos[ki] <= q_pos[qi]
+    if q_seg is not None:
+        same = q_seg[qi] == k_seg[ki]
+        vis = same if vis is None else vis & same
+    return vis
+
+
+def _load(ref, idx):
+    return None if ref is None else ref[idx]
+
+
+def fwd_kernel(lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, qp_ref, kp_ref, qs_ref, ks_ref,
+               o_ref, lse_ref, *, qk_scale: float, block_k: int, precision):
+    """One (query block, batch, head): o and lse over the key blocks of this ring step.
+
+    lo/mid/hi_ref: scalar block bounds; q_ref [bq, D]; k_ref, v_ref [Sk, D]; qp_ref [bq] | None;
+    kp_ref [Sk] | None; qs_ref [bq] | None; ks_ref [Sk] | None; o_ref f32 [bq, D]; lse_ref f32 [bq].
+    """
+    bq, d = q_ref.shape
+    q = q_ref[...]  # [bq, D]
+    q_pos, q_seg = _load(qp_ref, ...), _load(qs_ref, ...)  # [bq] | None
+
+    def body(j, carry, masked):
+        acc, m, l = carry  # [bq, D], [bq], [bq] float32; m in log2 units
+        kv = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
+        s = _dot_nt(q, k_ref[kv, :], precision) * qk_scale  # [bq, bk]
+        if masked:
+            s = jnp.where(_visible(q_pos, _load(kp_ref, kv), q_seg, _load(ks_ref, kv)), s, -jnp.inf)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+        p = jnp.exp2(s - m_use[:, None])  # [bq, bk]
+        corr = jnp.exp2(m - m_use)  # [bq]
+        pv = _dot_nn(p.astype(v_ref.dtype), v_ref[kv, :], precision)  # [bq, D]
+        return acc * corr[:, None] + pv, m_new, l * corr + p.sum(axis=-1)
+
+    carry = (jnp.zeros((bq, d), F32), jnp.full((bq,), -jnp.inf, F32), jnp.zeros((bq,), F32))
+    lo, mid, hi = lo_ref[...], mid_ref[...], hi_ref[...]
+    carry = lax.fori_loop(lo, mid, functools.partial(body, masked=False), carry)
+    masked = qp_ref is not None or qs_ref is not None
+    carry = lax.fori_loop(mid, hi, functools.partial(body, masked=masked), carry)
+    acc, m, l = carry
+    seen = l > 0.0
+    l_safe = jnp.where(seen, l, 1.0)
+    o_ref[...] = acc / l_safe[:, None]  # rows that see no key: 0
+    lse_ref[...] = jnp.where(seen, (m + jnp.log2(l_safe)) * LN2, -jnp.inf)
+
+
+def dq_kernel(lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qp_ref,
+              kp_ref, qs_ref, ks_ref, dq_ref, *, qk_scale: float, scale: float, block_k: int,
+              precision):
+    """One (query block, batch, head): dq over the key blocks of this ring step.
+
+    q_ref, do_ref [bq, D]; k_ref, v_ref [Sk, D]; lse_ref [bq] global lse in log2 units (0 where none
+    is seen); delta_ref [bq]; positions / segments as in ``fwd_kernel``; dq_ref f32 [bq, D].
+    """
+    q, do = q_ref[...], do_ref[...]  # [bq, D]
+    lse, delta = lse_ref[...], delta_ref[...]  # [bq]
+    q_pos, q_seg = _load(qp_ref, ...), _load(qs_ref, ...)
+
+    def body(j, dq, masked):
+        kv = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
+        k = k_ref[kv, :]  # [bk, D]
+        p = jnp.exp2(_dot_nt(q, k, precision) * qk_scale - lse[:, None])  # [bq, bk]
+        if masked:
+            p = jnp.where(_visible(q_pos, _load(kp_ref, kv), q_seg, _load(ks_ref, kv)), p, 0.0)
+        dp = _dot_nt(do, v_ref[kv, :], precision)  # [bq, bk]
+        ds = p * (dp - delta[:, None])
+        return dq + _dot_nn(ds.astype(k.dtype), k, precision)
+
+    dq = jnp.zeros(q.shape, F32)
+    lo, mid, hi = lo_ref[...], mid_ref[...], hi_ref[...]
+    dq = lax.fori_loop(lo, mid, functools.partial(body, masked=False), dq)
+    masked = qp_ref is not None or qs_ref is not None
+    dq = lax.fori_loop(mid, hi, functools.partial(body, masked=masked), dq)
+    dq_ref[...] = dq * scale
+
+
+def dkv_kernel(lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qp_ref,
+               kp_ref, qs_ref, ks_ref, dk_ref, dv_ref, *, qk_scale: float, scale: float,
+               block_q: int, groups: int, precision):
+    """One (key block, batch, kv head): dk, dv summed over the group's query heads and blocks.
+
+    k_ref, v_ref [bk, D]; q_ref, do_ref [Sq, G, D]; lse_ref, delta_ref [G, Sq]; qp_ref [Sq] | None;
+    kp_ref [bk] | None; qs_ref [Sq] | None; ks_ref [bk] | None; dk_ref, dv_ref f32 [bk, D].
+    Works transposed (keys as rows) so every product is a plain or B-transposed matmul.
+    """
+    k, v = k_ref[...], v_ref[...]  # [bk, D]
+    k_pos, k_seg = _load(kp_ref, ...), _load(ks_ref, ...)  # [bk] | None
+
+    def body(i, carry, g, masked):
+        dk, dv = carry  # [bk, D] float32
+        qb = pl.ds(pl.multiple_of(i * block_q, block_q), block_q)
+        q, do = q_ref[qb, g, :], do_ref[qb, g, :]  # [bq, D]
+        lse, delta = lse_ref[g, qb], delta_ref[g, qb]  # [bq]
+        p_t = jnp.exp2(_dot_nt(k, q, precision) * qk_scale - lse[None, :])  # [bk, bq]
+        if masked:
+            vis_t = _visible(_load(qp_ref, qb), k_pos, _load(qs_ref, qb), k_seg, keys_first=True)
+            p_t = jnp.where(vis_t, p_t, 0.0)
+        dv = dv + _dot_nn(p_t.astype(do.dtype), do, precision)
+        dp_t = _dot_nt(v, do, precision)  # [bk, bq]
+        ds_t = p_t * (dp_t - delta[None, :])
+        return dk + _dot_nn(ds_t.astype(q.dtype), q, precision), dv
+
+    lo, mid, hi = lo_ref[...], mid_ref[...], hi_ref[...]
+    masked = qp_ref is not None or qs_ref is not None
+
+    def head(g, carry):
+        carry = lax.fori_loop(lo, mid, functools.partial(body, g=g, masked=False), carry)
+        return lax.fori_loop(mid, hi, functools.partial(body, g=g, masked=masked), carry)
+
+    zeros = jnp.zeros(k.shape, F32)
+    if groups == 1:
+        dk, dv = head(0, (zeros, zeros))
+    else:
+        dk, dv = lax.fori_loop(0, groups, head, (zeros, zeros))
+    dk_ref[...] = dk * scale
+    dv_ref[...] = dv

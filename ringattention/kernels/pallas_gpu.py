@@ -1,0 +1,339 @@
+"""Pallas GPU (Triton backend) kernels for one ring step, forward and backward.
+
+The fused inner loop of Ring Attention (Liu, Zaharia & Abbeel 2023) on NVIDIA GPUs (written for
+Ampere and Hopper; measured on an H200), tiled like FlashAttention-2 (Dao 2023): one program per
+(query block, batch, query head) streams the held key/value shard through on-chip memory with a
+float32 online softmax; the backward pass runs a dq kernel (per query block) and a dk/dv kernel
+(per key block and kv head, summing the group's query heads, so GQA never repeats k/v in memory),
+both recomputing probabilities from the ring's global lse.
+
+Masks come from the global positions of the step (any layout: contiguous, striped, zigzag) and
+segment ids. The wrapper classifies block pairs with ``masks.block_table`` and hands every program
+the bounds of its fully visible and partially visible blocks; hidden blocks are skipped, fully
+visible ones run without the elementwise mask. Shards that are not a multiple of the block are
+padded with keys that no query sees (sentinel segment ids) and the padding is cut off again; head
+dims are padded to a power of two >= 16. Contract: ``ringattention/implementations.py``. Kernel
+bodies: ``gpu_kernels.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from ringattention import masks
+from ringattention.kernels import gpu_kernels as kern
+
+F32 = jnp.float32
+SQ = pl.squeezed
+MIN_BLOCK = 16  # Triton's smallest matmul tile
+Q_PAD_SEG = -(2**31)  # segment ids of padded queries / keys: never equal to each other
+K_PAD_SEG = -(2**31) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tile sizes and Triton launch parameters (all block lengths powers of two >= 16).
+
+    ``block_q``/``block_k``: forward; ``*_dq``: the dq kernel; ``*_dkv``: the dk/dv kernel.
+    Blocks are clamped to the shard. Defaults: :func:`default_block_sizes` (tuned on an H200 per
+    head dim, benchmarks/results/pallas_gpu_h200_notes.md); fields not given take the head-dim-128
+    values.
+    """
+
+    block_q: int = 128
+    block_k: int = 64
+    fwd_warps: int = 8
+    fwd_stages: int = 3
+    block_q_dq: int = 128
+    block_k_dq: int = 64
+    block_q_dkv: int = 64
+    block_k_dkv: int = 128
+    bwd_warps: int = 8
+    bwd_stages: int = 3
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            x = getattr(self, f.name)
+            if not isinstance(x, int) or x < 1:
+                raise ValueError(f"BlockSizes.{f.name}={x!r} must be a positive int")
+            if f.name.startswith("block") and (x < MIN_BLOCK or x & (x - 1)):
+                raise ValueError(f"BlockSizes.{f.name}={x} must be a power of two >= {MIN_BLOCK}")
+
+
+_DEFAULTS = {  # H200 sweep at 16K tokens, bf16: benchmarks/results/pallas_gpu_h200_notes.md
+    64: BlockSizes(block_q=128, block_k=64, fwd_warps=4, fwd_stages=3, block_q_dq=64,
+                   block_k_dq=64, block_q_dkv=64, block_k_dkv=64, bwd_warps=4, bwd_stages=3),
+    128: BlockSizes(),
+    256: BlockSizes(block_q=64, block_k=32, fwd_warps=4, fwd_stages=2, block_q_dq=64,  # untuned
+                    block_k_dq=32, block_q_dkv=32, block_k_dkv=64, bwd_warps=4, bwd_stages=1),
+}
+
+
+def default_block_sizes(head_dim: int) -> BlockSizes:
+    """Tuned defaults for the (padded) head dim: 64, 128 or 256 (smaller dims use the 64 row)."""
+    return _DEFAULTS[min((d for d in _DEFAULTS if d >= head_dim), default=256)]
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
+
+
+def _block(length: int, request: int) -> int:
+    """Largest power-of-two block <= request dividing ``length``; else the padded-tail block."""
+    b = max(MIN_BLOCK, min(request, _next_pow2(length)))
+    while length % b and b > MIN_BLOCK:
+        b //= 2
+    return b
+
+
+def _pad_to(x, axis: int, size: int, value=0):
+    if x is None or x.shape[axis] == size:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad, constant_values=value)
+
+
+def _pad_pos(pos, size: int):
+    # Padded entries repeat the last position so positions stay non-decreasing.
+    if pos.shape[0] == size:
+        return pos
+    return jnp.concatenate([pos, jnp.broadcast_to(pos[-1], (size - pos.shape[0],))])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Geometry:
+    sq: int  # unpadded shard lengths and head dim
+    sk: int
+    d: int
+    bq: int
+    bk: int
+    sq_pad: int
+    sk_pad: int
+    d_pad: int
+
+
+def _geometry(q, k, bq_req: int, bk_req: int) -> _Geometry:
+    sq, sk, d = q.shape[1], k.shape[1], q.shape[3]
+    bq, bk = _block(sq, bq_req), _block(sk, bk_req)
+    return _Geometry(sq, sk, d, bq, bk, -(-sq // bq) * bq, -(-sk // bk) * bk,
+                     max(MIN_BLOCK, _next_pow2(d)))
+
+
+def _pad_inputs(geo: _Geometry, q, k, v, q_pos, k_pos, q_seg, k_seg, *extra_q):
+    """Pads to the block grid; padded keys get segment ids no query has."""
+    if (geo.sq_pad, geo.sk_pad) != (geo.sq, geo.sk) and q_seg is None:
+        q_seg = jnp.zeros(q.shape[:2], jnp.int32)
+        k_seg = jnp.zeros(k.shape[:2], jnp.int32)
+    pd = lambda x, s: _pad_to(_pad_to(x, 3, geo.d_pad), 1, s)  # noqa: E731
+    q, k, v = pd(q, geo.sq_pad), pd(k, geo.sk_pad), pd(v, geo.sk_pad)
+    extra_q = tuple(pd(x, geo.sq_pad) for x in extra_q)
+    q_pos, k_pos = _pad_pos(q_pos, geo.sq_pad), _pad_pos(k_pos, geo.sk_pad)
+    q_seg = _pad_to(q_seg, 1, geo.sq_pad, Q_PAD_SEG)
+    k_seg = _pad_to(k_seg, 1, geo.sk_pad, K_PAD_SEG)
+    return (q, k, v, q_pos, k_pos, q_seg, k_seg, *extra_q)
+
+
+def _bounds(table, batch: int):
+    """Per row of a SKIP/PARTIAL/FULL table [B|1, n, m]: int32 [B, n] lo, mid, hi with
+    [lo, hi) covering every non-SKIP column and [lo, mid) all FULL."""
+    m = table.shape[-1]
+    idx = jnp.arange(m, dtype=jnp.int32)
+    vis = table != masks.SKIP
+    hi = jnp.max(jnp.where(vis, idx + 1, 0), axis=-1)
+    lo = jnp.minimum(jnp.min(jnp.where(vis, idx, m), axis=-1), hi)
+    not_full = (table != masks.FULL) & (idx >= lo[..., None])
+    mid = jnp.clip(jnp.min(jnp.where(not_full, idx, m), axis=-1), lo, hi)
+    return tuple(jnp.broadcast_to(x, (batch, table.shape[1])).astype(jnp.int32)
+                 for x in (lo, mid, hi))
+
+
+def _precision(dtype):
+    return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def _check(q, k, v, q_pos, k_pos, q_seg, k_seg):
+    B, Sq, H, D = q.shape
+    if k.ndim != 4 or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or H % k.shape[2]:
+        raise ValueError(f"pallas_gpu: bad shapes {q.shape=} {k.shape=} {v.shape=}")
+    if q_pos.shape != (Sq,) or k_pos.shape != (k.shape[1],):
+        raise ValueError(f"pallas_gpu: {q_pos.shape=} {k_pos.shape=} must be [{Sq}] and "
+                         f"[{k.shape[1]}]")
+    if (q_seg is None) != (k_seg is None):
+        raise ValueError("pallas_gpu: q_seg and k_seg must both be given or both be None")
+    if q_seg is not None and (q_seg.shape != (B, Sq) or k_seg.shape != (B, k.shape[1])):
+        raise ValueError(f"pallas_gpu: {q_seg.shape=} {k_seg.shape=} must be [B, shard]")
+    if D > 256:
+        raise ValueError(f"pallas_gpu supports head_dim <= 256; got {q.shape[3]=}")
+
+
+def _params(warps: int, stages: int):
+    return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
+
+
+def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_scale: float,
+                 block_sizes: BlockSizes | None = None, interpret: bool = False):
+    """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
+    _check(q, k, v, q_pos, k_pos, q_seg, k_seg)
+    bs = block_sizes or default_block_sizes(q.shape[3])
+    B, Sq, H, D = q.shape
+    geo = _geometry(q, k, bs.block_q, bs.block_k)
+    q, k, v, q_pos, k_pos, q_seg, k_seg = _pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.bq, geo.bk)  # [B|1, nq, nk]
+    o, lse = _fwd_call(_bounds(table, B), q, k, v, q_pos if causal else None,
+                       k_pos if causal else None, q_seg, k_seg, geo=geo, scale=softmax_scale,
+                       bs=bs, interpret=interpret)
+    return o[:, :Sq, :, :D], lse[:, :, :Sq]
+
+
+def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, *, geo, scale, bs, interpret):
+    B, Sq, H, D = q.shape  # padded: [batch, q_shard, heads, head_dim]
+    Sk, K = k.shape[1], k.shape[2]  # k, v: [batch, kv_shard, kv_heads, head_dim]
+    G, nq, bq = H // K, Sq // geo.bq, geo.bq
+    qi = (lambda i: nq - 1 - i) if q_pos is not None else (lambda i: i)  # heavy causal rows first
+    scalar = pl.BlockSpec((SQ, SQ), lambda i, b, h: (b, qi(i)))
+    kv_spec = pl.BlockSpec((SQ, Sk, SQ, D), lambda i, b, h: (b, 0, h // G, 0))
+    in_specs = [
+        scalar, scalar, scalar,
+        pl.BlockSpec((SQ, bq, SQ, D), lambda i, b, h: (b, qi(i), h, 0)),
+        kv_spec, kv_spec,
+        None if q_pos is None else pl.BlockSpec((bq,), lambda i, b, h: (qi(i),)),
+        None if k_pos is None else pl.BlockSpec((Sk,), lambda i, b, h: (0,)),
+        None if q_seg is None else pl.BlockSpec((SQ, bq), lambda i, b, h: (b, qi(i))),
+        None if k_seg is None else pl.BlockSpec((SQ, Sk), lambda i, b, h: (b, 0)),
+    ]
+    out_specs = [pl.BlockSpec((SQ, bq, SQ, D), lambda i, b, h: (b, qi(i), h, 0)),
+                 pl.BlockSpec((SQ, SQ, bq), lambda i, b, h: (b, h, qi(i)))]
+    out_shape = [jax.ShapeDtypeStruct((B, Sq, H, D), F32), jax.ShapeDtypeStruct((B, H, Sq), F32)]
+    kernel = functools.partial(kern.fwd_kernel, qk_scale=scale * kern.LOG2E, block_k=geo.bk,
+                               precision=_precision(q.dtype))
+    return pl.pallas_call(
+        kernel, grid=(nq, B, H), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        compiler_params=_params(bs.fwd_warps, bs.fwd_stages), interpret=interpret,
+        name="ring_step_fwd",
+    )(*bounds, q, k, v, q_pos, k_pos, q_seg, k_seg)
+
+
+def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
+                  softmax_scale: float, block_sizes: BlockSizes | None = None,
+                  interpret: bool = False):
+    """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv."""
+    _check(q, k, v, q_pos, k_pos, q_seg, k_seg)
+    if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
+                                                                        q.shape[1]):
+        raise ValueError(f"pallas_gpu: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=}")
+    bs = block_sizes or default_block_sizes(q.shape[3])
+    B, Sq, H, D = q.shape
+    Sk = k.shape[1]
+    lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * kern.LOG2E  # [B, H, Sq] log2 units
+    kw = dict(causal=causal, scale=softmax_scale, bs=bs, interpret=interpret)
+    geo = _geometry(q, k, bs.block_q_dq, bs.block_k_dq)
+    args = _pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do)
+    dq = _dq_call(geo, *args, _pad_to(lse2, 2, geo.sq_pad), _pad_to(delta, 2, geo.sq_pad), **kw)
+    geo = _geometry(q, k, bs.block_q_dkv, bs.block_k_dkv)
+    args = _pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do)
+    dk, dv = _dkv_call(geo, *args, _pad_to(lse2, 2, geo.sq_pad), _pad_to(delta, 2, geo.sq_pad),
+                       **kw)
+    return dq[:, :Sq, :, :D], dk[:, :Sk, :, :D], dv[:, :Sk, :, :D]
+
+
+def _dq_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, causal, scale, bs,
+             interpret):
+    B, Sq, H, D = q.shape  # padded
+    Sk, K = k.shape[1], k.shape[2]
+    G, nq, bq = H // K, Sq // geo.bq, geo.bq
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, bq, geo.bk)  # [B|1, nq, nk]
+    qi = (lambda i: nq - 1 - i) if causal else (lambda i: i)
+    scalar = pl.BlockSpec((SQ, SQ), lambda i, b, h: (b, qi(i)))
+    q_spec = pl.BlockSpec((SQ, bq, SQ, D), lambda i, b, h: (b, qi(i), h, 0))
+    kv_spec = pl.BlockSpec((SQ, Sk, SQ, D), lambda i, b, h: (b, 0, h // G, 0))
+    row_spec = pl.BlockSpec((SQ, SQ, bq), lambda i, b, h: (b, h, qi(i)))
+    in_specs = [
+        scalar, scalar, scalar, q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec,
+        pl.BlockSpec((bq,), lambda i, b, h: (qi(i),)) if causal else None,
+        pl.BlockSpec((Sk,), lambda i, b, h: (0,)) if causal else None,
+        None if q_seg is None else pl.BlockSpec((SQ, bq), lambda i, b, h: (b, qi(i))),
+        None if k_seg is None else pl.BlockSpec((SQ, Sk), lambda i, b, h: (b, 0)),
+    ]
+    kernel = functools.partial(kern.dq_kernel, qk_scale=scale * kern.LOG2E, scale=scale,
+                               block_k=geo.bk, precision=_precision(q.dtype))
+    return pl.pallas_call(
+        kernel, grid=(nq, B, H), in_specs=in_specs, out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct((B, Sq, H, D), F32),
+        compiler_params=_params(bs.bwd_warps, bs.bwd_stages), interpret=interpret,
+        name="ring_step_dq",
+    )(*_bounds(table, B), q, k, v, do, lse2, delta, q_pos if causal else None,
+      k_pos if causal else None, q_seg, k_seg)
+
+
+def _dkv_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, causal, scale, bs,
+              interpret):
+    B, Sq, H, D = q.shape  # padded
+    Sk, K = k.shape[1], k.shape[2]
+    G, nk, bk = H // K, Sk // geo.bk, geo.bk
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.bq, bk)  # [B|1, nq, nk]
+    table_t = jnp.swapaxes(table, 1, 2)  # [B|1, nk, nq]
+    scalar = pl.BlockSpec((SQ, SQ), lambda j, b, h: (b, j))
+    kv_spec = pl.BlockSpec((SQ, bk, SQ, D), lambda j, b, h: (b, j, h, 0))
+    group_spec = pl.BlockSpec((SQ, Sq, SQ, G, D), lambda j, b, h: (b, 0, h, 0, 0))
+    rows_spec = pl.BlockSpec((SQ, SQ, G, Sq), lambda j, b, h: (b, h, 0, 0))
+    in_specs = [
+        scalar, scalar, scalar, group_spec, kv_spec, kv_spec, group_spec, rows_spec, rows_spec,
+        pl.BlockSpec((Sq,), lambda j, b, h: (0,)) if causal else None,
+        pl.BlockSpec((bk,), lambda j, b, h: (j,)) if causal else None,
+        None if q_seg is None else pl.BlockSpec((SQ, Sq), lambda j, b, h: (b, 0)),
+        None if k_seg is None else pl.BlockSpec((SQ, bk), lambda j, b, h: (b, j)),
+    ]
+    group = lambda x: x.reshape(B, Sq, K, G, D)  # noqa: E731  free reshape, no copy of kv
+    rows = lambda x: x.reshape(B, K, G, Sq)  # noqa: E731
+    kernel = functools.partial(kern.dkv_kernel, qk_scale=scale * kern.LOG2E, scale=scale,
+                               block_q=geo.bq, groups=G, precision=_precision(q.dtype))
+    out_shape = [jax.ShapeDtypeStruct((B, Sk, K, D), F32)] * 2
+    return pl.pallas_call(
+        kernel, grid=(nk, B, K), in_specs=in_specs, out_specs=[kv_spec, kv_spec],
+        out_shape=out_shape, compiler_params=_params(bs.bwd_warps, bs.bwd_stages),
+        interpret=interpret, name="ring_step_dkv",
+    )(*_bounds(table_t, B), group(q), k, v, group(do), rows(lse2), rows(delta),
+      q_pos if causal else None, k_pos if causal else None, q_seg, k_seg)
+
+
+def reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
+                           softmax_scale: float):
+    """Naive float32 forward of one step (same contract): (o [B, Sq, H, D], lse [B, H, Sq])."""
+    B, Sq, H, D = q.shape
+    K = k.shape[2]
+    s = jnp.einsum("bqkgd,bskd->bkgqs", q.reshape(B, Sq, K, H // K, D), k,
+                   preferred_element_type=F32, precision=lax.Precision.HIGHEST) * softmax_scale
+    vis = masks.visible(q_pos, k_pos, q_seg, k_seg, causal)[:, None, None]  # [B|1, 1, 1, Sq, Sk]
+    s = jnp.where(vis, s, -jnp.inf)
+    lse = jax.nn.logsumexp(s, axis=-1)  # [B, K, G, Sq], -inf where nothing is seen
+    p = jnp.exp(s - jnp.where(jnp.isneginf(lse), 0.0, lse)[..., None])
+    o = jnp.einsum("bkgqs,bskd->bqkgd", p, v.astype(F32), precision=lax.Precision.HIGHEST)
+    return o.reshape(B, Sq, H, D), lse.reshape(B, H, Sq)
+
+
+def reference_backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
+                            softmax_scale: float):
+    """Naive float32 backward of one step (same contract): dq, dk, dv."""
+    B, Sq, H, D = q.shape
+    K = k.shape[2]
+    hp = dict(precision=lax.Precision.HIGHEST, preferred_element_type=F32)
+    qg, dog = (x.astype(F32).reshape(B, Sq, K, H // K, D) for x in (q, do))
+    kf, vf = k.astype(F32), v.astype(F32)
+    s = jnp.einsum("bqkgd,bskd->bkgqs", qg, kf, **hp) * softmax_scale
+    vis = masks.visible(q_pos, k_pos, q_seg, k_seg, causal)[:, None, None]
+    lse_safe = jnp.where(jnp.isneginf(lse), 0.0, lse).reshape(B, K, H // K, Sq)
+    p = jnp.where(vis, jnp.exp(s - lse_safe[..., None]), 0.0)  # [B, K, G, Sq, Sk]
+    dp = jnp.einsum("bqkgd,bskd->bkgqs", dog, vf, **hp)
+    ds = p * (dp - delta.reshape(B, K, H // K, Sq)[..., None]) * softmax_scale
+    dq = jnp.einsum("bkgqs,bskd->bqkgd", ds, kf, **hp).reshape(B, Sq, H, D)
+    dk = jnp.einsum("bkgqs,bqkgd->bskd", ds, qg, **hp)
+    dv = jnp.einsum("bkgqs,bqkgd->bskd", p, dog, **hp)
+    return dq, dk, dv

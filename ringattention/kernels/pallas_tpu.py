@@ -1,0 +1,364 @@
+"""Pallas TPU (Mosaic) kernels for one ring step: ``implementation="pallas_tpu"``.
+
+The inner loop of Ring Attention (Liu, Zaharia & Abbeel 2023) as FlashAttention-2 style kernels (Dao
+2023) written to TPU rules: a forward kernel over grid (batch, head, q block, kv block) with float32
+running max / denominator / output in VMEM scratch, a dq kernel over the same grid, and a dk/dv
+kernel over (batch, kv head, kv block, group, q block) that sums the query heads of a GQA group into
+one kv head's float32 dk/dv without repeating k/v. Causal and segment masks come from global
+positions and ids (any layout); per-block SKIP/PARTIAL/FULL kinds (``masks.block_table``) and the
+block to hold at each grid step reach the kernels by scalar prefetch, so SKIP blocks are neither
+computed nor copied to VMEM and FULL blocks skip the elementwise mask. Contract:
+``ringattention/implementations.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from ringattention import masks
+from ringattention.kernels.tpu_blocks import (
+    LANES,
+    BlockSizes,
+    HeadView,
+    check_inputs,
+    fetch_index,
+    lane_col,
+    resolve_blocks,
+    sublane_row,
+    tables,
+)
+
+__all__ = ["BlockSizes", "forward_step", "backward_step"]
+
+F32 = jnp.float32
+NT = (((1,), (1,)), ((), ()))  # a @ b.T
+NN = (((1,), (0,)), ((), ()))  # a @ b
+TN = (((0,), (0,)), ((), ()))  # a.T @ b
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    causal: bool
+    scale: float
+    has_seg: bool
+    batch_table: bool  # the block table has a batch dim (segment ids)
+    n_outer: int  # blocks along the grid's outer sequence axis
+    n_inner: int  # blocks along the reduction axis
+    groups: int  # query heads per kv head
+    f32_inputs: bool
+
+    @property
+    def masked(self) -> bool:
+        return self.causal or self.has_seg
+
+    def flat(self, b, outer, inner):
+        tb = b if self.batch_table else 0
+        return (tb * self.n_outer + outer) * self.n_inner + inner
+
+
+def _interpret(interpret):
+    """``True``: Pallas' generic interpreter (runs anywhere, also inside the ring's per-device
+    ``lax.cond``); a ``pltpu.InterpretParams``: TPU interpret mode, which simulates TPU memory (NaN
+    for uninitialised VMEM, out-of-bounds checks) but holds a barrier across all devices at every
+    kernel, so it suits single-step tests, not a ring whose devices skip different steps."""
+    params = getattr(pltpu, "InterpretParams", None)
+    if params is not None and isinstance(interpret, params):
+        return interpret
+    return bool(interpret)
+
+
+def _dot(a, b, dims, cfg: _Cfg):
+    prec = lax.Precision.HIGHEST if cfg.f32_inputs else None
+    return lax.dot_general(a, b, dims, precision=prec, preferred_element_type=F32)
+
+
+def _visible(pos_refs, seg_refs, cfg: _Cfg, rows_are_queries: bool):
+    """bool [rows, cols]. Refs come (query, key); the rows' one is lane-broadcast, the other not."""
+    order = (0, 1) if rows_are_queries else (1, 0)
+    col = lambda refs: refs[order[0]][...][:, :1]  # noqa: E731  [rows, 1]
+    row = lambda refs: refs[order[1]][...][:1, :]  # noqa: E731  [1, cols]
+    vis = None
+    if cfg.causal:
+        vis = (row(pos_refs) <= col(pos_refs)) if rows_are_queries else (
+            col(pos_refs) <= row(pos_refs))
+    if cfg.has_seg:
+        same = col(seg_refs) == row(seg_refs)
+        vis = same if vis is None else vis & same
+    return vis
+
+
+def _split_refs(refs, cfg: _Cfg, n_main: int):
+    main, rest = refs[:n_main], refs[n_main:]
+    pos = rest[:2] if cfg.causal else ()
+    rest = rest[2:] if cfg.causal else rest
+    seg = rest[:2] if cfg.has_seg else ()
+    return main, pos, seg, rest[2:] if cfg.has_seg else rest
+
+
+def _when_computed(kind, body, cfg: _Cfg):
+    """Runs ``body(masked)`` for PARTIAL (masked) and FULL (unmasked) blocks, nothing for SKIP."""
+    if cfg.masked:  # without causal or segment masks every block is FULL
+        pl.when(kind == masks.PARTIAL)(lambda: body(True))
+    pl.when(kind == masks.FULL)(lambda: body(False))
+
+
+# ----------------------------------------------------------------------------------------- forward
+
+
+def _fwd_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
+    (q_ref, k_ref, v_ref), pos, seg, rest = _split_refs(refs, cfg, 3)
+    o_ref, lse_ref, m_sc, l_sc, acc_sc = rest
+    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _init():
+        m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, F32)
+        l_sc[...] = jnp.zeros(l_sc.shape, F32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, F32)
+
+    def update(masked: bool):
+        s = _dot(q_ref[...], k_ref[...], NT, cfg) * cfg.scale  # [bq, bk]
+        if masked:
+            s = jnp.where(_visible(pos, seg, cfg, True), s, -jnp.inf)
+        m_prev, l_prev = m_sc[...][:, :1], l_sc[...][:, :1]  # [bq, 1]
+        m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
+        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        p = jnp.exp(s - m_safe)  # [bq, bk], 0 where masked
+        corr = jnp.exp(m_prev - m_safe)
+        v = v_ref[...]
+        l_sc[...] = jnp.broadcast_to(l_prev * corr + p.sum(axis=1, keepdims=True), l_sc.shape)
+        m_sc[...] = jnp.broadcast_to(m_new, m_sc.shape)
+        acc_sc[...] = acc_sc[...] * corr + _dot(p.astype(v.dtype), v, NN, cfg)
+
+    _when_computed(kind_ref[cfg.flat(b, i, j)], update, cfg)
+
+    @pl.when(j == cfg.n_inner - 1)
+    def _finish():
+        l = l_sc[...]  # [bq, 128]
+        seen = l > 0
+        l_safe = jnp.where(seen, l, 1.0)
+        o_ref[...] = acc_sc[...] / l_safe[:, :1]
+        lse = jnp.where(seen, m_sc[...] + jnp.log(l_safe), -jnp.inf)  # [bq, 128]
+        lse_ref[...] = lse.T[:1, :]  # lane-dense row [1, bq]
+
+
+def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
+                 block_sizes: BlockSizes | None = None, interpret: bool = False):
+    """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
+    check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg)
+    B, Sq, H, D = q.shape  # [batch, q_shard, heads, head_dim]
+    Sk, K = k.shape[1], k.shape[2]  # k, v: [batch, kv_shard, kv_heads, head_dim]
+    G = H // K
+    bq, bk = resolve_blocks(block_sizes, Sq, Sk, backward=False)
+    nq, nk = Sq // bq, Sk // bk
+    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk)  # [Bt, nq, nk]
+    cfg = _Cfg(bool(causal), float(softmax_scale), q_seg is not None, kind.shape[0] > 1, nq, nk, G,
+               q.dtype == jnp.float32)
+    hv = HeadView.for_dim(D)
+    kv_blk = lambda b, h, i, j, kr, fr: fr[cfg.flat(b, i, j)]  # noqa: E731
+
+    kv_spec = hv.spec(bk, lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr),
+                                                       lax.div(h, G)))  # GQA: kv head h // G
+    in_specs = [hv.spec(bq, lambda b, h, i, j, kr, fr: (b, i, h)), kv_spec, kv_spec]
+    args = [hv.view(q), hv.view(k), hv.view(v)]
+    aux_specs, aux_args = _aux(cfg, q_pos, k_pos, q_seg, k_seg, bq, bk,
+                               lambda b, h, i, j, kr, fr: (b, i),
+                               lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr)), True)
+    in_specs, args = in_specs + aux_specs, args + aux_args
+    out_specs = [hv.spec(bq, lambda b, h, i, j, kr, fr: (b, i, h)),
+                 pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, kr, fr: (b, h, 0, i))]
+    out_shape = [jax.ShapeDtypeStruct(hv.shape(B, Sq, H), F32),
+                 jax.ShapeDtypeStruct((B, H, 1, Sq), F32)]
+    scratch = [pltpu.VMEM((bq, LANES), F32), pltpu.VMEM((bq, LANES), F32),
+               pltpu.VMEM((bq, D), F32)]
+    grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=(B, H, nq, nk),
+                                             in_specs=in_specs, out_specs=out_specs,
+                                             scratch_shapes=scratch)
+    o, lse = pl.pallas_call(
+        functools.partial(_fwd_kernel, cfg=cfg), grid_spec=grid_spec, out_shape=out_shape,
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+        interpret=_interpret(interpret), name="ring_flash_fwd",
+    )(kind.reshape(-1), fetch.reshape(-1), *args)
+    return hv.unview(o, H), lse.reshape(B, H, Sq)
+
+
+# ---------------------------------------------------------------------------------------- backward
+
+
+def _dq_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), pos, seg, rest = _split_refs(refs, cfg, 6)
+    dq_ref, dq_sc, lse_sc, dl_sc = rest
+    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _init():
+        dq_sc[...] = jnp.zeros(dq_sc.shape, F32)
+        # rows [1, bq] -> lane-broadcast columns [bq, 128], once per query block
+        lse_sc[...] = jnp.broadcast_to(lse_ref[...], (LANES, lse_ref.shape[-1])).T
+        dl_sc[...] = jnp.broadcast_to(dl_ref[...], (LANES, dl_ref.shape[-1])).T
+
+    def update(masked: bool):
+        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        s = _dot(q, k, NT, cfg) * cfg.scale  # [bq, bk]
+        p = jnp.exp(s - lse_sc[...][:, :1])
+        if masked:
+            p = jnp.where(_visible(pos, seg, cfg, True), p, 0.0)
+        dp = _dot(do, v, NT, cfg)  # [bq, bk]
+        ds = p * (dp - dl_sc[...][:, :1]) * cfg.scale
+        dq_sc[...] += _dot(ds.astype(k.dtype), k, NN, cfg)
+
+    _when_computed(kind_ref[cfg.flat(b, i, j)], update, cfg)
+
+    @pl.when(j == cfg.n_inner - 1)
+    def _finish():
+        dq_ref[...] = dq_sc[...]
+
+
+def _dkv_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), pos, seg, rest = _split_refs(refs, cfg, 6)
+    dk_ref, dv_ref, dk_sc, dv_sc = rest
+    b, j, g, i = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
+
+    @pl.when((g == 0) & (i == 0))
+    def _init():
+        dk_sc[...] = jnp.zeros(dk_sc.shape, F32)
+        dv_sc[...] = jnp.zeros(dv_sc.shape, F32)
+
+    def update(masked: bool):
+        # kv-major: scores transposed [bk, bq], so the per-query lse / delta are lane-dense rows
+        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        st = _dot(k, q, NT, cfg) * cfg.scale  # [bk, bq]
+        pt = jnp.exp(st - lse_ref[...])
+        if masked:
+            pt = jnp.where(_visible(pos, seg, cfg, False), pt, 0.0)
+        dv_sc[...] += _dot(pt.astype(do.dtype), do, NN, cfg)
+        dpt = _dot(v, do, NT, cfg)  # [bk, bq]
+        dst = pt * (dpt - dl_ref[...]) * cfg.scale
+        dk_sc[...] += _dot(dst.astype(q.dtype), q, NN, cfg)
+
+    _when_computed(kind_ref[cfg.flat(b, j, i)], update, cfg)
+
+    @pl.when((g == cfg.groups - 1) & (i == cfg.n_inner - 1))
+    def _finish():
+        dk_ref[...] = dk_sc[...]
+        dv_ref[...] = dv_sc[...]
+
+
+def _bwd_common(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, causal, block_sizes):
+    check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg)
+    if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
+                                                                           q.shape[1]):
+        raise ValueError(f"expected do like q and lse/delta [B, H, Sq]; got {do.shape=} {q.shape=} "
+                         f"{lse.shape=} {delta.shape=}")
+    B, Sq, H, D = q.shape
+    Sk, K = k.shape[1], k.shape[2]
+    bq, bk = resolve_blocks(block_sizes, Sq, Sk, backward=True)
+    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk)  # [Bt, nq, nk]
+    hv = HeadView.for_dim(D)
+    lse_safe = jnp.where(jnp.isneginf(lse), 0.0, lse).astype(F32)
+    rows = (hv.view(q), hv.view(k), hv.view(v), hv.view(do.astype(q.dtype)),
+            lse_safe.reshape(B, H, 1, Sq), delta.astype(F32).reshape(B, H, 1, Sq))
+    return (B, Sq, H, D, Sk, K, bq, bk), kind, fetch, hv, rows
+
+
+def _aux_spec(block: int, col: bool, batched: bool, index):
+    """Spec of a lane-broadcast column ([.., S, 128]) or sublane-broadcast row ([.., 8, S]) array.
+
+    ``index(*grid, *prefetch) -> (batch, block index)``.
+    """
+    shape = (block, LANES) if col else (8, block)
+
+    def idx(*a):
+        b, blk = index(*a)
+        pos = (blk, 0) if col else (0, blk)
+        return (b, *pos) if batched else pos
+
+    return pl.BlockSpec(((None,) if batched else ()) + shape, idx)
+
+
+def _aux(cfg: _Cfg, q_pos, k_pos, q_seg, k_seg, bq: int, bk: int, q_index, k_index, q_rows: bool):
+    """Specs and args of positions / segment ids; ``q_rows``: queries index the score rows."""
+    specs, args = [], []
+    pairs = [(q_pos, k_pos, False)] if cfg.causal else []
+    pairs += [(q_seg, k_seg, True)] if cfg.has_seg else []
+    for qx, kx, batched in pairs:
+        for x, block, index, col in ((qx, bq, q_index, q_rows), (kx, bk, k_index, not q_rows)):
+            specs.append(_aux_spec(block, col, batched, index))
+            args.append((lane_col if col else sublane_row)(x.astype(jnp.int32)))
+    return specs, args
+
+
+def _dq_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
+    B, Sq, H, D, Sk, K, bq, bk = dims
+    G = cfg.groups
+    kv_blk = lambda b, h, i, j, kr, fr: fr[cfg.flat(b, i, j)]  # noqa: E731
+    q_spec = hv.spec(bq, lambda b, h, i, j, kr, fr: (b, i, h))
+    kv_spec = hv.spec(bk, lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr),
+                                                       lax.div(h, G)))  # GQA: kv head h // G
+    row_spec = pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, kr, fr: (b, h, 0, i))
+    aux_specs, aux_args = aux(lambda b, h, i, j, kr, fr: (b, i),
+                              lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr)), True)
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2, grid=(B, H, Sq // bq, Sk // bk),
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec, *aux_specs],
+        out_specs=q_spec,
+        scratch_shapes=[pltpu.VMEM((bq, D), F32), pltpu.VMEM((bq, LANES), F32),
+                        pltpu.VMEM((bq, LANES), F32)])
+    return pl.pallas_call(
+        functools.partial(_dq_kernel, cfg=cfg), grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(hv.shape(B, Sq, H), F32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+        interpret=_interpret(interpret), name="ring_flash_dq",
+    )(kind.reshape(-1), fetch.reshape(-1), *rows, *aux_args)
+
+
+def _dkv_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
+    B, Sq, H, D, Sk, K, bq, bk = dims
+    G = cfg.groups
+    q_blk = lambda b, kh, j, g, i, kr, fr: fr[cfg.flat(b, j, i)]  # noqa: E731
+    q_spec = hv.spec(bq, lambda b, kh, j, g, i, kr, fr: (b, q_blk(b, kh, j, g, i, kr, fr),
+                                                          kh * G + g))
+    kv_spec = hv.spec(bk, lambda b, kh, j, g, i, kr, fr: (b, j, kh))
+    row_spec = pl.BlockSpec((None, None, 1, bq), lambda b, kh, j, g, i, kr, fr: (
+        b, kh * G + g, 0, q_blk(b, kh, j, g, i, kr, fr)))
+    aux_specs, aux_args = aux(lambda b, kh, j, g, i, kr, fr: (b, q_blk(b, kh, j, g, i, kr, fr)),
+                              lambda b, kh, j, g, i, kr, fr: (b, j), False)
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2, grid=(B, K, Sk // bk, G, Sq // bq),
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec, *aux_specs],
+        out_specs=[kv_spec, kv_spec],
+        scratch_shapes=[pltpu.VMEM((bk, D), F32), pltpu.VMEM((bk, D), F32)])
+    return pl.pallas_call(
+        functools.partial(_dkv_kernel, cfg=cfg), grid_spec=grid_spec,
+        out_shape=[jax.ShapeDtypeStruct(hv.shape(B, Sk, K), F32)] * 2,
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary")),
+        interpret=_interpret(interpret), name="ring_flash_dkv",
+    )(kind.reshape(-1), fetch.reshape(-1), *rows, *aux_args)
+
+
+def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
+                  block_sizes: BlockSizes | None = None, interpret: bool = False):
+    """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv."""
+    dims, kind, fetch, hv, rows = _bwd_common(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
+                                              causal, block_sizes)
+    B, Sq, H, D, Sk, K, bq, bk = dims
+    nq, nk = Sq // bq, Sk // bk
+    base = dict(causal=bool(causal), scale=float(softmax_scale), has_seg=q_seg is not None,
+                batch_table=kind.shape[0] > 1, groups=H // K, f32_inputs=q.dtype == jnp.float32)
+    cfg_q = _Cfg(n_outer=nq, n_inner=nk, **base)
+    aux = functools.partial(_aux, cfg_q, q_pos, k_pos, q_seg, k_seg, bq, bk)
+    dq = _dq_call(cfg_q, dims, kind, fetch, hv, rows, aux, interpret)
+    kind_t = jnp.swapaxes(kind, 1, 2)  # [Bt, nk, nq]
+    cfg_k = _Cfg(n_outer=nk, n_inner=nq, **base)
+    dk, dv = _dkv_call(cfg_k, dims, kind_t, fetch_index(kind_t), hv, rows, aux, interpret)
+    return hv.unview(dq, H), hv.unview(dk, K), hv.unview(dv, K)

@@ -1,0 +1,189 @@
+"""The Pallas GPU (Triton) ring step: kernel-level checks and the ring matrix, in interpret mode.
+
+On a CUDA machine (``JAX_PLATFORMS=cuda``) ``test_device_*`` also compare the compiled kernels with
+cuDNN and a float32 reference at 16K tokens; on CPU they are skipped.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ringcheck import BF16_RTOL, F32_RTOL, Problem, check_ring, rel_err
+
+from ringattention import reference_attention
+from ringattention.kernels import pallas_gpu as pg
+
+# Two blocks per shard of 32: hidden, partial and full block pairs all occur within one step.
+BS = pg.BlockSizes(block_q=16, block_k=16, fwd_warps=4, fwd_stages=2, block_q_dq=16, block_k_dq=16,
+                   block_q_dkv=16, block_k_dkv=16, bwd_warps=4, bwd_stages=2)
+# Unequal blocks per kernel (and a tail block) for the kernel-level tests.
+BS_MIXED = pg.BlockSizes(block_q=32, block_k=16, block_q_dq=16, block_k_dq=32, block_q_dkv=32,
+                         block_k_dkv=16)
+RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL}
+# bf16 kernels against cuDNN on device: error vs float32 reference at most this factor of cuDNN's.
+DEVICE_ERR_FACTOR = 1.5
+
+
+def _step_inputs(rng, *, batch, sq, sk, heads, kv_heads, dim, dtype, causal_offset, segments):
+    f = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)  # noqa: E731
+    q, do = f(batch, sq, heads, dim), f(batch, sq, heads, dim)
+    k, v = f(batch, sk, kv_heads, dim), f(batch, sk, kv_heads, dim)
+    stride = int(rng.integers(1, 4))  # striped-like gaps between positions
+    q_pos = jnp.asarray(np.arange(sq) * stride + causal_offset, jnp.int32)
+    k_pos = jnp.asarray(np.arange(sk) * stride, jnp.int32)
+    def seg(length):  # sorted ids: packed documents
+        return jnp.asarray(np.sort(rng.integers(0, 3, (batch, length)), axis=1), jnp.int32)
+
+    q_seg, k_seg = (seg(sq), seg(sk)) if segments else (None, None)
+    return q, k, v, do, q_pos, k_pos, q_seg, k_seg
+
+
+def _run_step(inputs, causal, block_sizes):
+    q, k, v, do, q_pos, k_pos, q_seg, k_seg = inputs
+    kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5)
+    o, lse = pg.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes,
+                             interpret=True, **kw)
+    ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
+    delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
+    grads = pg.backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg,
+                             block_sizes=block_sizes, interpret=True, **kw)
+    rgrads = pg.reference_backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg, **kw)
+    return (o, lse, *grads), (ro, rlse, *rgrads)
+
+
+STEP_CASES = [  # (dtype, causal, segments, kv_heads, sq, sk, dim)
+    ("float32", True, False, 2, 64, 48, 32),
+    ("float32", True, True, 1, 40, 64, 16),  # q shard not a multiple of the block
+    ("float32", False, True, 4, 32, 40, 24),  # k tail and head dim 24 padded to 32
+    ("bfloat16", True, True, 2, 64, 64, 64),
+    ("bfloat16", False, False, 1, 48, 32, 32),
+]
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_step_matches_reference(case):
+    dtype, causal, segments, kv_heads, sq, sk, dim = case
+    rng = np.random.default_rng(sq * sk + dim)
+    offset = int(rng.integers(0, 2 * sk))  # query block may start before, inside or after the keys
+    inputs = _step_inputs(rng, batch=2, sq=sq, sk=sk, heads=4, kv_heads=kv_heads, dim=dim,
+                          dtype=dtype, causal_offset=offset, segments=segments)
+    got, want = _run_step(inputs, causal, BS_MIXED)
+    lse, rlse = np.asarray(got[1]), np.asarray(want[1])
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(rlse))
+    finite = np.isfinite(rlse)
+    assert rel_err(lse[finite], rlse[finite]) <= F32_RTOL
+    names = ("o", "dq", "dk", "dv")
+    for name, g, w in zip(names, got[:1] + got[2:], want[:1] + want[2:], strict=True):
+        assert rel_err(g, w) <= RTOL[dtype], name
+
+
+def test_step_that_sees_nothing_is_zero_and_finite():
+    # Every key comes after every query: all blocks are hidden and skipped.
+    rng = np.random.default_rng(1)
+    q, k, v, do, q_pos, k_pos, q_seg, k_seg = _step_inputs(
+        rng, batch=1, sq=32, sk=32, heads=2, kv_heads=1, dim=16, dtype="float32", causal_offset=0,
+        segments=True)
+    k_pos = k_pos + 1000
+    got, _ = _run_step((q, k, v, do, q_pos, k_pos, q_seg, k_seg), True, BS)
+    o, lse, dq, dk, dv = (np.asarray(x) for x in got)
+    assert np.all(np.isneginf(lse))
+    for x in (o, dq, dk, dv):
+        assert np.all(x == 0.0)
+
+
+def test_block_sizes_are_validated():
+    with pytest.raises(ValueError, match="block_k"):
+        pg.BlockSizes(block_k=48)
+    with pytest.raises(ValueError, match="fwd_warps"):
+        pg.BlockSizes(fwd_warps=0)
+    assert pg.default_block_sizes(64) != pg.default_block_sizes(256)
+
+
+# ---- the ring matrix ---------------------------------------------------------------------------
+
+RINGS = (1, 2, 3, 4, 8)
+LAYOUTS = ("contiguous", "striped", "zigzag")
+ALL_CASES = list(itertools.product(RINGS, LAYOUTS, (True, False), (False, True), (1, 2, 4),
+                                   ("float32", "bfloat16")))
+# A covering subset for the default run: every value of every axis, every ring size.
+DEFAULT_CASES = [
+    (1, "contiguous", True, False, 2, "float32"),
+    (1, "zigzag", False, True, 4, "bfloat16"),
+    (2, "striped", True, True, 1, "float32"),
+    (2, "contiguous", False, False, 4, "bfloat16"),
+    (3, "zigzag", True, False, 4, "float32"),
+    (3, "striped", False, True, 2, "bfloat16"),
+    (4, "contiguous", True, True, 4, "float32"),
+    (4, "zigzag", True, True, 2, "bfloat16"),
+    (8, "striped", True, True, 2, "float32"),
+    (8, "contiguous", True, False, 1, "bfloat16"),
+    (8, "zigzag", False, False, 2, "float32"),
+]
+
+
+def _id(case):
+    n, layout, causal, seg, kvh, dtype = case
+    return (f"n{n}-{layout}-{'causal' if causal else 'full'}-{'seg' if seg else 'noseg'}-kv{kvh}-"
+            f"{dtype}")
+
+
+def _ring_case(case):
+    n, layout, causal, seg, kvh, dtype = case
+    check_ring(Problem(n=n, layout=layout, causal=causal, segments=seg, kv_heads=kvh, dtype=dtype,
+                       shard=32), implementation="pallas_gpu", interpret=True, block_sizes=BS)
+
+
+@pytest.mark.parametrize("case", DEFAULT_CASES, ids=map(_id, DEFAULT_CASES))
+def test_ring_matrix(case):
+    _ring_case(case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in ALL_CASES if c not in DEFAULT_CASES], ids=_id)
+def test_ring_matrix_full(case):
+    _ring_case(case)
+
+
+# ---- on a CUDA device only ---------------------------------------------------------------------
+
+on_gpu = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a CUDA GPU")
+
+
+def _grads(fn, q, k, v, do):
+    o, vjp = jax.vjp(fn, q, k, v)
+    return (o, *vjp(do.astype(o.dtype)))
+
+
+@on_gpu
+@pytest.mark.parametrize("causal", (True, False))
+@pytest.mark.parametrize("dims", ((8, 2, 128), (4, 4, 64)), ids=("gqa-d128", "mha-d64"))
+def test_device_matches_cudnn_at_16k(causal, dims):
+    heads, kv_heads, dim = dims
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("sp",))
+    spec = jax.sharding.PartitionSpec(None, "sp")
+    ring = jax.shard_map(lambda q, k, v: pg_ring(q, k, v, causal), mesh=mesh,
+                         in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
+    cudnn = lambda q, k, v: jax.nn.dot_product_attention(  # noqa: E731
+        q, k, v, is_causal=causal, implementation="cudnn")
+    ref = lambda q, k, v: reference_attention(q, k, v, causal=causal)  # noqa: E731
+    keys = jax.random.split(jax.random.PRNGKey(dim + causal), 4)
+    shape = lambda h: (1, 16384, h, dim)  # noqa: E731
+    q, do = (jax.random.normal(keys[i], shape(heads), jnp.bfloat16) for i in (0, 3))
+    k, v = (jax.random.normal(keys[i], shape(kv_heads), jnp.bfloat16) for i in (1, 2))
+    f32 = [x.astype(jnp.float32) for x in (q, k, v, do)]
+    want = jax.jit(lambda *a: _grads(ref, *a))(*f32)
+    ours = jax.jit(lambda *a: _grads(ring, *a))(q, k, v, do)
+    base = jax.jit(lambda *a: _grads(cudnn, *a))(q, k, v, do)
+    for name, o, b, w in zip(("o", "dq", "dk", "dv"), ours, base, want, strict=True):
+        err, base_err = rel_err(o, w), rel_err(b, w)
+        print(f"{name}: pallas_gpu {err:.2e} cudnn {base_err:.2e} vs f32; ours vs cudnn "
+              f"{rel_err(o, b):.2e}")
+        assert err <= DEVICE_ERR_FACTOR * base_err, name
+
+
+def pg_ring(q, k, v, causal):
+    from ringattention import ring_attention
+
+    return ring_attention(q, k, v, "sp", causal=causal, implementation="pallas_gpu")

@@ -1,0 +1,226 @@
+"""Pallas TPU ring step (``implementation="pallas_tpu"``) in interpret mode on CPU.
+
+Ring-level: ``check_ring`` against the float64 reference (forward and gradients) with Pallas'
+generic interpreter, a covering subset by default and the full product under ``slow``. Kernel-level:
+one step against a float64 step in TPU interpret mode (``pltpu.InterpretParams``: uninitialised VMEM
+is NaN, out-of-bounds reads raise), with random global offsets and a step in which every block is
+skipped.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+from ringcheck import F32_RTOL, Problem, check_ring, rel_err
+
+from ringattention import masks, ring_attention
+from ringattention.kernels import pallas_tpu
+from ringattention.kernels.tpu_blocks import BlockSizes, fetch_index, pick_block
+
+SMALL = BlockSizes(128, 128, 128, 128)
+TPU_INTERPRET = pltpu.InterpretParams() if hasattr(pltpu, "InterpretParams") else True
+
+
+def ring(pb: Problem, block_sizes=SMALL):
+    return check_ring(pb, implementation="pallas_tpu", interpret=True, block_sizes=block_sizes)
+
+
+# (n, layout, causal, segments, kv_heads, dtype, shard, head_dim): every ring size, layout, mask
+# kind, GQA ratio and dtype appears; shard 256 with 128 blocks mixes SKIP/PARTIAL/FULL in a step.
+COVER = [
+    (1, "contiguous", True, False, 2, "float32", 256, 128),
+    (2, "zigzag", True, True, 1, "float32", 128, 128),
+    (3, "striped", False, False, 4, "bfloat16", 128, 128),
+    (4, "zigzag", True, False, 2, "bfloat16", 256, 128),
+    (4, "contiguous", False, True, 4, "float32", 128, 128),
+    (8, "striped", True, True, 1, "float32", 128, 128),
+    (8, "contiguous", True, False, 2, "bfloat16", 128, 128),
+    (2, "striped", True, True, 2, "float32", 256, 64),  # head_dim 64: the [B, H, S, D] view
+]
+
+
+@pytest.mark.parametrize("n,layout,causal,segments,kv_heads,dtype,shard,head_dim", COVER)
+def test_ring_cover(n, layout, causal, segments, kv_heads, dtype, shard, head_dim):
+    ring(Problem(n=n, layout=layout, causal=causal, segments=segments, batch=1, shard=shard,
+                 heads=4, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n,layout,causal,segments,kv_heads,dtype", list(itertools.product(
+    (1, 2, 3, 4, 8), ("contiguous", "striped", "zigzag"), (True, False), (False, True), (1, 2, 4),
+    ("float32", "bfloat16"))))
+def test_ring_full(n, layout, causal, segments, kv_heads, dtype):
+    ring(Problem(n=n, layout=layout, causal=causal, segments=segments, batch=2, shard=256, heads=4,
+                 kv_heads=kv_heads, head_dim=128, dtype=dtype))
+
+
+def test_ring_default_block_sizes():
+    ring(Problem(n=2, layout="zigzag", shard=384, head_dim=128, batch=1), block_sizes=None)
+
+
+# ------------------------------------------------------------------------------------ one step
+
+
+def step64(q, k, v, do, q_pos, k_pos, q_seg, k_seg, causal, scale):
+    """Float64 attention of one step over its visible keys and its gradients (kernel layouts)."""
+    q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
+    G = q.shape[2] // k.shape[2]
+    kr, vr = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
+    vis = np.asarray(masks.visible(q_pos, k_pos, q_seg, k_seg, causal))[:, None]  # [B|1,1,Sq,Sk]
+    s = np.where(vis, np.einsum("bqhd,bkhd->bhqk", q, kr) * scale, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    l = e.sum(-1, keepdims=True)
+    p = e / np.where(l > 0, l, 1.0)
+    lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)),
+                   -np.inf)
+    o = np.einsum("bhqk,bkhd->bqhd", p, vr)
+    dp = np.einsum("bqhd,bkhd->bhqk", do, vr)
+    delta = np.einsum("bqhd,bqhd->bhq", o, do)
+    ds = p * (dp - delta[..., None]) * scale
+    fold = lambda x: x.reshape(*k.shape[:2], k.shape[2], G, k.shape[3]).sum(3)
+    dk = fold(np.einsum("bhqk,bqhd->bkhd", ds, q))
+    dv = fold(np.einsum("bhqk,bqhd->bkhd", p, do))
+    return o, lse, delta, np.einsum("bhqk,bkhd->bqhd", ds, kr), dk, dv
+
+
+def _step_inputs(seed, B, S, H, K, D, segments):
+    rng = np.random.default_rng(seed)
+    f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+    q, k, v, do = f(B, S, H, D), f(B, S, K, D), f(B, S, K, D), f(B, S, H, D)
+    stride = int(rng.integers(1, 4))
+    q_pos = jnp.asarray(rng.integers(0, 300) + stride * np.arange(S), jnp.int32)
+    k_pos = jnp.asarray(rng.integers(0, 300) + stride * np.arange(S), jnp.int32)
+    seg = None
+    if segments:
+        seg = jnp.asarray(np.sort(rng.integers(0, 3, (B, S)), axis=1), jnp.int32)
+    return q, k, v, do, q_pos, k_pos, seg
+
+
+@pytest.mark.parametrize("seed,causal,segments,kv_heads", [(0, True, False, 2), (1, True, True, 1),
+                                                           (2, False, True, 4)])
+def test_step_random_offsets(seed, causal, segments, kv_heads):
+    B, S, H, D = 2, 256, 4, 128
+    q, k, v, do, q_pos, k_pos, seg = _step_inputs(seed, B, S, H, kv_heads, D, segments)
+    kw = dict(causal=causal, softmax_scale=D**-0.5, block_sizes=SMALL, interpret=TPU_INTERPRET)
+    o, lse = pallas_tpu.forward_step(q, k, v, q_pos, k_pos, seg, seg, **kw)
+    o64, lse64, delta, dq64, dk64, dv64 = step64(q, k, v, do, q_pos, k_pos, seg, seg, causal,
+                                                 D**-0.5)
+    lse, lse_ref = np.asarray(lse), lse64
+    assert np.array_equal(np.isneginf(lse), np.isneginf(lse_ref)), "rows seeing no key differ"
+    seen = ~np.isneginf(lse_ref)
+    assert rel_err(np.where(seen, lse, 0.0), np.where(seen, lse_ref, 0.0)) <= F32_RTOL
+    assert rel_err(o, o64) <= F32_RTOL
+    grads = pallas_tpu.backward_step(q, k, v, do, jnp.asarray(lse_ref, jnp.float32),
+                                     jnp.asarray(delta, jnp.float32), q_pos, k_pos, seg, seg, **kw)
+    for got, want in zip(grads, (dq64, dk64, dv64), strict=True):
+        assert rel_err(got, want) <= F32_RTOL
+
+
+def test_step_all_skipped_is_zero_not_nan():
+    B, S, H, K, D = 1, 256, 2, 1, 128
+    q, k, v, do, _, _, _ = _step_inputs(3, B, S, H, K, D, False)
+    q_pos = jnp.arange(S, dtype=jnp.int32)
+    k_pos = q_pos + S  # every key is in the future of every query
+    kw = dict(causal=True, softmax_scale=0.1, block_sizes=SMALL, interpret=TPU_INTERPRET)
+    o, lse = pallas_tpu.forward_step(q, k, v, q_pos, k_pos, None, None, **kw)
+    assert not np.any(np.isnan(o)) and np.all(np.asarray(o) == 0)
+    assert np.all(np.isneginf(lse))
+    neg_inf = jnp.full((B, H, S), -jnp.inf, jnp.float32)
+    grads = pallas_tpu.backward_step(q, k, v, do, neg_inf, jnp.zeros((B, H, S)), q_pos, k_pos,
+                                     None, None, **kw)
+    for g in grads:
+        assert not np.any(np.isnan(g)) and np.all(np.asarray(g) == 0)
+
+
+# ---------------------------------------------------------------------------- blocks and errors
+
+
+def test_fetch_index_points_at_computed_blocks():
+    kind = jnp.asarray(np.random.default_rng(0).integers(0, 3, (2, 5, 7)), jnp.int32)
+    kind = kind.at[0, 1].set(masks.SKIP)  # a row with nothing to compute
+    fetch, kind = np.asarray(fetch_index(kind)), np.asarray(kind)
+    live = kind != masks.SKIP
+    j = np.broadcast_to(np.arange(kind.shape[-1]), kind.shape)
+    assert np.all(fetch[live] == j[live])
+    has_live = live.any(-1, keepdims=True) & ~live
+    picked = np.take_along_axis(live, fetch, axis=-1)
+    assert np.all(picked[np.broadcast_to(has_live, kind.shape)])
+    assert np.all((fetch >= 0) & (fetch < kind.shape[-1]))
+
+
+@pytest.mark.parametrize("kind", ["TPU v4", "TPU v5 lite", "TPU v5p", "TPU v6 lite", "TPU7x", "cpu",
+                                  "unknown"])
+def test_for_chip_defaults_are_tpu_aligned(kind):
+    bs = BlockSizes.for_chip(kind)
+    assert all(getattr(bs, f) % 128 == 0 for f in ("block_q", "block_kv", "block_q_bwd",
+                                                   "block_kv_bwd"))
+
+
+@pytest.mark.parametrize("length,wanted", [(384, 512), (640, 512), (1024, 256)])
+def test_default_blocks_divide_the_shard(length, wanted):
+    block = pick_block(length, wanted, "block_q", explicit=False)
+    assert length % block == 0 and block % 128 == 0 and block <= wanted
+
+
+def _args(S=256, D=128, dtype=jnp.float32):
+    q = jnp.zeros((1, S, 2, D), dtype)
+    k = jnp.zeros((1, S, 1, D), dtype)
+    pos = jnp.arange(S, dtype=jnp.int32)
+    return q, k, k, pos, pos, None, None
+
+
+def test_bad_inputs_raise():
+    kw = dict(causal=True, softmax_scale=1.0, interpret=True)
+    with pytest.raises(ValueError, match="block_q=100"):
+        BlockSizes(block_q=100)
+    with pytest.raises(ValueError, match="length=200"):
+        pallas_tpu.forward_step(*_args(S=200), **kw)
+    with pytest.raises(ValueError, match="block_q=256"):
+        pallas_tpu.forward_step(*_args(S=384), block_sizes=BlockSizes(256, 128), **kw)
+    q, k, v, qp, kp, _, _ = _args()
+    with pytest.raises(TypeError, match="dtype"):
+        pallas_tpu.forward_step(q, k.astype(jnp.bfloat16), v, qp, kp, None, None, **kw)
+    with pytest.raises(ValueError, match="q_pos.shape"):
+        pallas_tpu.forward_step(q, k, v, qp[:128], kp, None, None, **kw)
+    with pytest.raises(ValueError, match="q_seg and k_seg"):
+        pallas_tpu.forward_step(q, k, v, qp, kp, jnp.zeros((1, 256), jnp.int32), None, **kw)
+    with pytest.raises(TypeError, match="block_sizes"):
+        pallas_tpu.forward_step(q, k, v, qp, kp, None, None, block_sizes=(128, 128), **kw)
+
+
+def test_ring_rejects_short_shards():
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("sp",))
+    P = jax.sharding.PartitionSpec
+    x = jnp.zeros((1, 64, 2, 128), jnp.float32)
+    f = lambda q: ring_attention(q, q, q, "sp", causal=True, implementation="pallas_tpu",
+                                 interpret=True)
+    with pytest.raises(ValueError, match="multiples of 128"):
+        jax.shard_map(f, mesh=mesh, in_specs=P(None, "sp"), out_specs=P(None, "sp"),
+                      check_vma=False)(x)
+
+
+@pytest.mark.parametrize("head_dim,dtype,causal,segments", [(128, jnp.bfloat16, True, True),
+                                                            (64, jnp.float32, False, False)])
+def test_lowers_to_mosaic_for_tpu(head_dim, dtype, causal, segments):
+    # Exports for platform "tpu" from this CPU host: runs the Pallas -> Mosaic lowering (block-shape
+    # tiling checks, every kernel op); Mosaic's own compile needs a TPU and is not covered.
+    B, S, H, K = 1, 512, 4, 2
+    arr = lambda *shape, dt=dtype: jax.ShapeDtypeStruct(shape, dt)
+    q, kv, pos = arr(B, S, H, head_dim), arr(B, S, K, head_dim), arr(S, dt=jnp.int32)
+    seg = arr(B, S, dt=jnp.int32) if segments else None
+    rows = arr(B, H, S, dt=jnp.float32)
+    kw = dict(causal=causal, softmax_scale=0.1, block_sizes=BlockSizes(256, 128, 128, 256))
+    fwd = lambda q, k, v, qp, kp, qs, ks: pallas_tpu.forward_step(q, k, v, qp, kp, qs, ks, **kw)
+    bwd = lambda *a: pallas_tpu.backward_step(*a, **kw)
+    exported = [jax.export.export(jax.jit(fwd), platforms=["tpu"])(q, kv, kv, pos, pos, seg, seg),
+                jax.export.export(jax.jit(bwd), platforms=["tpu"])(q, kv, kv, q, rows, rows, pos,
+                                                                    pos, seg, seg)]
+    calls = sum(e.mlir_module().count("tpu_custom_call") for e in exported)
+    assert calls == 3  # forward, dq, dk/dv kernels
