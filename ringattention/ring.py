@@ -64,13 +64,17 @@ def _step_visible(cfg, q_pos, k_pos, q_seg, k_seg):
     return vis
 
 
-def _step_args(cfg, q, q_seg, t):
+def _step_args(cfg, q, q_seg, k_seg, t):
     # Global positions of this shard and of the shard held at ring step t (it came from r - t).
     n, s = cfg.ring_size, q.shape[1]
     r = lax.axis_index(cfg.axis_name)
     q_pos = layouts.shard_positions(cfg.layout, s, n, r)
     k_pos = layouts.shard_positions(cfg.layout, s, n, (r - t) % n)
-    return q_pos, k_pos
+    # Tie the positions to q: masks built from them alone are loop-invariant constants, and when
+    # ring attention sits in a differentiated lax.scan (a layer stack) JAX would hoist every
+    # chunk's mask out of the loops as an O(shard^2) residual. The barrier keeps them in the loop.
+    (q_pos, k_pos, q_seg, k_seg), _ = lax.optimization_barrier(((q_pos, k_pos, q_seg, k_seg), q))
+    return q_pos, k_pos, q_seg, k_seg
 
 
 def _kw(cfg):
@@ -90,13 +94,13 @@ def _forward_lap(cfg, q, k, v, q_seg, k_seg):
 
     def compute(kv, t):
         k_, v_, ks = kv
-        q_pos, k_pos = _step_args(cfg, q, q_seg, t)
-        run = lambda: impl.forward_step(q, k_, v_, q_pos, k_pos, q_seg, ks, **_kw(cfg))  # noqa: E731
+        q_pos, k_pos, qs, ks = _step_args(cfg, q, q_seg, ks, t)
+        run = lambda: impl.forward_step(q, k_, v_, q_pos, k_pos, qs, ks, **_kw(cfg))  # noqa: E731
         if n == 1:
             return run()
         B, S, H, _ = q.shape
         empty = lambda: (full_like(q, q.shape, 0.0), full_like(q, (B, H, S), -jnp.inf))  # noqa: E731
-        return lax.cond(_step_visible(cfg, q_pos, k_pos, q_seg, ks), run, empty)
+        return lax.cond(_step_visible(cfg, q_pos, k_pos, qs, ks), run, empty)
 
     kv = (k, v, k_seg)
     if n == 1:
@@ -121,13 +125,13 @@ def _backward_lap(cfg, q, k, v, q_seg, k_seg, do, lse, delta):
 
     def compute(kv, t):
         k_, v_, ks = kv
-        q_pos, k_pos = _step_args(cfg, q, q_seg, t)
-        run = lambda: impl.backward_step(q, k_, v_, do, lse, delta, q_pos, k_pos, q_seg, ks,  # noqa: E731
+        q_pos, k_pos, qs, ks = _step_args(cfg, q, q_seg, ks, t)
+        run = lambda: impl.backward_step(q, k_, v_, do, lse, delta, q_pos, k_pos, qs, ks,  # noqa: E731
                                          **_kw(cfg))
         if n == 1:
             return run()
         empty = lambda: tuple(full_like(q, x.shape, 0.0) for x in (q, k_, v_))  # noqa: E731
-        return lax.cond(_step_visible(cfg, q_pos, k_pos, q_seg, ks), run, empty)
+        return lax.cond(_step_visible(cfg, q_pos, k_pos, qs, ks), run, empty)
 
     kv = (k, v, k_seg)
     if n == 1:
@@ -231,6 +235,10 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     """
     _validate(q, k, v, segment_ids, layout, softmax_scale)
     impl = implementations.resolve(implementation)
+    backend = jax.default_backend()
+    if not interpret and backend not in impl.platforms:
+        raise ValueError(f"implementation={impl.name!r} runs on {impl.platforms}, not on this "
+                         f"{backend=}; pass interpret=True to emulate it, or use 'auto'/'xla'")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     cfg = _Config(axis_name, bool(causal), layout, scale, impl.name, block_sizes, bool(interpret),
                   _axis_size(axis_name))

@@ -62,6 +62,12 @@ def test_bad_input_raises(bad, err, match):
         _call(args["q"], args["k"], args["v"], n=1, **kw)
 
 
+def test_kernel_on_wrong_platform_raises():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="pallas_gpu"):
+        _call(q, k, v, n=1, implementation="pallas_gpu")
+
+
 def test_zigzag_odd_shard_raises():
     q, k, v = _qkv(L=6)
     with pytest.raises(ValueError, match="zigzag"):

@@ -109,3 +109,29 @@ def test_per_device_memory_shrinks_with_ring_size():
     assert abs(same_shard[0] - same_shard[1]) <= 0.05 * same_shard[0], same_shard
     fixed_l = {n: _device_bytes(n, 16384) for n in (4, 8)}
     assert fixed_l[8] <= 0.6 * fixed_l[4], fixed_l
+
+
+def _scanned_layers_bytes(L, segments):
+    # grad of a lax.scan over 3 "layers", each a ring attention: per-device temp bytes.
+    mesh = Mesh(np.array(jax.devices()[:2]), ("sp",))
+    spec = P(None, "sp")
+    seg = jnp.asarray(np.repeat(np.arange(4), L // 4)[None], jnp.int32) if segments else None
+    att = jax.shard_map(
+        lambda h, s: ringattention.ring_attention(h, h, h, "sp", causal=True, segment_ids=s,
+                                                  implementation="xla",
+                                                  block_sizes=BlockSizes(64, 64)),
+        mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+    layer = lambda h, w: (att(h @ w, seg) + h, None)
+    loss = lambda h, ws: jax.lax.scan(layer, h, ws)[0].sum()
+    x = jax.ShapeDtypeStruct((1, L, 2, 32), jnp.float32)
+    w = jax.ShapeDtypeStruct((3, 32, 32), jnp.float32)
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, w).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.parametrize("segments", (False, True))
+def test_memory_linear_inside_differentiated_layer_scan(segments):
+    # Masks depend only on positions / segment ids, which are the same in every layer: JAX must not
+    # hoist them out of the loops as O(shard^2) residuals. Doubling L must ~double memory.
+    small, big = _scanned_layers_bytes(1024, segments), _scanned_layers_bytes(2048, segments)
+    assert big <= 2.5 * small, (small, big)

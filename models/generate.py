@@ -1,0 +1,490 @@
+"""Text generation with a sequence-sharded KV cache: ring-attention prefill, all-reduce decode.
+
+Ring Attention with Blockwise Transformers (Liu, Zaharia & Abbeel 2023) for the prefill of prompts
+longer than one device holds; the decode keeps every device's cache shard in place and merges
+per-device partial attention with one small all-reduce (``models.kvcache``) instead of rotating the
+cache around the ring for every token as Large World Model (Liu et al. 2024) does. LLaMA (Touvron
+et al. 2023) layer math is the same as ``models.modules`` (its RMSNorm / MLP modules and RoPE
+functions are applied to the model's own parameter tree).
+
+API: :func:`prefill`, :func:`extend` (decode = extend by one token per sequence),
+:func:`sample_logits`, :func:`generate` (batches of prompts of different lengths, shared-prefix
+reuse, stop tokens, streaming). CLI: ``python -m models.generate --help``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh
+
+from models import kvcache
+from models.config import LlamaConfig
+from models.kvcache import KVCache
+from models.modules import MLP, RMSNorm, apply_rope, attend, default_positions, head_weight, rope_tables
+from models.sharding import axis_size, constrain
+from ringattention import layouts
+from ringattention.ring import merge
+
+F32 = jnp.float32
+CACHE_MODES = ("allreduce", "rotate")
+MAX_SHARED_SUFFIX = 2048  # longer suffixes after a shared prefix: a plain prefill (extend is dense)
+
+
+def _stacked(config: LlamaConfig, params) -> Any:
+    """Per-layer params stacked on a leading [layers] axis."""
+    if config.scan_layers:
+        return params["layers"]
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *[params[f"layers_{i}"]
+                                                     for i in range(config.num_layers)])
+
+
+def _embed(config: LlamaConfig, mesh, params, ids, seq_name):
+    dt = jnp.dtype(config.dtype)
+    table = constrain(params["embedding"].astype(dt), ("vocab", None), mesh)
+    return constrain(jnp.take(table, ids, axis=0), ("act_batch", seq_name, "act_embed"), mesh)
+
+
+def _norm(config: LlamaConfig, p, x):
+    return RMSNorm(config).apply({"params": p}, x)
+
+
+def _qkv(config: LlamaConfig, mesh, p, x, cos, sin, seq_name):
+    """q [B, S, H, D], k/v [B, S, K, D] exactly as ``models.modules.Attention`` computes them."""
+    dt = jnp.dtype(config.dtype)
+
+    def proj(w, names):
+        y = jnp.einsum("bse,ehd->bshd", x, w.astype(dt), preferred_element_type=F32).astype(dt)
+        return constrain(y, ("act_batch", seq_name, names, None), mesh)
+
+    q = apply_rope(proj(p["wq"], "act_heads"), cos, sin)
+    k = apply_rope(proj(p["wk"], "act_kv_heads"), cos, sin)
+    return q, k, proj(p["wv"], "act_kv_heads")
+
+
+def _out(config: LlamaConfig, mesh, p, o, seq_name):
+    dt = jnp.dtype(config.dtype)
+    y = jnp.einsum("bshd,hde->bse", o.astype(dt), p["wo"].astype(dt), preferred_element_type=F32)
+    return constrain(y.astype(dt), ("act_batch", seq_name, "act_embed"), mesh)
+
+
+def _mlp_block(config: LlamaConfig, mesh, p, x, seq_name):
+    y = MLP(config, mesh).apply({"params": p["mlp"]}, _norm(config, p["mlp_norm"], x))
+    return constrain(x + y, ("act_batch", seq_name, "act_embed"), mesh)
+
+
+def _logits(config: LlamaConfig, params, h):  # h [B, E] -> float32 [B, V]
+    w = head_weight(config, params).astype(h.dtype)
+    return jnp.einsum("be,ev->bv", h, w, preferred_element_type=F32)
+
+
+@functools.lru_cache(maxsize=32)
+def _prefill_fn(config: LlamaConfig, mesh: Mesh | None):
+    n = axis_size(mesh, "sp")
+
+    def run(params, tokens, lengths):  # tokens [B, T] natural order, lengths [B]
+        B, T = tokens.shape
+        ids = layouts.to_layout(tokens, config.layout, n)
+        pos = default_positions(B, T, config.layout, n)  # [B, T] layout order
+        x = _embed(config, mesh, params, ids, "act_seq")  # [B, T, E]
+        cos, sin = rope_tables(config, pos)
+
+        def layer(x, p):
+            q, k, v = _qkv(config, mesh, p["attn"], _norm(config, p["attn_norm"], x), cos, sin,
+                           "act_seq")
+            x = x + _out(config, mesh, p["attn"], attend(config, mesh, q, k, v, None), "act_seq")
+            return _mlp_block(config, mesh, p, x, "act_seq"), (k, v)
+
+        x, (ks, vs) = lax.scan(layer, x, _stacked(config, params))  # ks [L, B, T, K, D]
+        sh = kvcache.cache_sharding(mesh)
+        if sh is not None:
+            ks, vs = (jax.lax.with_sharding_constraint(a, sh) for a in (ks, vs))
+        inv = jnp.asarray(np.argsort(layouts.permutation(T, config.layout, n)).astype(np.int32))
+        last = inv[lengths - 1]  # [B] layout index of each prompt's last token
+        h = _norm(config, params["final_norm"], x[jnp.arange(B), last])  # [B, E]
+        cache = KVCache(ks, vs, lengths.astype(jnp.int32), config.layout, n)
+        return _logits(config, params, h), cache
+
+    return jax.jit(run)
+
+
+def prefill(config: LlamaConfig, params, tokens, lengths, *, mesh: Mesh | None = None):
+    """Runs right-padded prompts tokens int [B, T] (natural order; T = the cache length) through
+    the model with ring attention over "sp". Returns (float32 logits [B, V] of each prompt's last
+    token ``lengths[b] - 1``, a KVCache of length T holding positions ``< lengths``)."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    if tokens.ndim != 2 or lengths.shape != tokens.shape[:1]:
+        raise ValueError(f"tokens must be [batch, T] and lengths [batch]; got {tokens.shape=} "
+                         f"{lengths.shape=}")
+    kvcache.check_cache_mesh(config, mesh, *tokens.shape)
+    return _prefill_fn(config, mesh)(params, tokens, lengths)
+
+
+@functools.lru_cache(maxsize=32)
+def _extend_fn(config: LlamaConfig, mesh: Mesh | None, mode: str):
+    dense_cfg = dataclasses.replace(config, mlp_chunk=None)  # a few tokens: no MLP chunks
+    scale = 1.0 / math.sqrt(config.head_dim)
+    attn = kvcache.cache_attention if mode == "allreduce" else kvcache.rotating_cache_attention
+
+    def run(params, cache: KVCache, tokens, counts):  # tokens [B, C], counts [B]
+        B, C = tokens.shape
+        pos = cache.lengths[:, None] + jnp.arange(C, dtype=jnp.int32)[None]  # [B, C] global
+        valid = jnp.arange(C)[None] < counts[:, None]
+        x = _embed(config, mesh, params, tokens, None)  # [B, C, E]
+        cos, sin = rope_tables(config, pos)
+
+        def layer(x, xs):
+            p, ck, cv = xs  # ck/cv [B, T, K, D] this layer's cache
+            q, k, v = _qkv(config, mesh, p["attn"], _norm(config, p["attn_norm"], x), cos, sin,
+                           None)
+            o_c, lse_c = attn(ck, cv, q, cache.lengths, layout=cache.layout, mesh=mesh,
+                              scale=scale)
+            o, _ = merge(o_c, lse_c, *kvcache.chunk_attention(q, k, v, scale))
+            x = x + _out(config, mesh, p["attn"], o, None)
+            return _mlp_block(dense_cfg, mesh, p, x, None), (k, v)
+
+        x, (ks, vs) = lax.scan(layer, x, (_stacked(config, params), cache.k, cache.v))
+        cache = kvcache.write(cache, ks, vs, pos, valid, mesh)
+        cache = dataclasses.replace(cache, lengths=cache.lengths + counts)
+        last = jnp.clip(counts - 1, 0, C - 1)
+        h = _norm(config, params["final_norm"], x[jnp.arange(B), last])  # [B, E]
+        return _logits(config, params, h), cache
+
+    return jax.jit(run, donate_argnums=(1,))
+
+
+def extend(config: LlamaConfig, params, cache: KVCache, tokens, counts=None, *,
+           mesh: Mesh | None = None, mode: str = "allreduce"):
+    """Appends tokens int [B, C] (the first ``counts[b]`` of row b; default all) at positions
+    ``cache.lengths[b] + i``. Returns (float32 logits [B, V] after each row's last new token, the
+    updated cache). ``cache`` is donated. ``mode`` "rotate" is the per-token ring-rotation baseline.
+    """
+    if mode not in CACHE_MODES:
+        raise ValueError(f"mode={mode!r}; choose one of {CACHE_MODES}")
+    tokens = jnp.asarray(tokens, jnp.int32)
+    B = cache.k.shape[1]
+    if tokens.ndim != 2 or tokens.shape[0] != B:
+        raise ValueError(f"tokens must be [batch={B}, chunk]; got {tokens.shape=}")
+    counts = jnp.full((B,), tokens.shape[1], jnp.int32) if counts is None else jnp.asarray(
+        counts, jnp.int32)
+    if counts.shape != (B,):
+        raise ValueError(f"counts must be [batch={B}]; got {counts.shape=}")
+    if cache.ring != axis_size(mesh, "sp") or cache.layout != config.layout:
+        raise ValueError(f"cache (layout={cache.layout!r}, ring={cache.ring}) does not match "
+                         f"config.layout={config.layout!r} and sp={axis_size(mesh, 'sp')}")
+    return _extend_fn(config, mesh, mode)(params, cache, tokens, counts)
+
+
+@functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p"))
+def sample_logits(logits, key, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
+    """Next tokens int32 [B] from float32 logits [B, V]: greedy when ``temperature`` <= 0, else
+    softmax(logits / temperature) restricted to the ``top_k`` largest and the smallest set of
+    tokens whose probability reaches ``top_p`` (nucleus)."""
+    if temperature <= 0:
+        return jnp.argmax(logits, -1).astype(jnp.int32)
+    x = logits.astype(F32) / temperature
+    if top_k > 0:
+        kth = lax.top_k(x, top_k)[0][:, -1:]  # [B, 1]
+        x = jnp.where(x < kth, -jnp.inf, x)
+    if top_p < 1.0:
+        srt = jnp.sort(x, -1)[:, ::-1]  # [B, V] descending
+        p = jax.nn.softmax(srt, -1)
+        keep = (jnp.cumsum(p, -1) - p) < top_p  # the first token is always kept
+        thr = jnp.min(jnp.where(keep, srt, jnp.inf), -1, keepdims=True)
+        x = jnp.where(x < thr, -jnp.inf, x)
+    return jax.random.categorical(key, x).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How next tokens are picked (see :func:`sample_logits`)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"bad sampling: {self.temperature=} (>= 0), {self.top_k=} (>= 0), "
+                             f"{self.top_p=} (in (0, 1])")
+
+
+@dataclasses.dataclass
+class Generation:
+    """Generated tokens per prompt (stop tokens excluded), why each row ended ("stop" | "length"),
+    the per-step float32 logits [steps, B, V] when asked for, and the cache length used."""
+
+    tokens: list[list[int]]
+    finish: list[str]
+    logits: np.ndarray | None
+    cache_len: int
+    shared_prefix: int
+
+
+def cache_length(needed: int, layout: str, ring: int) -> int:
+    """The default cache length: ``needed`` rounded up to whole blocks of every shard."""
+    parts = kvcache.granularity(layout, ring)
+    block = 1024 if needed >= 16384 * parts else (128 if needed >= 128 * parts else 8)
+    return -(-needed // (parts * block)) * parts * block
+
+
+def _check_prompts(config: LlamaConfig, prompts) -> list[list[int]]:
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError(f"prompts must be a non-empty list of non-empty token lists; got lengths "
+                         f"{[len(p) for p in prompts] if prompts else prompts}")
+    out = [[int(t) for t in p] for p in prompts]
+    bad = [t for p in out for t in p if not 0 <= t < config.vocab_size]
+    if bad:
+        raise ValueError(f"prompt tokens {bad[:5]} are outside [0, vocab_size={config.vocab_size})")
+    return out
+
+
+def _common_prefix(prompts: list[list[int]]) -> int:
+    n = min(len(p) for p in prompts) - 1  # every row keeps >= 1 token for its suffix
+    i = 0
+    while i < n and all(p[i] == prompts[0][i] for p in prompts):
+        i += 1
+    return i
+
+
+def _start(config, params, prompts, T, mesh, share_prefix, min_prefix):
+    """Prefills all prompts (the common prefix once when shared). Returns (logits, cache, p)."""
+    B = len(prompts)
+    p = _common_prefix(prompts) if share_prefix and B > 1 else 0
+    if p < min_prefix or max(len(r) for r in prompts) - p > MAX_SHARED_SUFFIX:
+        buf = np.zeros((B, T), np.int32)
+        for i, row in enumerate(prompts):
+            buf[i, : len(row)] = row
+        logits, cache = prefill(config, params, buf, [len(r) for r in prompts], mesh=mesh)
+        return logits, cache, 0
+    nb = axis_size(mesh, "dp") * axis_size(mesh, "fsdp")
+    one = np.zeros((nb, T), np.int32)  # the prefix once per data-parallel group
+    one[:, :p] = prompts[0][:p]
+    _, c1 = prefill(config, params, one, [p] * nb, mesh=mesh)
+    rep = lambda x: jnp.repeat(x[:, :1], B, axis=1)  # noqa: E731  copy the prefix cache to every row
+    k, v = rep(c1.k), rep(c1.v)
+    sh = kvcache.cache_sharding(mesh)
+    if sh is not None:
+        k, v = jax.device_put(k, sh), jax.device_put(v, sh)
+    cache = KVCache(k, v, jnp.full((B,), p, jnp.int32), c1.layout, c1.ring)
+    suffix = [r[p:] for r in prompts]
+    C = -(-max(len(s) for s in suffix) // 8) * 8  # chunk padded to a multiple of 8: fewer shapes
+    buf = np.zeros((B, C), np.int32)
+    for i, s in enumerate(suffix):
+        buf[i, : len(s)] = s
+    logits, cache = extend(config, params, cache, buf, [len(s) for s in suffix], mesh=mesh)
+    return logits, cache, p
+
+
+def generate(config: LlamaConfig, params, prompts: Sequence[Sequence[int]], *,
+             max_new_tokens: int, mesh: Mesh | None = None, sampling: Sampling = Sampling(),
+             stop_ids: Sequence[int] = (), stop_check: Callable[[int, list[int]], bool] | None = None,
+             stream: Callable[[int, int], None] | None = None, share_prefix: bool = True,
+             min_shared_prefix: int = 1, cache_len: int | None = None,
+             return_logits: bool = False, mode: str = "allreduce") -> Generation:
+    """Continues every prompt (a list of token ids) by up to ``max_new_tokens`` tokens.
+
+    Prompts of different lengths share one right-padded batch with per-row lengths. Rows whose
+    prompts share a prefix of >= ``min_shared_prefix`` tokens prefill it once and copy its cache.
+    A row ends at a token in ``stop_ids``, when ``stop_check(row, generated)`` is true, or after
+    ``max_new_tokens``. ``stream(row, token)`` is called for every kept token as it is produced.
+    """
+    prompts = _check_prompts(config, prompts)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive int")
+    rows = len(prompts)
+    nb = axis_size(mesh, "dp") * axis_size(mesh, "fsdp")
+    prompts = prompts + [prompts[0]] * (-rows % nb)  # pad the batch to the data-parallel size
+    n = axis_size(mesh, "sp")
+    needed = max(len(p) for p in prompts) + max_new_tokens
+    T = cache_length(needed, config.layout, n) if cache_len is None else cache_len
+    if T < needed:
+        raise ValueError(f"cache_len={T} < longest prompt + max_new_tokens = {needed}")
+    logits, cache, shared = _start(config, params, prompts, T, mesh, share_prefix,
+                                   max(1, min_shared_prefix))
+    key = jax.random.key(sampling.seed)
+    out: list[list[int]] = [[] for _ in prompts]
+    done = np.zeros(len(prompts), bool)
+    done[rows:] = True
+    finish = ["length"] * rows
+    kept = []
+    stops = {int(s) for s in stop_ids}
+    for step in range(max_new_tokens):
+        if return_logits:
+            kept.append(np.asarray(logits[:rows]))
+        tok = np.asarray(sample_logits(logits, jax.random.fold_in(key, step),
+                                       temperature=sampling.temperature, top_k=sampling.top_k,
+                                       top_p=sampling.top_p))
+        for i in np.flatnonzero(~done):
+            t = int(tok[i])
+            if t in stops:
+                done[i], finish[i] = True, "stop"
+                continue
+            out[i].append(t)
+            if stream is not None:
+                stream(int(i), t)
+            if stop_check is not None and stop_check(int(i), out[i]):
+                done[i], finish[i] = True, "stop"
+        if done.all() or step == max_new_tokens - 1:
+            break
+        logits, cache = extend(config, params, cache, tok[:, None], (~done).astype(np.int32),
+                               mesh=mesh, mode=mode)
+    return Generation(out[:rows], finish, np.stack(kept) if return_logits else None, T, shared)
+
+
+def load_model(*, hf: str | None = None, checkpoint: str | None = None, preset: str | None = None,
+               mesh: Mesh | None = None, **overrides):
+    """(config, params, tokenizer) from a Hugging Face directory, a training run directory (its
+    newest complete checkpoint and ``config.yaml``), or a preset with random weights."""
+    from train.tokenizer import ByteTokenizer, HFTokenizer
+
+    if sum(x is not None for x in (hf, checkpoint, preset)) != 1:
+        raise ValueError(f"give exactly one of hf / checkpoint / preset; got {hf=} {checkpoint=} "
+                         f"{preset=}")
+    from models import llama
+
+    if hf is not None:
+        config, params = llama.load_hf(hf, **overrides)
+        tok_file = f"{hf.rstrip('/')}/tokenizer.json"
+        import os
+
+        tok = HFTokenizer(tok_file) if os.path.exists(tok_file) else ByteTokenizer()
+    elif preset is not None:
+        config = llama.get_config(preset, **overrides)
+        params = llama.init_params(config, jax.random.key(0), mesh)
+        tok = ByteTokenizer()
+    else:
+        config, params, tok = _load_checkpoint(checkpoint, mesh, overrides)
+        return config, params, tok
+    if mesh is not None:
+        params = jax.device_put(params, llama.param_shardings(config, mesh))
+    if config.vocab_size < tok.vocab_size:
+        raise ValueError(f"tokenizer vocab {tok.vocab_size} > model vocab {config.vocab_size}")
+    return config, params, tok
+
+
+def _load_checkpoint(run_dir: str, mesh: Mesh | None, overrides: dict):
+    import os
+
+    from models import llama
+    from train import config as train_config
+    from train.checkpoint import Checkpointer
+    from train.tokenizer import get_tokenizer
+
+    run_dir = run_dir.rstrip("/")
+    if os.path.basename(run_dir) == "checkpoints":
+        run_dir = os.path.dirname(run_dir)
+    cfg = train_config.load(f"{run_dir}/config.yaml")
+    config = llama.get_config(cfg.model.preset, **{**cfg.model.overrides, **overrides})
+    ckpt = Checkpointer(f"{run_dir}/checkpoints", keep=1, async_save=False, read_only=True)
+    step = ckpt.latest()
+    if step is None:
+        raise FileNotFoundError(f"no complete checkpoint under {run_dir}/checkpoints")
+    if mesh is None:
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev),
+                            llama.abstract_params(config))
+    else:
+        like = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            llama.abstract_params(config), llama.param_shardings(config, mesh))
+    params = ckpt.restore(step, like)["params"]
+    ckpt.close()
+    return config, params, get_tokenizer(cfg.data.tokenizer, cfg.data.tokenizer_path)
+
+
+def _parser():
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m models.generate", description=__doc__.split("\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--hf", help="Hugging Face LLaMA directory (config.json, safetensors)")
+    src.add_argument("--checkpoint", help="training run directory (config.yaml + checkpoints/)")
+    src.add_argument("--preset", help="a models.PRESETS name with random weights (smoke tests)")
+    ap.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
+    ap.add_argument("--prompt-file", action="append", default=[], help="a file holding a prompt")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    ap.add_argument("--top-k", type=int, default=0, help="0: off")
+    ap.add_argument("--top-p", type=float, default=1.0, help="1: off")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    ap.add_argument("--stop-id", action="append", type=int, default=[], help="a stop token id")
+    ap.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    ap.add_argument("--sp", type=int, default=1, help="sequence-parallel ring size (-1: all devices)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    ap.add_argument("--cache-len", type=int, default=None, help="KV cache length (default: fit)")
+    ap.add_argument("--no-share-prefix", action="store_true")
+    ap.add_argument("--dtype", default=None, help="compute dtype override, e.g. bfloat16")
+    ap.add_argument("--layout", default=None, help="ring layout override")
+    ap.add_argument("--attention", default=None, help="prefill attention implementation override")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> list[str]:
+    """The CLI; returns the generated texts (stop strings cut off)."""
+    import sys
+
+    from models.sharding import MeshConfig, make_mesh
+
+    args = _parser().parse_args(argv)
+    prompts = list(args.prompt)
+    for path in args.prompt_file:
+        with open(path, encoding="utf-8") as f:
+            prompts.append(f.read())
+    if not prompts:
+        raise SystemExit("give at least one --prompt or --prompt-file")
+    mesh = None
+    if args.sp != 1 or args.tp != 1:
+        devices = jax.devices() if args.sp == -1 else jax.devices()[: args.sp * args.tp]
+        mesh = make_mesh(MeshConfig(dp=1, fsdp=1, tp=args.tp, sp=args.sp), devices)
+    overrides = {k: getattr(args, k) for k in ("dtype", "layout", "attention")
+                 if getattr(args, k) is not None}
+    config, params, tok = load_model(hf=args.hf, checkpoint=args.checkpoint, preset=args.preset,
+                                     mesh=mesh, **overrides)
+    stop_ids = list(args.stop_id) + ([tok.eos_id] if tok.eos_id is not None else [])
+    stop_check = None
+    if args.stop:
+        stop_check = lambda row, ids: any(s in tok.decode(ids) for s in args.stop)  # noqa: E731
+    printed = [0] * len(prompts)
+    partial: list[list[int]] = [[] for _ in prompts]
+
+    def stream_fn(row: int, token: int) -> None:
+        partial[row].append(token)
+        text = tok.decode(partial[row])
+        delta, printed[row] = text[printed[row]:], len(text)
+        prefix = "" if len(prompts) == 1 else f"[{row}] "
+        sys.stdout.write(prefix + delta + ("" if len(prompts) == 1 else "\n"))
+        sys.stdout.flush()
+
+    gen = generate(config, params, [tok.encode(p) for p in prompts],
+                   max_new_tokens=args.max_new_tokens, mesh=mesh,
+                   sampling=Sampling(args.temperature, args.top_k, args.top_p, args.seed),
+                   stop_ids=stop_ids, stop_check=stop_check,
+                   stream=stream_fn if args.stream else None,
+                   share_prefix=not args.no_share_prefix, cache_len=args.cache_len)
+    texts = []
+    for ids in gen.tokens:
+        text = tok.decode(ids)
+        for s in args.stop:
+            text = text.split(s)[0] if s in text else text
+        texts.append(text)
+    if args.stream:
+        sys.stdout.write("\n")
+    else:
+        for i, text in enumerate(texts):
+            print(text if len(texts) == 1 else f"[{i}] {text}")
+    return texts
+
+
+if __name__ == "__main__":
+    main()

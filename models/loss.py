@@ -1,0 +1,66 @@
+"""Next-token cross-entropy, plain and chunked (never materialising [seq, vocab] logits).
+
+The chunked loss walks each device's sequence shard in chunks of ``chunk`` tokens under
+``jax.checkpoint``, so only one chunk's [batch, chunk, vocab] float32 logits exist at a time,
+forward and backward (the blockwise idea of Liu & Abbeel 2023 applied to the output layer). The
+sequence is viewed as [batch, ring, shard] so that a chunk never crosses a device boundary of the
+"sp" axis.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh
+
+from models.sharding import axis_size, constrain
+
+F32 = jnp.float32
+
+
+def _token_losses(h, w, targets):
+    """h [..., E], w [E, V], targets int [...] -> float32 loss per token [...]."""
+    logits = jnp.einsum("...e,ev->...v", h, w.astype(h.dtype), preferred_element_type=F32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    vocab = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    target_logit = jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)
+    return lse - target_logit
+
+
+def cross_entropy_sum(h: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array):
+    """Plain loss: h [B, S, E], w [E, V], targets [B, S], mask [B, S] -> (loss_sum, tokens) f32."""
+    mask = mask.astype(F32)
+    return jnp.sum(_token_losses(h, w, targets) * mask), jnp.sum(mask)
+
+
+def chunked_cross_entropy_sum(h: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array,
+                              chunk: int, *, mesh: Mesh | None = None):
+    """Same as :func:`cross_entropy_sum`, one ``chunk`` of every sp shard at a time.
+
+    ``chunk`` is clamped to the largest divisor of the per-device shard length.
+    """
+    B, S, E = h.shape
+    n = axis_size(mesh, "sp")
+    if S % n:
+        raise ValueError(f"sequence {S=} is not divisible by the sp axis size {n}")
+    local = S // n
+    c = max(1, min(local, chunk))
+    while local % c:
+        c -= 1
+    k = local // c
+    w = constrain(w.astype(h.dtype), (None, "act_vocab"), mesh)  # gathered once, not per chunk
+    view = lambda x: jnp.moveaxis(x.reshape(B, n, k, c, *x.shape[2:]), 2, 0)  # [k, B, n, c, ...]
+    hs = view(h)  # [k, B, ring, chunk, E]
+    ts, ms = view(targets), view(mask.astype(F32))  # [k, B, ring, chunk]
+
+    @jax.checkpoint
+    def one(h_c, t_c, m_c):
+        h_c = constrain(h_c, ("act_batch", "act_seq", None, "act_embed"), mesh)
+        return jnp.sum(_token_losses(h_c, w, t_c) * m_c)
+
+    def body(total, xs):
+        return total + one(*xs), None
+
+    loss_sum, _ = lax.scan(body, jnp.zeros((), F32), (hs, ts, ms))
+    return loss_sum, jnp.sum(ms)

@@ -1,0 +1,124 @@
+"""Device mesh ("dp", "fsdp", "tp", "sp") and logical-axis sharding rules for the LLaMA model.
+
+Weights are sharded over fsdp and sp (the sequence axis would otherwise hold idle weight copies, as
+in Ring Attention, Liu et al. 2023), heads / MLP / vocab over tp; activations: batch over dp and
+fsdp, sequence over sp, heads over tp. Every parameter and activation carries logical axis names
+that ``RULES`` maps to mesh axes; a mesh axis is dropped from a dimension that it does not
+divide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+AXES = ("dp", "fsdp", "tp", "sp")
+BATCH = ("dp", "fsdp")
+
+# logical name -> mesh axes (None: replicated)
+RULES: dict[str, tuple[str, ...] | None] = {
+    # parameters
+    "vocab": ("tp",),
+    "embed": ("fsdp", "sp"),
+    "heads": ("tp",),
+    "kv_heads": ("tp",),
+    "head_dim": None,
+    "mlp": ("tp",),
+    "norm": None,
+    "layers": None,
+    # activations
+    "act_batch": BATCH,
+    "act_seq": ("sp",),
+    "act_embed": None,
+    "act_heads": ("tp",),
+    "act_kv_heads": ("tp",),
+    "act_mlp": ("tp",),
+    "act_vocab": ("tp",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Sizes of the mesh axes; one of them may be -1 (= the remaining devices)."""
+
+    dp: int = 1
+    fsdp: int = 1
+    tp: int = 1
+    sp: int = 1
+
+    def resolve(self, num_devices: int) -> dict[str, int]:
+        sizes = {a: getattr(self, a) for a in AXES}
+        for a, s in sizes.items():
+            if not isinstance(s, int) or (s < 1 and s != -1):
+                raise ValueError(f"mesh axis {a}={s!r} must be a positive int or -1")
+        free = [a for a, s in sizes.items() if s == -1]
+        if len(free) > 1:
+            raise ValueError(f"at most one mesh axis may be -1; got {free} in {self}")
+        fixed = math.prod(s for s in sizes.values() if s != -1)
+        if free:
+            if num_devices % fixed:
+                raise ValueError(f"{self} leaves {num_devices=} / {fixed} devices for {free[0]}, "
+                                 "which is not an integer")
+            sizes[free[0]] = num_devices // fixed
+        elif fixed != num_devices:
+            raise ValueError(f"{self} has dp*fsdp*tp*sp={fixed} but {num_devices=}")
+        return sizes
+
+
+def make_mesh(mesh_config: MeshConfig, devices: Sequence | None = None) -> Mesh:
+    """A ``Mesh`` with axes ("dp", "fsdp", "tp", "sp"); raises ValueError if the sizes don't fit."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = mesh_config.resolve(len(devices))
+    grid = np.array(devices, dtype=object).reshape([sizes[a] for a in AXES])
+    return Mesh(grid, AXES)
+
+
+def axis_size(mesh: Mesh | None, name: str) -> int:
+    return 1 if mesh is None else int(mesh.shape.get(name, 1))
+
+
+def logical_spec(names: Sequence[str | None], shape: Sequence[int] | None = None,
+                 mesh: Mesh | None = None) -> P:
+    """PartitionSpec for logical axis ``names``; axes that don't divide ``shape`` are dropped."""
+    used: set[str] = set()
+    out = []
+    for i, name in enumerate(names):
+        axes = RULES.get(name) if name is not None else None
+        if name is not None and name not in RULES:
+            raise ValueError(f"logical axis {name!r} has no sharding rule; known: {tuple(RULES)}")
+        kept = []
+        for a in axes or ():
+            if a in used or (mesh is not None and a not in mesh.shape):
+                continue
+            size = math.prod(axis_size(mesh, b) for b in (*kept, a))
+            if shape is not None and mesh is not None and shape[i] % size:
+                continue
+            kept.append(a)
+        used.update(kept)
+        out.append(tuple(kept) if len(kept) > 1 else (kept[0] if kept else None))
+    return P(*out)
+
+
+def constrain(x: jax.Array, names: Sequence[str | None], mesh: Mesh | None) -> jax.Array:
+    """``with_sharding_constraint`` by logical names (a no-op without a mesh)."""
+    if mesh is None:
+        return x
+    spec = logical_spec(names, x.shape, mesh)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def check_mesh(mesh: Mesh | None) -> None:
+    if mesh is None:
+        return
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh or None; got {type(mesh).__name__}")
+    missing = [a for a in AXES if a not in mesh.shape]
+    if missing:
+        raise ValueError(f"mesh is missing axes {missing}; mesh.shape={dict(mesh.shape)}; build it "
+                         "with models.sharding.make_mesh")

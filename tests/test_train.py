@@ -1,0 +1,155 @@
+"""End-to-end training on the debug preset (8 virtual CPU devices, ring of 4 x fsdp 2)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from train import config as config_lib
+from train import train
+from train.checkpoint import Checkpointer, CheckpointError
+from train.metrics import read_metrics
+
+# Restoring the deliberately damaged checkpoint below makes orbax read arrays in parallel and raise
+# one error; the other reads' futures are dropped and reported later, against whichever test runs.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+DEBUG = str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "debug.yaml")
+RESUME_RTOL = 1e-6  # same program, same data: only float reassociation may differ
+SMALL = ["--data.seq_len=64", "--data.batch_size=4", "--log.every=1", "--sample.tokens=0",
+         "--eval.every=0", "--eval.batches=1", "--log.progress=false", "--log.tensorboard=false",
+         "--optim.warmup_steps=2", "--checkpoint.every=2", "--checkpoint.keep=2", "--steps=6"]
+# Every run below shares steps=6 (the schedule) and stops early with stop_at, so they share one
+# compiled train step.
+
+
+def small(run_dir, *extra: str) -> config_lib.TrainConfig:
+    return config_lib.load(DEBUG, [*SMALL, f"--run_dir={run_dir}", *extra])
+
+
+def _losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(str(run_dir)) if "loss" in r}
+
+
+def test_loss_decreases_and_run_dir_is_complete(tmp_path):
+    result = train.main(small(tmp_path, "--sample.tokens=4",
+                              "--log.tensorboard=true"))
+    losses = [result.losses[s] for s in sorted(result.losses)]
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])
+    records = [r for r in read_metrics(str(tmp_path)) if "loss" in r]
+    assert [r["step"] for r in records] == list(range(1, 7))
+    for key in ("step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "seq_len"):
+        assert all(key in r for r in records)
+    assert all(r["seq_len"] == 64 for r in records)
+    assert result.eval_loss is not None and np.isfinite(result.eval_loss)
+    assert isinstance(result.sample, str)
+    assert Checkpointer(str(tmp_path / "checkpoints"), keep=2, async_save=False).steps() == [4, 6]
+    assert list((tmp_path / "tensorboard").iterdir())
+    assert (tmp_path / "config.yaml").exists()
+
+
+def test_resume_is_exact(tmp_path):
+    one = train.main(small(tmp_path / "one"))
+    two_dir = tmp_path / "two"
+    first = train.main(small(two_dir, "--stop_at=3"))
+    assert first.step == 3
+    # a save that was interrupted (never renamed / never committed) must not be resumed
+    (two_dir / "checkpoints" / "5.orbax-checkpoint-tmp-1").mkdir()
+    (two_dir / "checkpoints" / "6").mkdir()  # no commit marker: an interrupted save
+    (two_dir / "checkpoints" / "6" / "params").mkdir()
+    second = train.main(small(two_dir))
+    kept = list((two_dir / "checkpoints").glob("incomplete.6.*/params"))
+    assert kept, "the interrupted save must be set aside, not deleted"
+    losses_two = {**first.losses, **second.losses}
+    assert sorted(second.losses) == [4, 5, 6]
+    np.testing.assert_allclose([losses_two[s] for s in range(1, 7)],
+                               [one.losses[s] for s in range(1, 7)], rtol=RESUME_RTOL)
+    for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(second.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RESUME_RTOL,
+                                   atol=RESUME_RTOL)
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+    whole = train.main(small(tmp_path / "whole", "--stop_at=2"))
+    accum = train.main(small(tmp_path / "accum", "--stop_at=2", "--optim.accum_steps=2"))
+    np.testing.assert_allclose([accum.losses[s] for s in (1, 2)],
+                               [whole.losses[s] for s in (1, 2)], rtol=1e-5)
+
+
+def test_init_from_hugging_face_checkpoint(tmp_path):
+    from models import llama
+
+    trained = train.main(small(tmp_path / "trained"))
+    model = llama.get_config("debug", **small(tmp_path).model.overrides)
+    llama.save_hf(model, jax.device_get(trained.params), str(tmp_path / "hf"))
+    tuned = train.main(small(tmp_path / "tuned", "--stop_at=1", f"--model.init_from={tmp_path}/hf"))
+    assert tuned.losses[1] < trained.losses[1]  # starts from the trained weights
+    with pytest.raises(ValueError, match="does not match"):
+        train.main(small(tmp_path / "bad", "--stop_at=1", f"--model.init_from={tmp_path}/hf",
+                         "--model.overrides.intermediate_size=64"))
+
+
+def _snapshot(directory: pathlib.Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_checkpoint_errors_change_nothing(tmp_path):
+    run = tmp_path / "run"
+    train.main(small(run, "--stop_at=2"))
+    ckpts = run / "checkpoints"
+    before = _snapshot(ckpts)
+    with pytest.raises(CheckpointError, match="resume=never"):
+        train.main(small(run, "--stop_at=4", "--checkpoint.resume=never"))
+    assert _snapshot(ckpts) == before
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        train.main(small(tmp_path / "empty", "--stop_at=2", "--checkpoint.resume=required"))
+    # corrupt the newest checkpoint's array data: a clear error naming the step, files untouched
+    for p in (ckpts / "2" / "params").rglob("*"):
+        if p.is_file() and "d" in p.parent.name:
+            p.write_bytes(b"garbage")
+    before = _snapshot(ckpts)
+    with pytest.raises(CheckpointError, match="step=2 .* corrupt"):
+        train.main(small(run, "--stop_at=4"))
+    assert _snapshot(ckpts) == before
+    assert not (ckpts / "4").exists()
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["--mesh.sp=4", "--mesh.fsdp=4"], "dp\\*fsdp\\*tp\\*sp=16"),
+    (["--data.seq_len=60"], "data.seq_len=60"),
+    (["--data.seq_len=96", "--model.overrides.q_chunk=16"], "multiple of the attention block"),
+    (["--data.batch_size=3", "--mesh.fsdp=2"], "batch_size=3"),
+    (["--model.overrides.vocab_size=128"], "vocab_size"),
+])
+def test_bad_setup_is_a_clear_error(tmp_path, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        train.main(small(tmp_path, *overrides))
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+def test_empty_data_is_an_error(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("   \n")
+    with pytest.raises(ValueError, match="no non-empty documents"):
+        train.main(small(tmp_path / "run", f"--data.paths=[{empty}]"))
+
+
+@pytest.mark.slow
+def test_progressive_stages_start_from_previous(tmp_path):
+    config = small(tmp_path, "--stages=[{steps: 3, seq_len: 32, rope_theta: 1.0e4}, "
+                             "{steps: 3, seq_len: 64, rope_theta: 1.0e5}]")
+    result = train.main(config)
+    assert result.run_dir.endswith("stage_1") and result.step == 3
+    first = _losses(tmp_path / "stage_0")
+    second = _losses(tmp_path / "stage_1")
+    assert second[1] < first[1]  # started from trained weights, not from scratch
+    assert {r["seq_len"] for r in read_metrics(str(tmp_path / "stage_1")) if "loss" in r} == {64}
+
+
+def test_cpu_devices_must_match(tmp_path):
+    with pytest.raises(ValueError, match="cpu_devices=4"):
+        train.main(small(tmp_path, "--cpu_devices=4"))
+    assert os.environ.get("JAX_PLATFORMS", "cpu") == "cpu"

@@ -1,0 +1,370 @@
+"""Typed training configuration: frozen dataclasses loaded from YAML with ``--a.b=c`` overrides.
+
+Every option carries its documentation (``--help`` prints all of them). Unknown keys raise a
+``ValueError`` that lists the valid ones; values are checked against the field's type, never
+silently converted. This module imports neither jax nor the model, so ``python -m train`` can read
+the config (e.g. ``cpu_devices``) before jax starts. The progressive context schedule follows
+Large World Model (Liu, Yan, Zaharia & Abbeel 2024).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML loader that also reads ``1e6`` (no dot) as a float, as Python does."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def yaml_load(text: Any) -> Any:
+    """``yaml.safe_load`` that reads ``1e6`` as a float."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def opt(default: Any, doc: str) -> Any:
+    """A dataclass field with documentation; mutable defaults are copied per instance."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default),
+                                 metadata={"doc": doc})
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    preset: str = opt("debug", "Preset name in models.PRESETS (debug, 1b, 3b, 7b, 8b, 70b).")
+    overrides: dict = opt({}, "LlamaConfig fields replacing the preset's, e.g. {rope_theta: 1e6, "
+                              "layout: zigzag, dtype: bfloat16, remat: full}.")
+    init_from: str = opt("", "Hugging Face checkpoint directory to start from (models.llama."
+                             "load_hf); empty: random init.")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+    dp: int = opt(1, "Data-parallel axis size (-1: all remaining devices).")
+    fsdp: int = opt(1, "Fully sharded data-parallel axis size (-1: all remaining devices).")
+    tp: int = opt(1, "Tensor-parallel axis size (-1: all remaining devices).")
+    sp: int = opt(1, "Sequence-parallel (ring) axis size (-1: all remaining devices).")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+    paths: list = opt([], "Text (.txt) or JSONL (.jsonl, .jsonl.gz) files or globs, local or any "
+                          "fsspec URL; empty: the public-domain corpus shipped in data/corpus.")
+    format: str = opt("auto", "auto (by extension), text (one document per file) or jsonl.")
+    text_key: str = opt("text", "JSONL field holding a document's text.")
+    tokenizer: str = opt("byte", "byte (UTF-8 bytes, vocab 256), hf (tokenizers JSON file) or "
+                                 "sentencepiece (.model file).")
+    tokenizer_path: str = opt("", "Tokenizer file for tokenizer=hf or sentencepiece.")
+    append_eos: bool = opt(True, "Append the tokenizer's EOS token to each document (if any).")
+    seq_len: int = opt(256, "Tokens per packed sequence (global, before sharding over sp).")
+    batch_size: int = opt(8, "Sequences per optimizer step, over all hosts and micro-batches.")
+    eval_fraction: float = opt(0.05, "Fraction of documents held out for evaluation.")
+    seed: int = opt(0, "Seed of the document shuffle (a new permutation every epoch).")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection:
+    lr: float = opt(3e-4, "Peak learning rate (after warmup).")
+    warmup_steps: int = opt(100, "Linear warmup steps from 0 to lr.")
+    min_lr_ratio: float = opt(0.1, "Final learning rate of the cosine decay, as a fraction of lr.")
+    b1: float = opt(0.9, "AdamW beta1.")
+    b2: float = opt(0.95, "AdamW beta2.")
+    eps: float = opt(1e-8, "AdamW epsilon.")
+    weight_decay: float = opt(0.1, "Decoupled weight decay of matrices (never norms or biases).")
+    decay_embeddings: bool = opt(False, "Also apply weight decay to the token embedding.")
+    clip_norm: float = opt(1.0, "Global gradient norm clipping threshold (0: off).")
+    accum_steps: int = opt(1, "Micro-batches accumulated per optimizer step (divides batch_size).")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+    every: int = opt(100, "Save every this many steps (and always at the last step; 0: only last).")
+    keep: int = opt(3, "Keep the newest this many checkpoints.")
+    async_save: bool = opt(True, "Write checkpoints in the background while training goes on.")
+    resume: str = opt("auto", "auto (resume the newest complete checkpoint in run_dir if any), "
+                              "never (refuse to start if run_dir has checkpoints) or required.")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSection:
+    every: int = opt(10, "Write metrics every this many steps.")
+    tensorboard: bool = opt(True, "Also write TensorBoard event files to run_dir/tensorboard.")
+    progress: bool = opt(True, "Show a progress bar with ETA (process 0 only).")
+    peak_tflops: float = opt(0.0, "Peak dense TFLOP/s per device for MFU (0: guess from device).")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    every: int = opt(100, "Evaluate on the held-out split every this many steps (0: only at end).")
+    batches: int = opt(4, "Batches per evaluation (fewer if the held-out split runs out).")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleSection:
+    prompt: str = opt("In the beginning", "Prompt of the sample printed after training.")
+    tokens: int = opt(64, "Tokens to generate (0: no sample).")
+    temperature: float = opt(0.0, "Sampling temperature; 0 is greedy.")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedSection:
+    initialize: str = opt("auto", "auto (when flags below or a SLURM/TPU environment say several "
+                                  "processes), always, or never: jax.distributed.initialize().")
+    coordinator_address: str = opt("", "host:port of process 0's coordinator.")
+    num_processes: int = opt(0, "Number of processes (0: from the environment).")
+    process_id: int = opt(-1, "This process's id (-1: from the environment).")
+    local_device_ids: list = opt([], "Devices this process uses (empty: all visible).")
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSection:
+    steps: int = opt(0, "Optimizer steps of this stage.")
+    seq_len: int = opt(0, "data.seq_len of this stage (0: unchanged).")
+    rope_theta: float = opt(0.0, "RoPE base of this stage (0: unchanged).")
+    batch_size: int = opt(0, "data.batch_size of this stage (0: unchanged).")
+    lr: float = opt(0.0, "optim.lr of this stage (0: unchanged).")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    run_dir: str = opt("runs/debug", "Directory (local or fsspec) for checkpoints and metrics.")
+    steps: int = opt(1000, "Optimizer steps (ignored when stages are given).")
+    seed: int = opt(0, "Seed of parameter init and of the training rng.")
+    stop_at: int = opt(0, "Stop after this step (checkpoint included) though the schedule runs to "
+                          "steps, e.g. to fit a job's time limit; a later launch resumes (0: off).")
+    cpu_devices: int = opt(0, "Run on this many virtual CPU devices (0: the real devices).")
+    model: ModelSection = opt(None, "Model.")
+    mesh: MeshSection = opt(None, "Device mesh.")
+    data: DataSection = opt(None, "Data.")
+    optim: OptimSection = opt(None, "Optimizer.")
+    checkpoint: CheckpointSection = opt(None, "Checkpoints.")
+    log: LogSection = opt(None, "Metrics and logging.")
+    eval: EvalSection = opt(None, "Evaluation.")
+    sample: SampleSection = opt(None, "Sample printed at the end.")
+    distributed: DistributedSection = opt(None, "Multi-host setup.")
+    stages: list[StageSection] = opt([], "Progressive context extension: stages run in order in "
+                                         "run_dir/stage_<i>, each starting from the previous "
+                                         "stage's final parameters.")
+
+    def __post_init__(self):
+        hints = _hints(type(self))
+        for f in dataclasses.fields(self):
+            if dataclasses.is_dataclass(hints[f.name]) and getattr(self, f.name) is None:
+                object.__setattr__(self, f.name, hints[f.name]())
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _check_type(value: Any, tp: Any, key: str) -> Any:
+    """Returns ``value`` converted to ``tp`` (nested dataclasses, lists), or raises TypeError."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError(f"{key} must be a mapping of {tp.__name__} options; got {value!r}")
+        return build(tp, value, prefix=key + ".")
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _check_type(value, arg, key)
+            except TypeError:
+                pass
+        raise TypeError(f"{key}={value!r} does not match {tp}")
+    if origin is list or tp is list:
+        if not isinstance(value, list):
+            raise TypeError(f"{key} must be a list; got {value!r}")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_check_type(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is Any or tp is type(None) and value is None:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is dict and isinstance(value, dict):
+        return dict(value)
+    if isinstance(tp, type) and isinstance(value, tp):
+        if not (tp is int and isinstance(value, bool)):
+            return value
+    raise TypeError(f"{key}={value!r} must be of type {getattr(tp, '__name__', tp)}")
+
+
+def build(cls, values: dict, prefix: str = "") -> Any:
+    """Builds dataclass ``cls`` from a nested dict, rejecting unknown keys and wrong types."""
+    hints = _hints(cls)
+    unknown = sorted(set(values) - set(hints))
+    if unknown:
+        valid = ", ".join(prefix + k for k in hints)
+        raise ValueError(f"unknown config key(s) {[prefix + k for k in unknown]}; "
+                         f"valid keys: {valid}")
+    kwargs = {k: _check_type(v, hints[k], prefix + k) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def to_dict(config: Any) -> Any:
+    """A nested plain-dict copy of a config (YAML/JSON serialisable)."""
+    return dataclasses.asdict(config)
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ValueError(f"override --{key}: {p!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(args: Sequence[str]) -> list[tuple[str, Any]]:
+    """``["--a.b=1", "--c", "x"]`` -> ``[("a.b", 1), ("c", "x")]`` with YAML-typed values."""
+    out, i = [], 0
+    args = list(args)
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ValueError(f"expected --key=value, got {arg!r}")
+        if "=" in arg:
+            key, raw = arg[2:].split("=", 1)
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            key, raw = arg[2:], args[i + 1]
+            i += 1
+        else:
+            raise ValueError(f"option {arg!r} has no value; write {arg}=VALUE")
+        out.append((key, yaml_load(raw) if raw != "" else ""))
+        i += 1
+    return out
+
+
+def load(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Reads a YAML config (None: all defaults) and applies ``--dotted.key=value`` overrides."""
+    values: dict = {}
+    if path is not None:
+        import fsspec
+
+        with fsspec.open(path, "r") as f:
+            values = yaml_load(f) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"config file {path!r} must hold a mapping, "
+                             f"got {type(values).__name__}")
+    for key, value in parse_overrides(overrides):
+        _check_key(key)
+        _set_dotted(values, key, value)
+    return build(TrainConfig, values)
+
+
+def _check_key(key: str) -> None:
+    # Fail on a misspelt override with the list of valid keys (model.overrides.* is free-form).
+    cls, prefix = TrainConfig, ""
+    for part in key.split("."):
+        hints = _hints(cls)
+        if part not in hints:
+            valid = ", ".join(prefix + k for k in hints)
+            raise ValueError(f"unknown config key {key!r}; valid keys: {valid}")
+        tp, prefix = hints[part], prefix + part + "."
+        if not dataclasses.is_dataclass(tp):
+            return
+        cls = tp
+
+
+def help_text(cls=TrainConfig, prefix: str = "", indent: str = "  ") -> str:
+    """One line per option: ``--key (type, default): doc``, nested sections flattened."""
+    lines = []
+    for f in dataclasses.fields(cls):
+        tp = _hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"\n[{prefix}{f.name}] {f.metadata['doc']}")
+            lines.append(help_text(tp, prefix + f.name + ".", indent))
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        name = getattr(tp, "__name__", str(tp))
+        lines.append(f"{indent}--{prefix}{f.name} ({name}, default {default!r}): "
+                     f"{f.metadata['doc']}")
+        (item,) = typing.get_args(tp) or (None,)
+        if dataclasses.is_dataclass(item):
+            lines.append(f"{indent}  keys of each {prefix}{f.name} item:")
+            lines.append(help_text(item, "", indent + "    "))
+    return "\n".join(lines)
+
+
+_CHOICES = {
+    "data.format": ("auto", "text", "jsonl"),
+    "data.tokenizer": ("byte", "hf", "sentencepiece"),
+    "checkpoint.resume": ("auto", "never", "required"),
+    "distributed.initialize": ("auto", "always", "never"),
+}
+_POSITIVE = ("data.seq_len", "data.batch_size", "optim.accum_steps", "checkpoint.keep",
+             "log.every", "eval.batches")
+_NON_NEGATIVE = ("steps", "stop_at", "cpu_devices", "optim.warmup_steps", "checkpoint.every",
+                 "eval.every",
+                 "sample.tokens", "optim.lr", "optim.weight_decay", "optim.clip_norm")
+
+
+def get(config: Any, key: str) -> Any:
+    for part in key.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def check(config: TrainConfig) -> None:
+    """Raises ValueError on out-of-range or inconsistent options (before jax is touched)."""
+    for key, choices in _CHOICES.items():
+        if get(config, key) not in choices:
+            raise ValueError(f"{key}={get(config, key)!r}; choose one of {choices}")
+    for key in _POSITIVE:
+        if get(config, key) < 1:
+            raise ValueError(f"{key}={get(config, key)!r} must be >= 1")
+    for key in _NON_NEGATIVE:
+        if get(config, key) < 0:
+            raise ValueError(f"{key}={get(config, key)!r} must be >= 0")
+    if not 0.0 <= config.data.eval_fraction < 1.0:
+        raise ValueError(f"data.eval_fraction={config.data.eval_fraction!r} must be in [0, 1)")
+    if config.data.batch_size % config.optim.accum_steps:
+        raise ValueError(f"data.batch_size={config.data.batch_size} is not divisible by "
+                         f"optim.accum_steps={config.optim.accum_steps}")
+    if config.data.tokenizer != "byte" and not config.data.tokenizer_path:
+        raise ValueError(f"data.tokenizer={config.data.tokenizer!r} needs data.tokenizer_path")
+    for i, stage in enumerate(config.stages):
+        if stage.steps < 1:
+            raise ValueError(f"stages[{i}].steps={stage.steps} must be >= 1")
+        for name in ("seq_len", "batch_size", "rope_theta", "lr"):
+            if getattr(stage, name) < 0:
+                raise ValueError(f"stages[{i}].{name}={getattr(stage, name)} must be >= 0")
+
+
+def stage_configs(config: TrainConfig) -> list[TrainConfig]:
+    """The config of every stage (one stage, ``config`` itself, when no stages are given)."""
+    if not config.stages:
+        return [config]
+    out = []
+    for i, stage in enumerate(config.stages):
+        data, optim, model = config.data, config.optim, config.model
+        if stage.seq_len:
+            data = dataclasses.replace(data, seq_len=stage.seq_len)
+        if stage.batch_size:
+            data = dataclasses.replace(data, batch_size=stage.batch_size)
+        if stage.lr:
+            optim = dataclasses.replace(optim, lr=stage.lr)
+        if stage.rope_theta:
+            model = dataclasses.replace(
+                model, overrides={**model.overrides, "rope_theta": stage.rope_theta})
+        out.append(dataclasses.replace(
+            config, run_dir=f"{config.run_dir.rstrip('/')}/stage_{i}", steps=stage.steps,
+            data=data, optim=optim, model=model, stages=[]))
+    return out

@@ -1,0 +1,267 @@
+"""Training main: read top to bottom, one stage at a time.
+
+Trains a LLaMA whose attention is exact ring attention over the "sp" mesh axis (Ring Attention with
+Blockwise Transformers, Liu, Zaharia & Abbeel 2023) on packed documents; a progressive context
+schedule runs several stages, each starting from the last one's parameters (Large World Model, Liu
+et al. 2024).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import fsspec
+import jax
+import numpy as np
+import yaml
+
+from models import llama
+from models.sharding import MeshConfig, make_mesh
+from train import config as config_lib
+from train import data as data_lib
+from train import distributed, optim, sample, steps
+from train.checkpoint import Checkpointer, CheckpointError
+from train.metrics import MetricsWriter, mfu, peak_tflops
+from train.tokenizer import get_tokenizer
+
+
+@dataclasses.dataclass
+class Result:
+    """What a stage leaves behind (tests and the next stage read it)."""
+
+    run_dir: str
+    step: int
+    losses: dict[int, float]  # logged steps only
+    eval_loss: float | None
+    params: Any
+    sample: str | None
+
+
+def log0(*args: Any) -> None:
+    if jax.process_index() == 0:
+        print(*args, flush=True)
+
+
+def main(config: config_lib.TrainConfig) -> Result:
+    """Runs every stage of ``config`` in order; returns the last stage's result."""
+    config_lib.check(config)
+    distributed.initialize(config.distributed)
+    result = None
+    for stage in config_lib.stage_configs(config):
+        result = train_stage(stage, previous=result)
+    return result
+
+
+def _resume_step(ckpt: Checkpointer, mode: str) -> int | None:
+    latest = ckpt.latest()
+    if mode == "never" and latest is not None:
+        raise CheckpointError(f"checkpoint.resume=never but {ckpt.directory!r} already holds "
+                              f"checkpoints {ckpt.steps()}; nothing was changed. Use a new "
+                              "run_dir or checkpoint.resume=auto")
+    if mode == "required" and latest is None:
+        raise CheckpointError(f"checkpoint.resume=required but {ckpt.directory!r} holds no "
+                              "complete checkpoint")
+    return latest
+
+
+def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) -> Result:
+    """Trains one stage: ``config.steps`` steps in ``config.run_dir``."""
+    # --- Devices, mesh and model.
+    if config.cpu_devices and jax.local_device_count() != config.cpu_devices:
+        raise ValueError(f"cpu_devices={config.cpu_devices} but this process has "
+                         f"{jax.local_device_count()} devices; launch through `python -m train` "
+                         "(it sets XLA_FLAGS before jax starts)")
+    mesh = make_mesh(MeshConfig(**dataclasses.asdict(config.mesh)))
+    model_cfg = llama.get_config(config.model.preset, **config.model.overrides)
+    tokenizer = get_tokenizer(config.data.tokenizer, config.data.tokenizer_path)
+    steps.check_shapes(config, model_cfg, mesh, tokenizer.vocab_size)
+    log0(f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} devices, "
+         f"{jax.process_count()} process(es); model {config.model.preset} "
+         f"({llama.num_params(model_cfg) / 1e6:.2f}M params), layout {model_cfg.layout}")
+
+    # --- Data: this host's streams of packed rows, and the held-out split.
+    data = _data(config, mesh, model_cfg, tokenizer)
+
+    # --- Optimizer, shardings of the state, jitted steps (cached per model/mesh/optimizer).
+    fns = steps.functions(model_cfg, mesh, config.optim, config.steps)
+
+    # --- Checkpoints: resume the newest complete one, else start (from the previous stage).
+    with Checkpointer(f"{config.run_dir.rstrip('/')}/checkpoints", keep=config.checkpoint.keep,
+                      async_save=config.checkpoint.async_save) as ckpt:
+        rng = jax.random.key(config.seed)
+        start = _resume_step(ckpt, config.checkpoint.resume)
+        if start is not None:
+            params, opt_state, rng = _restore(ckpt, start, fns, data, rng)
+        else:
+            start = 0
+            params = _initial_params(config, fns, rng, previous)
+            opt_state = jax.jit(fns.tx.init, out_shardings=fns.opt_shardings)(params)
+            _write_config(config)
+
+        # --- Train (the first step compiles), checkpoint, evaluate.
+        stop = min(config.steps, config.stop_at or config.steps)
+        log = _Logger(config, model_cfg, start, stop)
+        eval_loss = None
+        for step in range(start + 1, stop + 1):
+            batch = data.maker.batch(data.packer.next_rows())
+            params, opt_state, metrics = fns.train_step(params, opt_state, batch)
+            log.train(step, metrics)
+            if config.checkpoint.every and step % config.checkpoint.every == 0 or step == stop:
+                data_state = data.maker.state(data.packer.get_state())
+                _save(ckpt, step, params, opt_state, rng, data_state, config)
+            if data.eval_packer is not None and (
+                    config.eval.every and step % config.eval.every == 0 or step == stop):
+                eval_loss = _evaluate(config, fns.eval_step, params, data)
+                log.eval(step, eval_loss)
+        log.close()
+
+    # --- A short sample from the trained model.
+    text = None
+    if config.sample.tokens:
+        text = sample.generate(model_cfg, params, mesh, tokenizer, config.sample.prompt,
+                               tokens=config.sample.tokens, temperature=config.sample.temperature,
+                               length=config.data.seq_len, rng=jax.random.fold_in(rng, stop))
+        log0(f"sample: {config.sample.prompt!r} -> {text!r}")
+    log0(f"done: step {stop}, run_dir {config.run_dir}"
+         + (f", eval loss {eval_loss:.4f}" if eval_loss is not None else ""))
+    return Result(config.run_dir, stop, log.losses, eval_loss, params, text)
+
+
+@dataclasses.dataclass
+class _Data:
+    packer: data_lib.Packer
+    maker: steps.BatchMaker
+    eval_packer: data_lib.Packer | None
+    eval_maker: steps.BatchMaker
+
+
+def _data(config, mesh, model_cfg, tokenizer) -> _Data:
+    seq, batch = config.data.seq_len, config.data.batch_size
+    micro = batch // config.optim.accum_steps
+    docs = data_lib.read_documents(config.data.paths or data_lib.default_paths(),
+                                   config.data.format, config.data.text_key)
+    train_ids, eval_ids = data_lib.split(len(docs), config.data.eval_fraction, config.data.seed)
+    maker = steps.BatchMaker(mesh, config.optim.accum_steps, micro, seq, model_cfg.layout)
+    common = dict(seq_len=seq, seed=config.data.seed, append_eos=config.data.append_eos)
+    packer = data_lib.Packer(docs, train_ids, tokenizer, num_streams=batch,
+                             rows=maker.host_streams(), wrap=True, **common)
+    eval_maker = steps.BatchMaker(mesh, 1, micro, seq, model_cfg.layout)
+    eval_packer = None
+    if len(eval_ids):
+        eval_packer = data_lib.Packer(docs, eval_ids, tokenizer, num_streams=micro,
+                                      rows=eval_maker.host_streams(), wrap=False, **common)
+    return _Data(packer, maker, eval_packer, eval_maker)
+
+
+def _restore(ckpt, step, fns: steps.Functions, data: _Data, rng):
+    data_state = data.maker.state(data.packer.get_state())
+    train_like = {"opt_state": fns.opt_abstract, "data": data_state,
+                  "rng": _replicated(jax.random.key_data(rng), data_state)}
+    restored = ckpt.restore(step, fns.params_abstract, train_like)
+    tr = restored["train"]
+    data.packer.set_state(data.maker.local_state(tr["data"]))
+    log0(f"resumed from step {step} in {ckpt.directory}")
+    rng = jax.random.wrap_key_data(np.asarray(tr["rng"]))
+    return restored["params"], tr["opt_state"], rng
+
+
+class _Logger:
+    """Metrics JSONL + TensorBoard + progress bar; throughput excludes compilation and eval."""
+
+    def __init__(self, config, model_cfg, start: int, stop: int):
+        self.config, self.seq = config, config.data.seq_len
+        self.writer = MetricsWriter(config.run_dir, tensorboard=config.log.tensorboard,
+                                    primary=jax.process_index() == 0)
+        self.flops = llama.flops_per_token(model_cfg, self.seq)
+        self.peak = peak_tflops(jax.devices()[0].device_kind, config.log.peak_tflops)
+        self.lr_at = optim.schedule(config.optim, config.steps)
+        self.start, self.stop, self.timer = start, stop, (time.perf_counter(), start)
+        self.losses: dict[int, float] = {}
+        self.bar = _progress(config, start, stop)
+
+    def train(self, step: int, metrics) -> None:
+        self.bar.update(1)
+        if step % self.config.log.every and step not in (self.stop, self.start + 1):
+            return
+        m = jax.device_get(metrics)
+        now = time.perf_counter()
+        tokens = (step - self.timer[1]) * self.config.data.batch_size * self.seq
+        tps = float("nan") if step == self.start + 1 else tokens / max(now - self.timer[0], 1e-9)
+        record = {"step": step, "loss": float(m["loss"]), "lr": float(self.lr_at(step - 1)),
+                  "grad_norm": float(m["grad_norm"]), "tokens_per_sec": tps,
+                  "mfu": mfu(self.flops, tps, jax.device_count(), self.peak),
+                  "seq_len": self.seq, "tokens": float(m["tokens"])}
+        self.writer.write(record)
+        self.losses[step], self.timer = record["loss"], (now, step)
+        if not math.isfinite(record["loss"]):
+            raise FloatingPointError(f"loss is {record['loss']} at {step=}")
+        self.bar.set_postfix(loss=f"{record['loss']:.3f}")
+
+    def eval(self, step: int, loss: float) -> None:
+        self.writer.write({"step": step, "eval_loss": loss,
+                           "eval_perplexity": math.exp(min(loss, 700.0))}, prefix="eval")
+        if jax.process_index() == 0:
+            self.bar.write(f"step {step}: eval loss {loss:.4f}")
+        self.timer = (time.perf_counter(), step)
+
+    def close(self) -> None:
+        self.bar.close()
+        self.writer.close()
+
+
+def _initial_params(config, fns: steps.Functions, rng, previous: Result | None):
+    if previous is not None:  # next stage: the last stage's final parameters
+        return jax.device_put(previous.params, fns.param_shardings)
+    if config.model.init_from:
+        _, loaded = llama.load_hf(config.model.init_from, scan_layers=fns.scan_layers)
+        want = jax.tree.map(lambda a: (a.shape, str(a.dtype)), fns.params_abstract)
+        got = jax.tree.map(lambda a: (a.shape, str(a.dtype)), loaded)
+        if want != got:
+            raise ValueError(f"model.init_from={config.model.init_from!r} does not match the model "
+                             f"config {config.model.preset!r} + overrides (shapes/dtypes differ)")
+        return jax.device_put(loaded, fns.param_shardings)
+    return fns.init_params(rng)
+
+
+def _save(ckpt, step, params, opt_state, rng, data_state, config) -> None:
+    train = {"opt_state": opt_state, "rng": _replicated(jax.random.key_data(rng), data_state),
+             "data": data_state}
+    ckpt.save(step, params, train, {"step": step, "config": config_lib.to_dict(config)})
+
+
+def _replicated(x, like: jax.Array) -> jax.Array:
+    """``x`` as a global array replicated over ``like``'s mesh (every process holds the value)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    x = np.asarray(x)
+    sharding = NamedSharding(like.sharding.mesh, PartitionSpec())
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def _evaluate(config, eval_step, params, data: _Data) -> float:
+    packer = data.eval_packer
+    packer.set_state(np.zeros_like(packer.get_state()))  # the same held-out batches every time
+    total, tokens = 0.0, 0.0
+    for _ in range(config.eval.batches):
+        loss_sum, n = eval_step(params, data.eval_maker.batch(packer.next_rows()))
+        total, tokens = total + float(loss_sum), tokens + float(n)
+    return total / max(tokens, 1.0)
+
+
+def _write_config(config) -> None:
+    if jax.process_index() != 0:
+        return
+    fs, path = fsspec.core.url_to_fs(config.run_dir)
+    fs.makedirs(path, exist_ok=True)
+    with fs.open(f"{path.rstrip('/')}/config.yaml", "w") as f:
+        yaml.safe_dump(config_lib.to_dict(config), f, sort_keys=False)
+
+
+def _progress(config, start: int, stop: int):
+    from tqdm.auto import tqdm
+
+    disable = not (config.log.progress and jax.process_index() == 0)
+    return tqdm(total=stop, initial=start, disable=disable, desc="train", dynamic_ncols=True)
