@@ -80,7 +80,7 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale, 
     qsc = None if q_seg is None else _split(q_seg, nq, 1)  # [nq, B, cq]
     ksc = None if k_seg is None else _split(k_seg, nk, 1)  # [nk, B, ck]
 
-    def kv_body(q_blk, qp, qs, kinds, carry, xs):
+    def kv_body(q_blk, qp, qs, carry, xs):
         acc, m, l = carry  # [B, K, G, cq, D], [B, K, G, cq], [B, K, G, cq]
         kind, k_blk, v_blk, kp, ks = xs
 
@@ -103,7 +103,7 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale, 
         kinds, q_blk, qp, qs = xs
         init = (full_like(q_blk, (B, K, G, cq, D), 0.0), full_like(q_blk, (B, K, G, cq), -jnp.inf),
                 full_like(q_blk, (B, K, G, cq), 0.0))
-        body = lambda c, ys: kv_body(q_blk, qp, qs, kinds, c, ys)  # noqa: E731
+        body = lambda c, ys: kv_body(q_blk, qp, qs, c, ys)  # noqa: E731
         (acc, m, l), _ = lax.scan(body, init, (kinds, kc, vc, kpc, ksc))
         seen = l > 0
         o = acc / jnp.where(seen, l, 1.0)[..., None]
