@@ -32,7 +32,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from models import generate as gen  # noqa: E402
-from models import llama  # noqa: E402
+from models import kvcache, llama  # noqa: E402
+from models.kvcache import KVCache  # noqa: E402
 from models.sharding import MeshConfig, make_mesh  # noqa: E402
 
 
@@ -49,6 +50,11 @@ def parse_args(argv=None):
     p.add_argument("--baseline-steps", type=int, default=8, help="timed rotating-baseline steps")
     p.add_argument("--sp", type=int, default=1, help="ring size (devices on the sp axis)")
     p.add_argument("--time-budget", type=float, default=200.0, help="seconds; no new context after")
+    p.add_argument("--contexts", default=None,
+                   help="explicit comma list of contexts (overrides the doubling)")
+    p.add_argument("--decode-only-from", type=int, default=None,
+                   help="from this context on, skip the prefill and decode from a random-filled cache "
+                        "(decode cost does not depend on the cached values; prefill is then unmeasured)")
     p.add_argument("--tiny", action="store_true", help="debug preset, contexts 64..256 (CPU test)")
     p.add_argument("--out", required=True, help="output path prefix (.json and .md are added)")
     return p.parse_args(argv)
@@ -72,11 +78,43 @@ def _time_decode(config, params, cache, logits, steps: int, mesh, mode: str):
     return (time.perf_counter() - t0) / steps, cache
 
 
+def synthetic_cache(config, batch: int, context: int, T: int, mesh):
+    """A KVCache of length T holding ``context`` random keys/values (tiled from one random block,
+    so that building it needs no temporary as large as the cache), and random last-token logits."""
+    n = 1 if mesh is None else mesh.shape["sp"]
+    L, K, D = config.num_layers, config.num_kv_heads, config.head_dim
+    tile = min(T, 4096)
+    while T % tile:
+        tile //= 2
+    dt = jnp.dtype(config.dtype)
+
+    @jax.jit
+    def build(key):
+        kk, kv, kl = jax.random.split(key, 3)
+        block = lambda k: jax.random.normal(k, (L, batch, tile, K, D), jnp.float32).astype(dt)
+        k, v = (jnp.tile(block(x), (1, 1, T // tile, 1, 1)) for x in (kk, kv))  # [L, B, T, K, D]
+        sh = kvcache.cache_sharding(mesh)
+        if sh is not None:
+            k, v = (jax.lax.with_sharding_constraint(a, sh) for a in (k, v))
+        logits = jax.random.normal(kl, (batch, config.vocab_size), jnp.float32)
+        return logits, k, v
+
+    logits, k, v = build(jax.random.key(context))
+    lengths = jnp.full((batch,), context, jnp.int32)
+    return logits, KVCache(k, v, lengths, config.layout, n)
+
+
 def measure(config, params, context: int, args, mesh) -> dict:
     """One context length: prefill, decode (all-reduce) and rotating-baseline decode."""
     n = 1 if mesh is None else mesh.shape["sp"]
     extra = 2 + args.decode_steps + args.baseline_steps
     T = gen.cache_length(context + extra, config.layout, n)
+    if args.decode_only_from is not None and context >= args.decode_only_from:
+        logits, cache = synthetic_cache(config, args.batch, context, T, mesh)
+        row = {"context": context, "cache_len": T, "batch": args.batch,
+               "kv_bytes_per_device": cache.nbytes_per_device(), "prefill_s": None,
+               "prefill_tok_s": None, "synthetic_cache": True}
+        return _decode_rows(config, params, cache, logits, args, mesh, row)
     rng = np.random.default_rng(context)
     tokens = np.zeros((args.batch, T), np.int32)
     tokens[:, :context] = rng.integers(0, config.vocab_size, (args.batch, context))
@@ -91,6 +129,10 @@ def measure(config, params, context: int, args, mesh) -> dict:
     row = {"context": context, "cache_len": T, "batch": args.batch,
            "kv_bytes_per_device": cache.nbytes_per_device(), "prefill_compile_s": compile_s,
            "prefill_s": prefill_s, "prefill_tok_s": args.batch * context / prefill_s}
+    return _decode_rows(config, params, cache, logits, args, mesh, row)
+
+
+def _decode_rows(config, params, cache, logits, args, mesh, row: dict) -> dict:
     step_s, cache = _time_decode(config, params, cache, logits, args.decode_steps, mesh,
                                  "allreduce")
     row.update(decode_ms=1e3 * step_s, decode_tok_s=args.batch / step_s)
@@ -114,9 +156,13 @@ def write_md(result: dict, path: str) -> None:
         base = r.get("baseline_decode_ms")
         base_ms = "-" if base is None else f"{base:.2f}"
         speedup = "-" if base is None else f"{r['decode_speedup']:.2f}x"
-        lines.append(f"| {r['context']} | {r['prefill_tok_s']:,.0f} | {r['decode_ms']:.2f} | "
+        prefill = "not run" if r["prefill_tok_s"] is None else f"{r['prefill_tok_s']:,.0f}"
+        lines.append(f"| {r['context']} | {prefill} | {r['decode_ms']:.2f} | "
                      f"{r['decode_tok_s']:.1f} | {base_ms} | {speedup} | "
                      f"{r['kv_bytes_per_device'] / 2**20:,.1f} MiB |")
+    if any(r.get("synthetic_cache") for r in result["rows"]):
+        lines.append("\n'not run': decode measured from a random-filled cache of that length (decode "
+                     "cost does not depend on the cached values); the prefill was not run.")
     for note in result["notes"]:
         lines.append(f"\n{note}")
     with open(path, "w") as f:
@@ -139,8 +185,14 @@ def main(argv=None) -> dict:
               "batch": args.batch, "sp": args.sp, "attention": args.attention,
               "decode_steps": args.decode_steps, "baseline_steps": args.baseline_steps,
               "rows": [], "notes": []}
-    context = args.min_context
-    while context <= args.max_context:
+    if args.contexts:
+        contexts = [int(c) for c in args.contexts.split(",") if c]
+    else:
+        contexts, c = [], args.min_context
+        while c <= args.max_context:
+            contexts.append(c)
+            c *= 2
+    for context in contexts:
         if time.perf_counter() - start > args.time_budget:
             result["notes"].append(f"stopped before context {context}: time budget "
                                    f"{args.time_budget:.0f} s spent")
@@ -154,14 +206,19 @@ def main(argv=None) -> dict:
             break
         result["rows"].append(row)
         print(json.dumps(row), flush=True)
+        result["total_s"] = time.perf_counter() - start
+        write(result, args.out)  # after every context: a run cut short keeps what it measured
         gc.collect()
-        context *= 2
     result["total_s"] = time.perf_counter() - start
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    write_md(result, args.out + ".md")
+    write(result, args.out)
     return result
+
+
+def write(result: dict, out: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    write_md(result, out + ".md")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from models import llama  # noqa: E402
+from ringattention import implementations  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -40,12 +41,17 @@ def parse_args(argv=None):
                    help="contexts tried in order for the longest full training step")
     p.add_argument("--fit-mlp-chunk", type=int, default=16384,
                    help="mlp_chunk for the longest-context search when the preset has none")
+    p.add_argument("--fit-compile-only", action="store_true",
+                   help="for the longest-context search, only compile each step and report XLA's "
+                        "memory analysis (peak bytes against the device's memory), running nothing")
     p.add_argument("--remat", default=None, help="override the preset's remat policy")
     p.add_argument("--mlp-chunk", type=int, default=None)
     p.add_argument("--loss-chunk", type=int, default=None)
     p.add_argument("--attention", default="auto")
     p.add_argument("--q-chunk", type=int, default=None)
     p.add_argument("--kv-chunk", type=int, default=None)
+    p.add_argument("--hopper-backward", default=None, choices=("triton", "mosaic"),
+                   help="pallas_hopper's backward kernels (overrides its default block sizes)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--peak-tflops", type=float, default=790.0)
@@ -108,6 +114,19 @@ def memory(compiled) -> dict:
     return {k: int(getattr(stats, k)) for k in keys if hasattr(stats, k)}
 
 
+def resolved_attention(config) -> str:
+    """The ring-step implementation that config.attention runs on this backend ("auto" resolved)."""
+    if config.attention in ("reference", "cudnn"):
+        return config.attention
+    return implementations.resolve(config.attention).name
+
+
+def device_bytes() -> dict:
+    """The device's memory limit for XLA allocations (bytes_limit), when the backend reports it."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"device_bytes_limit": int(stats["bytes_limit"])} if "bytes_limit" in stats else {}
+
+
 def train_step_fn(config, tx):
     def step(params, opt_state, batch):
         (loss, _), grads = jax.value_and_grad(
@@ -127,10 +146,25 @@ def longest_fit(config, args) -> dict:
     best, failure = None, None
     for seq in [int(s) for s in args.fit_seqs.split(",") if s]:
         try:
-            params = llama.init_params(config, jax.random.key(0))
-            opt_state = tx.init(params)
-            batch = make_batch(config, seq)
+            if args.fit_compile_only:  # shapes only: nothing is allocated or run
+                params = llama.abstract_params(config)
+                opt_state = jax.eval_shape(tx.init, params)
+                batch = jax.eval_shape(lambda: make_batch(config, seq))
+            else:
+                params = llama.init_params(config, jax.random.key(0))
+                opt_state = tx.init(params)
+                batch = make_batch(config, seq)
             compiled = step.lower(params, opt_state, batch).compile()
+            if args.fit_compile_only:
+                row = {"seq": seq, "compiled_only": True, **memory(compiled), **device_bytes()}
+                limit = row.get("device_bytes_limit")
+                row["needed_bytes"] = max(row.get("peak_memory_in_bytes", 0), sum(
+                    row.get(k + "_size_in_bytes", 0) for k in ("argument", "temp", "output")
+                ) - row.get("alias_size_in_bytes", 0))  # conservative: all live at once
+                row["fits"] = None if limit is None else row["needed_bytes"] <= limit
+                print(f"compiles: {row}", flush=True)
+                best = row if row["fits"] is not False else best
+                continue
             t = time.perf_counter()
             params, opt_state, loss = compiled(params, opt_state, batch)
             loss = float(loss)
@@ -154,11 +188,19 @@ def main(argv=None) -> dict:
         args.seqs, args.fit_seqs = "64,128", "256,512"
         args.steps, args.warmup = 1, 1
     config = make_config(args)
+    if args.hopper_backward:
+        from ringattention.kernels import pallas_hopper
+
+        default = pallas_hopper.default_block_sizes
+        pallas_hopper.default_block_sizes = lambda d: dataclasses.replace(
+            default(d), backward=args.hopper_backward)
     device = jax.devices()[0]
     result = {"preset": "debug" if args.tiny else args.preset, "config": dataclasses.asdict(config),
               "device": device.device_kind, "backend": jax.default_backend(),
               "jax": jax.__version__, "peak_tflops": args.peak_tflops,
-              "num_params": llama.num_params(config), "throughput": []}
+              "num_params": llama.num_params(config), "throughput": [],
+              "attention_resolved": resolved_attention(config),
+              "hopper_backward": args.hopper_backward}
     params = llama.init_params(config, jax.random.key(0))
     for seq in [int(s) for s in args.seqs.split(",") if s]:
         row = throughput(config, params, seq, args)

@@ -54,7 +54,8 @@ class LlamaConfig:
     max_position_embeddings: int = 4096
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"
-    attention: str = "auto"  # a ringattention implementation name, or "reference" (naive, tests)
+    attention: str = "auto"  # a ringattention implementation name, "reference" (naive, tests) or
+    # "cudnn" (one GPU, no packing: jax.nn.dot_product_attention's cuDNN kernel, a speed baseline)
     layout: str = "contiguous"  # ring layout of the sequence when the mesh has sp > 1
     remat: str = "none"  # per-block rematerialisation policy, one of REMAT_POLICIES
     scan_layers: bool = True

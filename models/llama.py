@@ -8,10 +8,10 @@ pytrees of arrays, ready for optax / orbax):
   ``get_config(name, **overrides)``. Fields: vocab_size, hidden_size, intermediate_size, num_layers,
   num_heads, num_kv_heads, head_dim, rope_theta, rope_scaling (None | RopeScaling), rms_norm_eps,
   tie_embeddings, max_position_embeddings, dtype / param_dtype ("bfloat16" | "float32"),
-  attention ("auto" | "xla" | registered kernel | "reference"), layout ("contiguous" | "striped" |
-  "zigzag"), remat ("none" | "full" | "save_dots" | "save_attn"), scan_layers, mlp_chunk
-  (None | tokens per MLP chunk), loss_chunk (None = plain loss | tokens per loss chunk), q_chunk,
-  kv_chunk (ring inner-loop block sizes), interpret (Pallas interpret mode).
+  attention ("auto" | "xla" | registered kernel | "reference" | "cudnn" (one GPU, no packing)),
+  layout ("contiguous" | "striped" | "zigzag"), remat ("none" | "full" | "save_dots" | "save_attn"),
+  scan_layers, mlp_chunk (None | tokens per MLP chunk), loss_chunk (None = plain loss | tokens per
+  loss chunk), q_chunk, kv_chunk (ring inner-loop block sizes), interpret (Pallas interpret mode).
 - ``models.sharding.MeshConfig(dp=1, fsdp=1, tp=1, sp=1)`` (one may be -1) and
   ``make_mesh(mesh_config, devices=None) -> Mesh`` with axes ("dp", "fsdp", "tp", "sp").
 - ``init_params(config, rng, mesh=None) -> params`` (created sharded when ``mesh`` is given).

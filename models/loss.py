@@ -19,9 +19,32 @@ from models.sharding import axis_size, constrain
 F32 = jnp.float32
 
 
+@jax.custom_vjp
+def logits_f32(h: jax.Array, w: jax.Array) -> jax.Array:
+    """float32 logits [..., V] of h [..., E] and w [E, V] (same dtype), accumulated in float32.
+
+    The backward pass rounds the float32 cotangent to the input dtype first, so that a bf16 model's
+    output-layer gradients are bf16 GEMMs rather than float32 ones (the mixed-precision convention).
+    """
+    return jnp.einsum("...e,ev->...v", h, w, preferred_element_type=F32)
+
+
+def _logits_fwd(h, w):
+    return logits_f32(h, w), (h, w)
+
+
+def _logits_bwd(res, ct):
+    h, w = res
+    _, vjp = jax.vjp(lambda h, w: jnp.einsum("...e,ev->...v", h, w), h, w)
+    return vjp(ct.astype(h.dtype))
+
+
+logits_f32.defvjp(_logits_fwd, _logits_bwd)
+
+
 def _token_losses(h, w, targets):
     """h [..., E], w [E, V], targets int [...] -> float32 loss per token [...]."""
-    logits = jnp.einsum("...e,ev->...v", h, w.astype(h.dtype), preferred_element_type=F32)
+    logits = logits_f32(h, w.astype(h.dtype))
     lse = jax.nn.logsumexp(logits, axis=-1)
     vocab = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
     target_logit = jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)

@@ -4,10 +4,14 @@ LLaMA (Touvron et al. 2023): pre-RMSNorm blocks, SwiGLU MLP, rotary embeddings (
 2021) with grouped-query attention. Ring Attention with Blockwise Transformers (Liu et al. 2023):
 the attention of a sequence sharded over "sp" runs ``ringattention.ring_attention`` inside
 ``shard_map``, the MLP optionally runs chunk by chunk (``blockwise_feedforward``). All parameters
-carry logical axis names (``models.sharding.RULES``); every matmul accumulates in float32.
+carry logical axis names (``models.sharding.RULES``). Matmuls take and return the compute dtype
+(XLA's bf16 GEMMs accumulate in float32), so that their gradients are bf16 GEMMs too: a float32
+output would make every backward GEMM a float32 (TF32 on GPU) one (benchmarks/results/model_1b_h200.md).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +78,8 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids):
         pos = jnp.asarray(layouts.positions(q.shape[1], config.layout, n))  # [S] global
         return reference_attention(q, k, v, causal=True, segment_ids=segment_ids, q_positions=pos,
                                    kv_positions=pos).astype(q.dtype)
+    if config.attention == "cudnn":
+        return _cudnn_attention(q, k, v, segment_ids, n)
     impl = ra_impl.resolve(config.attention).name
     blocks = BlockSizes(config.q_chunk, config.kv_chunk) if impl == "xla" else None
     kw = dict(causal=True, layout=config.layout, implementation=impl, block_sizes=blocks,
@@ -86,6 +92,15 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids):
     spec, seg_spec = P(BATCH, "sp", "tp", None), P(BATCH, "sp")
     return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
                          check_vma=impl == "xla")(q, k, v, segment_ids)
+
+
+def _cudnn_attention(q, k, v, segment_ids, ring: int):
+    """Single-device causal attention through cuDNN's fused kernel (a speed baseline for one GPU)."""
+    backend = jax.default_backend()
+    if backend != "gpu" or ring != 1 or segment_ids is not None:
+        raise ValueError(f"attention='cudnn' runs on one CUDA GPU without packing; got {backend=}, "
+                         f"sp={ring}, segment_ids {'given' if segment_ids is not None else 'None'}")
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
 
 
 class RMSNorm(nn.Module):
@@ -112,15 +127,15 @@ class Attention(nn.Module):
         wk = _param(self, "wk", (E, K, D), ("embed", "kv_heads", "head_dim"), _dense_init())
         wv = _param(self, "wv", (E, K, D), ("embed", "kv_heads", "head_dim"), _dense_init())
         wo = _param(self, "wo", (H, D, E), ("heads", "head_dim", "embed"), _dense_init())
-        proj = lambda w, names: constrain(
-            jnp.einsum("bse,ehd->bshd", x, w.astype(dt), preferred_element_type=F32).astype(dt),
-            ("act_batch", "act_seq", names, None), self.mesh)
+        proj = lambda w, names: constrain(jnp.einsum("bse,ehd->bshd", x, w.astype(dt)),
+                                          ("act_batch", "act_seq", names, None), self.mesh)
         q = apply_rope(proj(wq, "act_heads"), cos, sin)  # [B, S, H, D]
         k = apply_rope(proj(wk, "act_kv_heads"), cos, sin)  # [B, S, K, D]
         v = proj(wv, "act_kv_heads")
-        o = checkpoint_name(attend(c, self.mesh, q, k, v, segment_ids), "attn_out")  # [B, S, H, D]
-        out = jnp.einsum("bshd,hde->bse", o, wo.astype(dt), preferred_element_type=F32)
-        return constrain(out.astype(dt), ("act_batch", "act_seq", "act_embed"), self.mesh)
+        o = attend(c, self.mesh, q, k, v, segment_ids).astype(dt)
+        o = checkpoint_name(o, "attn_out")  # [B, S, H, D]
+        out = jnp.einsum("bshd,hde->bse", o, wo.astype(dt))
+        return constrain(out, ("act_batch", "act_seq", "act_embed"), self.mesh)
 
 
 class MLP(nn.Module):
@@ -136,10 +151,10 @@ class MLP(nn.Module):
         wd = _param(self, "w_down", (F, E), ("mlp", "embed"), _dense_init()).astype(dt)
 
         def ffn(h):  # [..., E] -> [..., E]
-            g = jnp.einsum("...e,ef->...f", h, wg, preferred_element_type=F32)
-            u = jnp.einsum("...e,ef->...f", h, wu, preferred_element_type=F32)
-            a = (jax.nn.silu(g) * u).astype(dt)  # [..., F]
-            return jnp.einsum("...f,fe->...e", a, wd, preferred_element_type=F32).astype(dt)
+            g = jnp.einsum("...e,ef->...f", h, wg)  # [..., F]
+            u = jnp.einsum("...e,ef->...f", h, wu)
+            a = (jax.nn.silu(g.astype(F32)) * u.astype(F32)).astype(dt)  # [..., F]
+            return jnp.einsum("...f,fe->...e", a, wd)
 
         if c.mlp_chunk is None:
             return ffn(x)
@@ -251,7 +266,9 @@ class Llama(nn.Module):
                       ("act_batch", "act_seq", "act_embed"), m)  # [B, S, E]
         cos, sin = rope_tables(c, positions)  # [B, S, D/2]
         if c.scan_layers:
-            init = _stacked_init(Block(c, None), c.num_layers, x, cos, sin, segment_ids)
+            # parameter shapes do not depend on the attention kernel: initialise with the naive one
+            init_block = Block(dataclasses.replace(c, attention="reference"), None)
+            init = _stacked_init(init_block, c.num_layers, x, cos, sin, segment_ids)
             x = scan_blocks(c, m, self.param("layers", init), x, cos, sin, segment_ids)
         else:
             block = _block_class(c)

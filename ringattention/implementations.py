@@ -74,3 +74,14 @@ def resolve(name: str) -> Implementation:
 register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu")))
 register(Implementation("pallas_tpu", "ringattention.kernels.pallas_tpu", platforms=("tpu",)))
 register(Implementation("pallas_gpu", "ringattention.kernels.pallas_gpu", platforms=("gpu",), available=lambda: "cuda" in jax.devices()[0].client.platform_version.lower()))  # noqa: E501
+
+
+def _hopper_available() -> bool:
+    try:  # importing Mosaic GPU can fail on jax builds without it
+        return importlib.import_module("ringattention.kernels.pallas_hopper").available()
+    except ImportError:
+        return False
+
+
+register(Implementation("pallas_hopper", "ringattention.kernels.pallas_hopper", platforms=("gpu",),
+                        available=_hopper_available))

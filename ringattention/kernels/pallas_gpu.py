@@ -67,8 +67,9 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{f.name}={x} must be a power of two >= {MIN_BLOCK}")
 
 
-_DEFAULTS = {  # H200 sweep at 16K tokens, bf16: benchmarks/results/pallas_gpu_h200_notes.md
-    64: BlockSizes(block_q=128, block_k=64, fwd_warps=4, fwd_stages=3, block_q_dq=64,
+_DEFAULTS = {  # H200 sweeps, bf16: benchmarks/results/pallas_gpu_h200_notes.md (D=64 forward block:
+    # pallas_gpu_sweep_d64_gqa_h200.md, 32K tokens, H=32/K=8, the 1B model's attention shape)
+    64: BlockSizes(block_q=128, block_k=128, fwd_warps=4, fwd_stages=3, block_q_dq=64,
                    block_k_dq=64, block_q_dkv=64, block_k_dkv=64, bwd_warps=4, bwd_stages=3),
     128: BlockSizes(),
     256: BlockSizes(block_q=64, block_k=32, fwd_warps=4, fwd_stages=2, block_q_dq=64,  # untuned

@@ -1,0 +1,376 @@
+"""On-device check of the Pallas Mosaic GPU (Hopper) ring step, then its speed next to cuDNN.
+
+One run on an H100/H200 (no network needed), well under five minutes:
+
+1. kernel matrix: ``pallas_hopper.forward_step`` / ``backward_step`` on small ring-step problems
+   (causal with the query block after / overlapping / before the key block, segment ids with random
+   boundaries, GQA and MHA, head dims 64 and 128, bf16 and fp16, shards that are not a multiple of
+   the block) against the float32 step reference; one PASS/FAIL line per case;
+2. ``ring_attention(implementation="pallas_hopper")`` on a one-device mesh against the reference;
+3. timing of the bare step (forward, forward + backward) at B=1, H=32, D=128, causal bf16, 16K and
+   64K tokens, next to cuDNN and the Triton step, with TFLOP/s and ratios;
+4. a block-size sweep at 16K tokens (forward tiles, backward stages).
+
+Every case catches its own exception (printed, traceback cut short) so one failure hides nothing;
+the output files are rewritten after every line, and a watchdog writes them and exits if the run
+passes ``--hard-limit`` seconds (a hung kernel: the last "RUN" line names it). ``--parts`` reruns a
+subset; ``--interpret`` is a CPU dry run of the checks in Mosaic GPU interpret mode (give it
+``XLA_FLAGS=--xla_force_host_platform_device_count=8``: with one CPU device the interpreter's
+warpgroup threads can starve each other and hang).
+
+  PYTHONPATH=. python3 benchmarks/hopper_check.py --out $OUT/hopper_check
+
+writes ``<out>.json`` and ``<out>.txt``. FLOPs as in ``benchmarks/attention.py``: forward
+4*B*H*L*L*D (halved when causal), forward + backward 3.5x that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import ringattention
+from ringattention import implementations
+from ringattention.kernels import pallas_gpu as pg
+from ringattention.kernels import pallas_hopper as ph
+
+# Relative Frobenius-norm error bounds against the float32 reference (inputs rounded alike).
+RTOL = {"bfloat16": 2e-2, "float16": 1e-2}
+LSE_ATOL = 1e-3  # natural-log units, finite rows
+BUDGET_S = 250.0  # start no new work after this many seconds
+HARD_LIMIT_S = 290.0  # a watchdog writes what there is and exits (e.g. a kernel that hangs)
+T0 = time.perf_counter()
+LINES: list[str] = []
+RECORDS: list[dict] = []
+OUT = {"prefix": "hopper_check"}
+INTERPRET = {"on": False}  # --interpret: a CPU dry run of the checks in Mosaic GPU interpret mode
+
+
+def write_out():
+    with open(OUT["prefix"] + ".json", "w") as fh:
+        json.dump(dict(lines=LINES, records=RECORDS), fh, indent=1)
+    with open(OUT["prefix"] + ".txt", "w") as fh:
+        fh.write("\n".join(LINES) + "\n")
+
+
+def log(line: str, **record):
+    print(line, flush=True)
+    LINES.append(line)
+    if record:
+        RECORDS.append(record)
+    write_out()
+
+
+def watchdog(limit: float):
+    time.sleep(limit)
+    log(f"WATCHDOG: still running after {limit:.0f}s (a hung kernel?); the last RUN line "
+        "names the case; exiting", kind="watchdog")
+    os._exit(3)
+
+
+def short_exc(e: BaseException) -> str:
+    tb = traceback.format_exception(type(e), e, e.__traceback__)
+    text = "".join(tb[-3:])
+    return text[-1500:]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    causal: bool = True
+    where: str = "overlap"  # query block "after" / "overlap" / "before" the key block
+    segments: bool = False
+    heads: int = 4
+    kv_heads: int = 2
+    dim: int = 64
+    dtype: str = "bfloat16"
+    sq: int = 256
+    sk: int = 256
+    stride: int = 1  # positions step (striped layout: ring size)
+
+
+CASES = [
+    Case("causal-overlap-gqa-d64-bf16"),
+    Case("causal-after-gqa-d64-bf16", where="after"),
+    Case("causal-before-gqa-d64-bf16 (all hidden)", where="before"),
+    Case("noncausal-mha-d64-bf16", causal=False, kv_heads=4),
+    Case("causal-overlap-seg-gqa-d64-bf16", segments=True),
+    Case("noncausal-seg-mha-d128-bf16", causal=False, segments=True, kv_heads=4, dim=128),
+    Case("causal-overlap-mha-d128-bf16", kv_heads=4, dim=128),
+    Case("causal-after-seg-gqa-d128-fp16", where="after", segments=True, dim=128, dtype="float16"),
+    Case("causal-overlap-gqa-d64-fp16", dtype="float16"),
+    Case("ragged-causal-overlap-seg-gqa-d64-bf16", segments=True, sq=200, sk=328),
+    Case("ragged-noncausal-mha-d128-fp16", causal=False, kv_heads=4, dim=128, dtype="float16",
+         sq=136, sk=72),
+    Case("ragged-causal-striped-seg-d80-bf16", segments=True, dim=80, sq=190, sk=190, stride=4),
+    Case("long-causal-overlap-seg-gqa-d128-bf16", segments=True, dim=128, sq=1024, sk=1536),
+]
+
+
+def step_inputs(c: Case, rng):
+    dt = jnp.dtype(c.dtype)
+    f = lambda *s: jnp.asarray(rng.standard_normal(s), dt)  # noqa: E731
+    q, do = f(2, c.sq, c.heads, c.dim), f(2, c.sq, c.heads, c.dim)
+    k, v = f(2, c.sk, c.kv_heads, c.dim), f(2, c.sk, c.kv_heads, c.dim)
+    off = {"after": c.sk * c.stride, "overlap": (c.sk * c.stride) // 2, "before": -c.sq * c.stride}
+    q_pos = jnp.asarray(np.arange(c.sq) * c.stride + off[c.where], jnp.int32)
+    k_pos = jnp.asarray(np.arange(c.sk) * c.stride, jnp.int32)
+    q_seg = k_seg = None
+    if c.segments:  # random document boundaries over the union of positions
+        top = int(max(q_pos.max(), k_pos.max())) + 1
+        cuts = np.sort(rng.choice(np.arange(1, top), size=4, replace=False))
+        ids = lambda pos: np.broadcast_to(np.searchsorted(cuts, np.asarray(pos), "right"),  # noqa: E731
+                                          (2, pos.shape[0]))
+        q_seg, k_seg = jnp.asarray(ids(q_pos), jnp.int32), jnp.asarray(ids(k_pos), jnp.int32)
+    return q, k, v, do, q_pos, k_pos, q_seg, k_seg
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def run_case(c: Case):
+    rng = np.random.default_rng(sum(map(ord, c.name)))
+    q, k, v, do, q_pos, k_pos, q_seg, k_seg = step_inputs(c, rng)
+    kw = dict(causal=c.causal, softmax_scale=c.dim**-0.5)
+    ro, rlse = jax.jit(lambda *a: pg.reference_forward_step(*a, **kw))(q, k, v, q_pos, k_pos, q_seg,
+                                                                        k_seg)
+    tol = RTOL[c.dtype]
+    guarded(f"step-fwd {c.name}", check_forward, c, kw, tol, (q, k, v, q_pos, k_pos, q_seg, k_seg),
+            ro, rlse)
+    delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
+    args = (q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg)
+    want = jax.jit(lambda *a: pg.reference_backward_step(*a, **kw))(*args)
+    for backward in ph.BACKWARDS:
+        guarded(f"step-bwd[{backward}] {c.name}", check_backward, c, kw, tol, args, want, backward)
+
+
+def err_or_zero(got, want) -> float:
+    """Relative error, or the largest magnitude where the reference is exactly zero."""
+    if np.any(np.asarray(want)):
+        return rel(got, want)
+    return float(np.abs(np.asarray(got)).max())
+
+
+def check_forward(c: Case, kw, tol, args, ro, rlse):
+    o, lse = jax.jit(lambda *a: ph.forward_step(*a, interpret=INTERPRET["on"], **kw))(*args)
+    lse, rlse = np.asarray(lse), np.asarray(rlse)
+    inf_ok = bool(np.array_equal(np.isneginf(lse), np.isneginf(rlse)))
+    fin = np.isfinite(rlse)
+    lse_err = float(np.abs(lse[fin] - rlse[fin]).max()) if fin.any() else 0.0
+    o_err = err_or_zero(o, ro)
+    ok = inf_ok and lse_err <= LSE_ATOL and o_err <= tol
+    log(f"{'PASS' if ok else 'FAIL'} step-fwd {c.name}: o={o_err:.2e} lse_maxabs={lse_err:.2e} "
+        f"neg_inf_rows_match={inf_ok} (rtol={tol}, lse_atol={LSE_ATOL})", kind="step_fwd",
+        case=dataclasses.asdict(c), passed=ok, o=o_err, lse_err=lse_err, inf_ok=inf_ok)
+
+
+def check_backward(c: Case, kw, tol, args, want, backward: str):
+    bs = dataclasses.replace(ph.default_block_sizes(c.dim), backward=backward)
+    got = jax.jit(lambda *a: ph.backward_step(*a, block_sizes=bs, interpret=INTERPRET["on"],
+                                              **kw))(*args)
+    errs = {n: err_or_zero(g, w) for n, g, w in zip(("dq", "dk", "dv"), got, want, strict=True)}
+    ok = all(e <= tol for e in errs.values())
+    detail = " ".join(f"{n}={e:.2e}" for n, e in errs.items())
+    log(f"{'PASS' if ok else 'FAIL'} step-bwd[{backward}] {c.name}: {detail} (rtol={tol})",
+        kind="step_bwd", backward=backward, case=dataclasses.asdict(c), passed=ok, **errs)
+
+
+def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, backward: str):
+    name = (f"ring N=1 causal={causal} seg={segments} {dtype} H=4 K={kv_heads} L=640 D=128 "
+            f"backward={backward}")
+    bs = dataclasses.replace(ph.default_block_sizes(128), backward=backward)
+    rng = np.random.default_rng(7)
+    B, L, H, D = 1, 640, 4, 128
+    f = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)  # noqa: E731
+    q, k, v, do = f(B, L, H, D), f(B, L, kv_heads, D), f(B, L, kv_heads, D), f(B, L, H, D)
+    seg = None
+    if segments:
+        cuts = np.sort(rng.choice(np.arange(1, L), size=3, replace=False))
+        seg = jnp.asarray(np.searchsorted(cuts, np.arange(L), "right")[None], jnp.int32)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("sp",))
+
+    def ring(q, k, v, seg):
+        return ringattention.ring_attention(q, k, v, "sp", causal=causal, segment_ids=seg,
+                                            implementation="pallas_hopper", block_sizes=bs,
+                                            interpret=INTERPRET["on"])
+
+    sm = jax.shard_map(ring, mesh=mesh, in_specs=(P(None, "sp"),) * 4, out_specs=P(None, "sp"),
+                       check_vma=False)
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+
+    def ref(q, k, v, seg):
+        return ringattention.reference_attention(f32(q), f32(k), f32(v), causal=causal,
+                                                 segment_ids=seg)
+
+    def with_grads(fn):
+        def loss(q, k, v):
+            return jnp.sum(f32(fn(q, k, v, seg)) * f32(do))
+        return jax.jit(lambda q, k, v: (fn(q, k, v, seg), *jax.grad(loss, (0, 1, 2))(q, k, v)))
+
+    got, want = with_grads(sm)(q, k, v), with_grads(ref)(q, k, v)
+    errs = {n: rel(g, w) for n, g, w in zip(("o", "dq", "dk", "dv"), got, want, strict=True)}
+    ok = all(e <= RTOL[dtype] for e in errs.values())
+    detail = " ".join(f"{n}={e:.2e}" for n, e in errs.items())
+    log(f"{'PASS' if ok else 'FAIL'} {name}: {detail} (rtol={RTOL[dtype]})", kind="ring", name=name,
+        passed=ok, **errs)
+
+
+def time_fn(fn, args, reps=5):
+    jax.block_until_ready(fn(*args))  # compile + warm-up
+    jax.block_until_ready(fn(*args))
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def flops(h, length, d, causal, mode):
+    f = 4.0 * h * length * length * d * (0.5 if causal else 1.0)
+    return f * (3.5 if mode == "fwdbwd" else 1.0)
+
+
+def step_fns(mod, causal, block_sizes=None):
+    kw = dict(causal=causal, block_sizes=block_sizes)
+
+    def fwd(q, k, v):
+        pos = jnp.arange(q.shape[1], dtype=jnp.int32)
+        return mod.forward_step(q, k, v, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5,
+                                **kw)
+
+    def fwdbwd(q, k, v, do):
+        pos = jnp.arange(q.shape[1], dtype=jnp.int32)
+        o, lse = fwd(q, k, v)
+        delta = jnp.einsum("bshd,bshd->bhs", o, do.astype(jnp.float32))
+        return mod.backward_step(q, k, v, do, lse, delta, pos, pos, None, None,
+                                 softmax_scale=q.shape[-1] ** -0.5, **kw)
+
+    return jax.jit(lambda q, k, v: fwd(q, k, v)[0].astype(q.dtype)), jax.jit(fwdbwd)
+
+
+def cudnn_fns(causal):
+    def fwd(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+
+    def loss(q, k, v, do):
+        return jnp.sum(fwd(q, k, v).astype(jnp.float32) * do.astype(jnp.float32))
+
+    return jax.jit(fwd), jax.jit(jax.grad(loss, (0, 1, 2)))
+
+
+def bench(length: int, causal: bool, h=32, d=128, sweep: bool = False):
+    rng = jax.random.split(jax.random.PRNGKey(length), 4)
+    q, k, v, do = (jax.random.normal(r, (1, length, h, d), jnp.bfloat16) for r in rng)
+    mosaic_bwd = dataclasses.replace(ph.default_block_sizes(d), backward="mosaic")
+    triton_bwd = dataclasses.replace(ph.default_block_sizes(d), backward="triton")
+    fns = {"cudnn": cudnn_fns(causal)}
+    if not sweep:
+        fns.update({"pallas_hopper backward=triton": step_fns(ph, causal, triton_bwd),
+                    "pallas_hopper backward=mosaic": step_fns(ph, causal, mosaic_bwd),
+                    "pallas_gpu": step_fns(pg, causal)})
+    else:
+        for bk, st, pp in ((128, 2, False), (64, 2, True), (64, 3, True), (64, 4, True)):
+            bs = ph.BlockSizes(block_k=bk, stages=st, pingpong=pp)
+            fns[f"pallas_hopper bk={bk} stages={st} pingpong={pp}"] = (
+                step_fns(ph, causal, bs)[0], None)
+        for st in (3, 4):
+            bs = dataclasses.replace(mosaic_bwd, bwd_stages=st)
+            fns[f"pallas_hopper backward=mosaic bwd_stages={st}"] = step_fns(ph, causal, bs)
+    base = {}
+    for name, (f, fb) in fns.items():
+        for mode, g, args in (("fwd", f, (q, k, v)), ("fwdbwd", fb, (q, k, v, do))):
+            if g is None or time.perf_counter() - T0 > BUDGET_S:
+                continue
+            try:
+                t = time_fn(g, args)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                log(f"ERROR time {name} {mode} L={length}: {short_exc(e)}", kind="time_error",
+                    name=name, mode=mode, seq=length, error=short_exc(e))
+                continue
+            tf = flops(h, length, d, causal, mode) / t / 1e12
+            if name == "cudnn":
+                base[mode] = tf
+            ratio = tf / base[mode] if mode in base else float("nan")
+            log(f"time L={length} causal={causal} {mode:6s} {name}: {t * 1e3:8.2f} ms "
+                f"{tf:6.1f} TFLOP/s  x{ratio:.2f} of cuDNN", kind="time", name=name, mode=mode,
+                seq=length, causal=causal, ms=t * 1e3, tflops=tf, vs_cudnn=ratio)
+
+
+def guarded(label, fn, *args):
+    if time.perf_counter() - T0 > BUDGET_S:
+        log(f"SKIP {label}: time budget spent", kind="skip", name=label)
+        return
+    print(f"RUN {label}", flush=True)
+    LINES.append(f"RUN {label} (t={time.perf_counter() - T0:.0f}s)")
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - one failure must not hide the rest
+        log(f"ERROR {label}: {short_exc(e)}", kind="error", name=label, error=short_exc(e))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", default="hopper_check", help="path prefix for .json and .txt")
+    ap.add_argument("--seqs", default="16384,65536")
+    ap.add_argument("--parts", default="steps,ring,bench,sweep",
+                    help="comma-separated subset of steps,ring,bench,sweep (run in this order)")
+    ap.add_argument("--interpret", action="store_true", help="CPU dry run (small cases, no timing)")
+    ap.add_argument("--hard-limit", type=float, default=HARD_LIMIT_S,
+                    help="seconds after which the watchdog writes the output and exits")
+    args = ap.parse_args()
+    global BUDGET_S
+    BUDGET_S = args.hard_limit - (HARD_LIMIT_S - BUDGET_S)  # start nothing new near the limit
+    parts = set(args.parts.split(","))
+    OUT["prefix"] = args.out
+    INTERPRET["on"] = args.interpret
+    threading.Thread(target=watchdog, args=(args.hard_limit,), daemon=True).start()
+    if args.interpret and jax.device_count() < 2:
+        log("WARNING: --interpret with one CPU device may hang; set "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    dev = jax.devices()[0]
+    log(f"jax {jax.__version__}, {dev.device_kind}, compute capability "
+        f"{getattr(dev, 'compute_capability', '?')}, pallas_hopper available: {ph.available()}, "
+        f"auto -> {implementations.resolve('auto').name}, python {sys.version.split()[0]}")
+    try:
+        if "steps" in parts:
+            for c in CASES:
+                if not (args.interpret and c.sq * c.sk > 300 * 300):
+                    guarded(f"step {c.name}", run_case, c)
+        if "ring" in parts:
+            for ring_args in ((True, True, "bfloat16", 2), (False, False, "float16", 4)):
+                for backward in ph.BACKWARDS:
+                    guarded(f"ring {ring_args} {backward}", run_ring_check, *ring_args, backward)
+        seqs = [int(s) for s in args.seqs.split(",")]
+        if "bench" in parts and not args.interpret:
+            for length in seqs:
+                guarded(f"bench L={length}", bench, length, True)
+        if "sweep" in parts and not args.interpret:
+            guarded("sweep", bench, seqs[0], True, 32, 128, True)
+    finally:
+        n_pass = sum(1 for r in RECORDS if r.get("passed") is True)
+        n_fail = sum(1 for r in RECORDS if r.get("passed") is False)
+        n_err = sum(1 for r in RECORDS if r.get("kind") in ("error", "time_error"))
+        log(f"SUMMARY pass={n_pass} fail={n_fail} errors={n_err} "
+            f"elapsed={time.perf_counter() - T0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

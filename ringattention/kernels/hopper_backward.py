@@ -1,0 +1,97 @@
+"""Wrapper of the Pallas Mosaic GPU (Hopper) ring-step backward (``hopper_bwd_kernels.py``).
+
+FlashAttention-2/3 backward (Dao 2023; Shah et al. 2024) for one step of Ring Attention (Liu, Zaharia
+& Abbeel 2023): a dq kernel over query CTAs and a dk/dv kernel over key CTAs, both recomputing
+probabilities from the ring's global lse. Padding and block classification are ``pallas_gpu``'s
+(sentinel segment ids, ``masks.block_table`` -> lo/mid/hi). Selected by
+``pallas_hopper.BlockSizes(backward="mosaic")``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ringattention import masks
+from ringattention.kernels import hopper_bwd_kernels as hbk
+from ringattention.kernels import hopper_kernels as hk
+from ringattention.kernels import pallas_gpu as pg
+
+F32 = jnp.float32
+ROWS = 64  # own rows per compute warpgroup and streamed block length
+CTA = hk.COMPUTE_WGS * ROWS
+SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
+
+
+def _pad(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg):
+    B, Sq, H, D = q.shape
+    Sk = k.shape[1]
+    up = lambda x, m: -(-x // m) * m  # noqa: E731
+    geo = pg._Geometry(Sq, Sk, D, CTA, CTA, up(Sq, CTA), up(Sk, CTA), up(D, 64))
+    q, k, v, q_pos, k_pos, q_seg, k_seg, do = pg._pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg,
+                                                            k_seg, do)
+    lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * hk.LOG2E  # [B, H, Sq] log2 units
+    lse2, delta = (pg._pad_to(x, 2, geo.sq_pad) for x in (lse2, delta))
+    return q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg
+
+
+def _scratch(own_len, stream_len, d, dtype, stages, own_f32: int, stream_f32: int, causal, segments):
+    """Own-side buffers (2 tiles, 2 int vectors), streamed-side buffers, then 3 barriers."""
+    tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    wgs = hk.COMPUTE_WGS
+
+    def side(n, length, n_tiles, n_f32):
+        bufs = [plgpu.SMEM((n, length, d), dtype, transforms=tiles) for _ in range(n_tiles)]
+        bufs += [plgpu.SMEM((n, length), F32) for _ in range(n_f32)]
+        bufs += [plgpu.SMEM((n, length), jnp.int32) if on else None for on in (causal, segments)]
+        return bufs
+
+    own = side(wgs, own_len, 2, own_f32)
+    stream = side(stages, stream_len, 2, stream_f32)
+    extra = causal + segments
+    return [*own, *stream,
+            plgpu.Barrier(num_arrivals=2 + own_f32 + extra, num_barriers=wgs),  # own rows loaded
+            plgpu.Barrier(num_arrivals=2 + stream_f32 + extra, num_barriers=stages),  # slot loaded
+            plgpu.Barrier(num_arrivals=wgs, num_barriers=stages)]  # slot free
+
+
+def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
+             softmax_scale: float, interpret: bool):
+    """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``)."""
+    B, Sq, H, D = q.shape
+    Sk, K = k.shape[1], k.shape[2]
+    q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg = _pad(q, k, v, do, lse, delta, q_pos,
+                                                                k_pos, q_seg, k_seg)
+    sq, sk, d = q.shape[1], k.shape[1], q.shape[3]  # padded
+    smem = 2 * (hk.COMPUTE_WGS + bs.bwd_stages) * ROWS * d * q.dtype.itemsize
+    if smem > SMEM_LIMIT - 4096:
+        raise ValueError(f"pallas_hopper backward='mosaic': head dim {D} (padded {d}) with "
+                         f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
+                         f"{SMEM_LIMIT}); use backward='triton' for head dims above 128")
+    segments = q_seg is not None
+    extra = ((q_pos, k_pos) if causal else ()) + ((q_seg, k_seg) if segments else ())
+    args = (q, k, v, do, lse2, delta, *extra)
+    cfg = functools.partial(hbk.BwdConfig, rows=ROWS, block=ROWS, stages=bs.bwd_stages,
+                            causal=causal, segments=segments, groups=H // K,
+                            qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale,
+                            interpret=interpret)
+    # dq: own query CTAs, streamed key blocks.
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, CTA, ROWS)  # [B|1, nq, nk]
+    dq_cfg = cfg(n_cta=sq // CTA)
+    dq = hk.launch(functools.partial(hbk.dq_kernel, cfg=dq_cfg),
+                   jax.ShapeDtypeStruct((B, H, sq, d), F32),
+                   _scratch(ROWS, ROWS, d, q.dtype, bs.bwd_stages, 2, 0, causal, segments),
+                   grid=(H, sq // CTA, B), interpret=interpret)(*pg._bounds(table, B), *args)
+    # dk/dv: own key CTAs, streamed query blocks of every head in the group.
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA)  # [B|1, nq, nk]
+    bounds = pg._bounds(jnp.swapaxes(table, 1, 2), B)  # over query blocks, per key CTA
+    kv_cfg = cfg(n_cta=sk // CTA)
+    out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
+    dk, dv = hk.launch(functools.partial(hbk.dkv_kernel, cfg=kv_cfg), (out, out),
+                       _scratch(ROWS, ROWS, d, q.dtype, bs.bwd_stages, 0, 2, causal, segments),
+                       grid=(K, sk // CTA, B), interpret=interpret)(*bounds, *args)
+    cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :D]  # noqa: E731
+    return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)

@@ -1,0 +1,234 @@
+"""Kernel bodies of the Pallas Mosaic GPU (Hopper) ring-step backward: dq and dk/dv.
+
+FlashAttention-2/3 backward (Dao 2023; Shah et al. 2024) with the forward's structure
+(``hopper_kernels.py``): per CTA two compute warpgroups own 64 rows each (query rows for dq, key rows
+for dk/dv) and a producer warpgroup streams the other side's blocks through a ring of shared-memory
+slots with TMA. Probabilities are recomputed from the ring's *global* lse (log2 units, 0 where a row
+sees nothing) and ``delta = rowsum(o * do)``; the same lo/mid/hi bounds as the forward decide which
+blocks are skipped, run unmasked or run with the position / segment mask.
+
+* dq (grid: query head, query CTA, batch): ``dq = scale * sum_j ds_j @ k_j`` over key blocks j.
+* dk/dv (grid: kv head, key CTA, batch): loops over the G query heads of the group and the query
+  blocks, so GQA neither repeats k/v nor writes per-query-head partial sums:
+  ``dv = sum p^T @ do``, ``dk = scale * sum ds^T @ q`` (computed transposed, keys as rows).
+
+Shapes in comments: ``r`` own rows per warpgroup, ``c`` streamed block length, ``D`` padded head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ringattention.kernels.hopper_kernels import COMPUTE_WGS, Ops
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdConfig:
+    rows: int  # own rows per compute warpgroup
+    block: int  # streamed block length
+    stages: int
+    causal: bool
+    segments: bool
+    groups: int  # query heads per kv head
+    n_cta: int  # CTAs along the own axis
+    qk_scale: float  # softmax_scale * log2(e)
+    scale: float
+    interpret: bool
+
+
+def _split(refs, cfg: BwdConfig, n_out: int):
+    n_in = 9 + 2 * cfg.causal + 2 * cfg.segments
+    ins, outs, scratch = refs[:n_in], refs[n_in:n_in + n_out], refs[n_in + n_out:]
+    lo, mid, hi, q, k, v, do, lse, delta, *rest = ins
+    pos = (rest.pop(0), rest.pop(0)) if cfg.causal else (None, None)
+    seg = (rest.pop(0), rest.pop(0)) if cfg.segments else (None, None)
+    return (lo, mid, hi), (q, k, v, do, lse, delta), pos, seg, outs, scratch
+
+
+def _cta(cfg: BwdConfig, bounds, reverse: bool):
+    b, i = lax.axis_index("b"), lax.axis_index("i")
+    if reverse:  # causal dq: the latest query blocks see the most keys; start them first
+        i = cfg.n_cta - 1 - i
+    return b, i, tuple(ref[b, i] for ref in bounds)
+
+
+def _stream(cfg: BwdConfig, n, issue, loaded, free):
+    """Producer: for t in [0, n) wait for slot t % stages to be free and ``issue(t, slot, barrier)``."""
+    if not cfg.interpret:
+        plgpu.set_max_registers(40, action="decrease")
+
+    def load(t, carry):
+        slot = lax.rem(t, jnp.int32(cfg.stages))
+
+        @pl.when(t >= cfg.stages)
+        def _():
+            plgpu.barrier_wait(free.at[slot])
+
+        issue(t, slot, loaded.at[slot])
+        return carry
+
+    lax.fori_loop(0, n, load, None)
+
+    def drain(t, carry):  # observe the last releases
+        plgpu.barrier_wait(free.at[lax.rem(t, jnp.int32(cfg.stages))])
+        return carry
+
+    lax.fori_loop(jnp.maximum(0, n - cfg.stages), n, drain, None)
+
+
+def _vis(cfg, ops, shape, own_pos, own_seg, pos_ref, seg_ref, own_is_query: bool):
+    """bool [r, c] visibility (own rows x streamed columns), or None when nothing masks."""
+    col = lambda ref: lax.broadcast_in_dim(ops.cols(ref), shape, [1])  # noqa: E731
+    row = lambda x: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
+    vis = None
+    if cfg.causal:
+        vis = col(pos_ref) <= row(own_pos) if own_is_query else row(own_pos) <= col(pos_ref)
+    if cfg.segments:
+        same = col(seg_ref) == row(own_seg)
+        vis = same if vis is None else vis & same
+    return vis
+
+
+def _wgmma_ops(cfg):
+    if not cfg.interpret:
+        plgpu.set_max_registers(232, action="increase")
+    return Ops(cfg.interpret)
+
+
+def dq_kernel(*refs, cfg: BwdConfig):
+    """Grid ("h", "i", "b"), warpgroups "wg". GMEM: lo/mid/hi [B, nq]; q, do [B, Sq, H, D]; k, v
+    [B, Sk, K, D]; lse2, delta f32 [B, H, Sq]; positions / ids as in the forward. Out: dq f32
+    [B, H, Sq, D]."""
+    bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
+        (dq_ref,), scratch = _split(refs, cfg, 1)
+    (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free) = scratch
+    b, i, (lo, mid, hi) = _cta(cfg, bounds, reverse=cfg.causal)
+    h, wg = lax.axis_index("h"), lax.axis_index("wg")
+    kvh = lax.div(h, jnp.int32(cfg.groups))
+    r, c = cfg.rows, cfg.block
+
+    def issue(t, slot, bar):
+        cols = pl.ds((lo + t) * c, c)
+        plgpu.copy_gmem_to_smem(k_ref.at[b, cols, kvh], k_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(v_ref.at[b, cols, kvh], v_s.at[slot], bar)
+        if cfg.causal:
+            plgpu.copy_gmem_to_smem(kp_ref.at[cols], kp_s.at[slot], bar)
+        if cfg.segments:
+            plgpu.copy_gmem_to_smem(ks_ref.at[b, cols], ks_s.at[slot], bar)
+
+    @pl.when(wg == COMPUTE_WGS)
+    def _():
+        _stream(cfg, hi - lo, issue, loaded, free)
+
+    @pl.when(wg < COMPUTE_WGS)
+    def _():
+        ops = _wgmma_ops(cfg)
+        rows = pl.ds(i * (COMPUTE_WGS * r) + wg * r, r)
+        bar = own_bar.at[wg]
+        for src, dst in ((q_ref.at[b, rows, h], q_s), (do_ref.at[b, rows, h], do_s),
+                         (lse_ref.at[b, h, rows], lse_s), (dl_ref.at[b, h, rows], dl_s),
+                         (qp_ref.at[rows] if cfg.causal else None, qp_s),
+                         (qs_ref.at[b, rows] if cfg.segments else None, qs_s)):
+            if dst is not None:
+                plgpu.copy_gmem_to_smem(src, dst.at[wg], bar)
+        plgpu.barrier_wait(bar)
+        lse, delta = ops.rows(lse_s.at[wg]), ops.rows(dl_s.at[wg])  # [r]
+        own_pos = ops.rows(qp_s.at[wg]) if cfg.causal else None
+        own_seg = ops.rows(qs_s.at[wg]) if cfg.segments else None
+
+        def body(j, dq, masked: bool):
+            slot = lax.rem(j - lo, jnp.int32(cfg.stages))
+            plgpu.barrier_wait(loaded.at[slot])
+            s = ops.qk(q_s.at[wg], k_s.at[slot], (r, c)) * cfg.qk_scale  # [r, c]
+            p = jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
+            if masked:
+                at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
+                vis = _vis(cfg, ops, s.shape, own_pos, own_seg, at(kp_s), at(ks_s), True)
+                p = jnp.where(vis, p, 0.0)
+            dp = ops.qk(do_s.at[wg], v_s.at[slot], (r, c))  # [r, c]
+            ds = p * (dp - lax.broadcast_in_dim(delta, s.shape, [0]))
+            dq = ops.pv(dq, ds.astype(q_s.dtype), k_s.at[slot])
+            plgpu.barrier_arrive(free.at[slot])
+            return dq
+
+        dq = ops.full((r, q_s.shape[2]), 0.0)
+        dq = lax.fori_loop(lo, mid, functools.partial(body, masked=False), dq)
+        dq = lax.fori_loop(mid, hi, functools.partial(body, masked=cfg.causal or cfg.segments), dq)
+        dq_ref.at[b, h, rows][...] = dq * cfg.scale
+
+
+def dkv_kernel(*refs, cfg: BwdConfig):
+    """Grid ("h", "i", "b") over kv heads and key CTAs. Inputs as ``dq_kernel`` (lo/mid/hi [B, nk]
+    over query blocks). Out: dk, dv f32 [B, K, Sk, D]."""
+    bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
+        (dk_ref, dv_ref), scratch = _split(refs, cfg, 2)
+    (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch
+    b, i, (lo, mid, hi) = _cta(cfg, bounds, reverse=False)  # causal: early keys are the heaviest
+    kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
+    r, c = cfg.rows, cfg.block
+    n = hi - lo  # query blocks per head of the group
+
+    def issue(t, slot, bar):
+        g, blk = lax.div(t, n), lo + lax.rem(t, n)
+        h = kvh * cfg.groups + g
+        cols = pl.ds(blk * c, c)
+        for src, dst in ((q_ref.at[b, cols, h], q_s), (do_ref.at[b, cols, h], do_s),
+                         (lse_ref.at[b, h, cols], lse_s), (dl_ref.at[b, h, cols], dl_s),
+                         (qp_ref.at[cols] if cfg.causal else None, qp_s),
+                         (qs_ref.at[b, cols] if cfg.segments else None, qs_s)):
+            if dst is not None:
+                plgpu.copy_gmem_to_smem(src, dst.at[slot], bar)
+
+    @pl.when(wg == COMPUTE_WGS)
+    def _():
+        _stream(cfg, n * cfg.groups, issue, loaded, free)
+
+    @pl.when(wg < COMPUTE_WGS)
+    def _():
+        ops = _wgmma_ops(cfg)
+        rows = pl.ds(i * (COMPUTE_WGS * r) + wg * r, r)
+        bar = own_bar.at[wg]
+        for src, dst in ((k_ref.at[b, rows, kvh], k_s), (v_ref.at[b, rows, kvh], v_s),
+                         (kp_ref.at[rows] if cfg.causal else None, kp_s),
+                         (ks_ref.at[b, rows] if cfg.segments else None, ks_s)):
+            if dst is not None:
+                plgpu.copy_gmem_to_smem(src, dst.at[wg], bar)
+        plgpu.barrier_wait(bar)
+        own_pos = ops.rows(kp_s.at[wg]) if cfg.causal else None
+        own_seg = ops.rows(ks_s.at[wg]) if cfg.segments else None
+        masked = cfg.causal or cfg.segments
+
+        def body(j, carry, g, masked: bool):
+            dk, dv = carry  # float32 [r, D]
+            slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
+            plgpu.barrier_wait(loaded.at[slot])
+            s_t = ops.qk(k_s.at[wg], q_s.at[slot], (r, c)) * cfg.qk_scale  # [r keys, c queries]
+            p_t = jnp.exp2(s_t - lax.broadcast_in_dim(ops.cols(lse_s.at[slot]), s_t.shape, [1]))
+            if masked:
+                at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
+                vis = _vis(cfg, ops, s_t.shape, own_pos, own_seg, at(qp_s), at(qs_s), False)
+                p_t = jnp.where(vis, p_t, 0.0)
+            dv = ops.pv(dv, p_t.astype(q_s.dtype), do_s.at[slot])
+            dp_t = ops.qk(v_s.at[wg], do_s.at[slot], (r, c))  # [r, c]
+            delta = lax.broadcast_in_dim(ops.cols(dl_s.at[slot]), s_t.shape, [1])
+            dk = ops.pv(dk, (p_t * (dp_t - delta)).astype(q_s.dtype), q_s.at[slot])
+            plgpu.barrier_arrive(free.at[slot])
+            return dk, dv
+
+        def head(g, carry):  # query head kvh * G + g: full blocks, then masked ones
+            carry = lax.fori_loop(lo, mid, functools.partial(body, g=g, masked=False), carry)
+            return lax.fori_loop(mid, hi, functools.partial(body, g=g, masked=masked), carry)
+
+        zeros = ops.full((r, k_s.shape[2]), 0.0)
+        if cfg.groups == 1:
+            dk, dv = head(jnp.int32(0), (zeros, zeros))
+        else:
+            dk, dv = lax.fori_loop(0, cfg.groups, head, (zeros, zeros))
+        dk_ref.at[b, kvh, rows][...] = dk * cfg.scale
+        dv_ref.at[b, kvh, rows][...] = dv

@@ -1,0 +1,272 @@
+"""Kernel body of the Pallas Mosaic GPU (Hopper) ring-step forward.
+
+FlashAttention-3 (Shah et al. 2024) structure, written for sm_90: every CTA owns ``2 * bq`` query rows
+of one (batch, query head) and runs three warpgroups. Warpgroups 0 and 1 compute (``bq`` rows each,
+wgmma from shared memory, float32 online softmax in the log2 domain); warpgroup 2 is the producer and
+streams the key/value blocks ``[lo, hi)`` of the step through a ring of ``stages`` shared-memory
+slots with TMA, each slot guarded by a "loaded" barrier (TMA arrivals) and a "free" barrier (one
+arrival per compute warpgroup). An optional schedule barrier makes the two compute warpgroups take
+turns on the tensor cores (one's softmax overlaps the other's matmuls).
+
+Masking is the one of the Triton step (``gpu_kernels.py``): the wrapper derives per-CTA block
+bounds from ``masks.block_table``; blocks in ``[lo, mid)`` are fully visible and run without a mask,
+blocks in ``[mid, hi)`` compare global positions (``k_pos <= q_pos``) and segment ids elementwise,
+all other blocks are never loaded. Key positions / ids travel with their key block through TMA.
+
+``Ops`` isolates the few operations that only exist on the device (wgmma through accumulator refs,
+register layouts); with ``interpret=True`` they become plain ``jnp`` so the same kernel, barriers
+and TMA pipeline run in Mosaic GPU's interpret mode on CPU. Shapes in comments: ``bq`` rows per
+compute warpgroup, ``bk`` keys per block, ``D`` the padded head dim, ``S`` stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+F32 = jnp.float32
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+COMPUTE_WGS = 2
+
+
+def interpret_params():
+    """Mosaic GPU interpret-mode parameters, or None where this jax has no such mode."""
+    for name in ("InterpretParams", "InterpretGPUParams"):
+        if hasattr(plgpu, name):
+            return getattr(plgpu, name)()
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    except ImportError:
+        return None
+    return InterpretGPUParams()
+
+
+def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bool):
+    """``plgpu.kernel`` over grid axes ("h", "i", "b") with two compute + one producer warpgroups."""
+    params = None
+    if interpret:
+        params = interpret_params()
+        if params is None:
+            raise NotImplementedError("this jax has no Mosaic GPU interpret mode")
+    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
+                        grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg",
+                        compiler_params=plgpu.CompilerParams(approx_math=True), interpret=params)
+
+
+def _dot(a, b, contract_b: int):
+    return lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())), preferred_element_type=F32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ops:
+    """Device-only operations, or their plain-JAX stand-ins in interpret mode."""
+
+    interpret: bool
+
+    def rows(self, ref):
+        """A [n] vector in SMEM -> registers laid out to broadcast along a wgmma tile's rows."""
+        if self.interpret:
+            return ref[...]
+        return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA.reduce(1))
+
+    def cols(self, ref):
+        """A [n] vector in SMEM -> registers laid out to broadcast along a wgmma tile's columns."""
+        if self.interpret:
+            return ref[...]
+        return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA.reduce(0))
+
+    def full(self, shape, value):
+        x = jnp.full(shape, value, F32)
+        if self.interpret:
+            return x
+        layout = plgpu.Layout.WGMMA if len(shape) == 2 else plgpu.Layout.WGMMA.reduce(1)
+        return plgpu.layout_cast(x, layout)
+
+    def qk(self, q_smem, k_smem, shape, after_issue=None):
+        """float32 [bq, bk] = q [bq, D] @ k[bk, D]^T, both operands in SMEM. ``after_issue`` runs
+        while the wgmma is in flight (FA3's hand-over of the tensor cores)."""
+        if self.interpret:
+            if after_issue is not None:
+                after_issue()
+            return _dot(q_smem[...], k_smem[...], 1)
+
+        def scope(acc_ref):
+            plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+            if after_issue is not None:
+                after_issue()
+            return acc_ref[...]
+
+        return pl.run_scoped(scope, plgpu.WGMMAAccumulatorRef(shape, F32))
+
+    def pv(self, acc, p, v_smem):
+        """acc [bq, D] + p [bq, bk] (registers) @ v [bk, D] (SMEM)."""
+        if self.interpret:
+            return acc + _dot(p, v_smem[...], 0)
+
+        def scope(acc_ref):
+            plgpu.wgmma(acc_ref, p, v_smem)
+
+        return pl.run_state(scope)(plgpu.WGMMAAccumulatorRef.init(acc))
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdConfig:
+    bq: int  # query rows per compute warpgroup
+    bk: int
+    stages: int
+    causal: bool
+    segments: bool
+    groups: int  # query heads per kv head
+    nq: int  # CTAs along the query shard
+    qk_scale: float  # softmax_scale * log2(e)
+    pingpong: bool
+    interpret: bool
+
+
+def _mask(cfg: FwdConfig, ops: Ops, s, q_pos, q_seg, kpos_smem, kseg_smem):
+    """s [bq, bk] with hidden entries set to -inf (positions / ids: row vectors or SMEM refs)."""
+    vis = None
+    col = lambda ref: lax.broadcast_in_dim(ops.cols(ref), s.shape, [1])  # noqa: E731
+    if cfg.causal:
+        vis = col(kpos_smem) <= lax.broadcast_in_dim(q_pos, s.shape, [0])
+    if cfg.segments:
+        same = col(kseg_smem) == lax.broadcast_in_dim(q_seg, s.shape, [0])
+        vis = same if vis is None else vis & same
+    return jnp.where(vis, s, -jnp.inf)
+
+
+def fwd_kernel(*refs, cfg: FwdConfig):
+    """Entry point for ``plgpu.kernel`` (grid axes "h", "i", "b"; warpgroup axis "wg").
+
+    GMEM inputs: lo/mid/hi int32 [B, nq]; q [B, Sq, H, D]; k, v [B, Sk, K, D]; then (causal) q_pos
+    [Sq], k_pos [Sk]; then (segments) q_seg [B, Sq], k_seg [B, Sk]. GMEM outputs: o f32 [B, H, Sq, D]
+    (head-major, so a warpgroup's tile is contiguous), lse f32 [B, H, Sq] (natural log).
+    """
+    n_in = 6 + 2 * cfg.causal + 2 * cfg.segments
+    ins, (o_ref, lse_ref), scratch = refs[:n_in], refs[n_in:n_in + 2], refs[n_in + 2:]
+    lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, *rest = ins
+    qp_ref, kp_ref = (rest.pop(0), rest.pop(0)) if cfg.causal else (None, None)
+    qs_ref, ks_ref = (rest.pop(0), rest.pop(0)) if cfg.segments else (None, None)
+    b, h, qi = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("i")
+    if cfg.causal:  # the heaviest query blocks (latest positions) start first
+        qi = cfg.nq - 1 - qi
+    lo, mid, hi = lo_ref[b, qi], mid_ref[b, qi], hi_ref[b, qi]
+    g = dict(b=b, h=h, qi=qi, lo=lo, mid=mid, hi=hi, q_ref=q_ref, k_ref=k_ref, v_ref=v_ref,
+             qp_ref=qp_ref, kp_ref=kp_ref, qs_ref=qs_ref, ks_ref=ks_ref, o_ref=o_ref,
+             lse_ref=lse_ref)
+    wg = lax.axis_index("wg")
+    pl.when(wg < COMPUTE_WGS)(lambda: _compute(cfg, wg, *scratch, **g))
+    pl.when(wg == COMPUTE_WGS)(lambda: _produce(cfg, *scratch, **g))
+
+
+def _produce(cfg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_smem, q_bar, k_bar,
+             v_bar, k_free, v_free, sched, *, b, h, lo, hi, k_ref, v_ref, kp_ref, ks_ref, **_):
+    """Producer warpgroup: TMA key/value blocks [lo, hi) into the slot ring."""
+    if not cfg.interpret:
+        plgpu.set_max_registers(40, action="decrease")
+    kvh = lax.div(h, jnp.int32(cfg.groups))
+
+    def load(j, carry):
+        t = j - lo
+        slot = lax.rem(t, jnp.int32(cfg.stages))
+        rows = pl.ds(j * cfg.bk, cfg.bk)
+
+        @pl.when(t >= cfg.stages)
+        def _():
+            plgpu.barrier_wait(k_free.at[slot])
+
+        plgpu.copy_gmem_to_smem(k_ref.at[b, rows, kvh], k_smem.at[slot], k_bar.at[slot])
+        if cfg.causal:
+            plgpu.copy_gmem_to_smem(kp_ref.at[rows], kpos_smem.at[slot], k_bar.at[slot])
+        if cfg.segments:
+            plgpu.copy_gmem_to_smem(ks_ref.at[b, rows], kseg_smem.at[slot], k_bar.at[slot])
+
+        @pl.when(t >= cfg.stages)
+        def _():
+            plgpu.barrier_wait(v_free.at[slot])
+
+        plgpu.copy_gmem_to_smem(v_ref.at[b, rows, kvh], v_smem.at[slot], v_bar.at[slot])
+        return carry
+
+    lax.fori_loop(lo, hi, load, None)
+
+    def drain(j, carry):  # observe the last releases, so no barrier phase goes unseen
+        slot = lax.rem(j - lo, jnp.int32(cfg.stages))
+        plgpu.barrier_wait(k_free.at[slot])
+        plgpu.barrier_wait(v_free.at[slot])
+        return carry
+
+    lax.fori_loop(jnp.maximum(lo, hi - cfg.stages), hi, drain, None)
+
+
+def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_smem, q_bar,
+             k_bar, v_bar, k_free, v_free, sched, *, b, h, qi, lo, mid, hi, q_ref, qp_ref, qs_ref,
+             o_ref, lse_ref, **_):
+    """Compute warpgroup ``wg``: rows [row0, row0 + bq) of the CTA's query block."""
+    if not cfg.interpret:
+        plgpu.set_max_registers(232, action="increase")
+    ops = Ops(cfg.interpret)
+    bq, d = q_smem.shape[1], q_smem.shape[2]
+    row0 = qi * (COMPUTE_WGS * bq) + wg * bq
+    rows = pl.ds(row0, bq)
+    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[wg], q_bar.at[wg])
+    if cfg.causal:
+        plgpu.copy_gmem_to_smem(qp_ref.at[rows], qpos_smem.at[wg], q_bar.at[wg])
+    if cfg.segments:
+        plgpu.copy_gmem_to_smem(qs_ref.at[b, rows], qseg_smem.at[wg], q_bar.at[wg])
+    plgpu.barrier_wait(q_bar.at[wg])
+    q_pos = ops.rows(qpos_smem.at[wg]) if cfg.causal else None  # [bq]
+    q_seg = ops.rows(qseg_smem.at[wg]) if cfg.segments else None
+
+    def turn():  # hand the tensor cores to the other compute warpgroup
+        if cfg.pingpong:
+            plgpu.barrier_arrive(sched)
+            plgpu.barrier_wait(sched)
+
+    def body(j, carry, masked: bool):
+        acc, m, l = carry  # float32 [bq, D], [bq], [bq]; m in log2 units
+        slot = lax.rem(j - lo, jnp.int32(cfg.stages))
+        plgpu.barrier_wait(k_bar.at[slot])
+        s = ops.qk(q_smem.at[wg], k_smem.at[slot], (bq, cfg.bk), after_issue=turn)  # [bq, bk]
+        if masked:
+            at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
+            s = _mask(cfg, ops, s, q_pos, q_seg, at(kpos_smem), at(kseg_smem))
+        plgpu.barrier_arrive(k_free.at[slot])
+        s = s * cfg.qk_scale
+        m_new = jnp.maximum(m, s.max(axis=1))
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+        p = jnp.exp2(s - lax.broadcast_in_dim(m_use, s.shape, [0]))  # [bq, bk]
+        alpha = jnp.exp2(m - m_use)  # [bq]
+        l = l * alpha + p.sum(axis=1)
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+        p = p.astype(q_smem.dtype)
+        if d <= 128:  # keep the softmax ahead of the hand-over (FA3's instruction ordering)
+            acc, l, m_new, p = lax.optimization_barrier((acc, l, m_new, p))
+        if cfg.pingpong:  # softmax done: wait for v, then for our turn on the tensor cores
+            plgpu.barrier_arrive(sched)
+            plgpu.barrier_wait(v_bar.at[slot])
+            plgpu.barrier_wait(sched)
+        else:
+            plgpu.barrier_wait(v_bar.at[slot])
+        acc = ops.pv(acc, p, v_smem.at[slot])
+        plgpu.barrier_arrive(v_free.at[slot])
+        return acc, m_new, l
+
+    carry = (ops.full((bq, d), 0.0), ops.full((bq,), -jnp.inf), ops.full((bq,), 0.0))
+    pl.when(wg == 1)(turn)
+    carry = lax.fori_loop(lo, mid, functools.partial(body, masked=False), carry)
+    masked = cfg.causal or cfg.segments
+    carry = lax.fori_loop(mid, hi, functools.partial(body, masked=masked), carry)
+    pl.when(wg == 0)(turn)
+    acc, m, l = carry
+    seen = l > 0.0
+    l_safe = jnp.where(seen, l, 1.0)
+    o_ref.at[b, h, rows][...] = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
+    lse_ref.at[b, h, rows][...] = jnp.where(seen, m * LN2 + jnp.log(l_safe), -jnp.inf)

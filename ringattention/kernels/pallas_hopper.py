@@ -1,0 +1,229 @@
+"""Pallas Mosaic GPU (Hopper, sm_90) ring step: a FlashAttention-3 style forward (and backward).
+
+The fused inner loop of Ring Attention (Liu, Zaharia & Abbeel 2023) for H100/H200 with the techniques
+of FlashAttention-3 (Shah et al. 2024): warp specialisation (two compute warpgroups and a TMA producer
+warpgroup), wgmma from swizzled shared memory, a multi-stage TMA pipeline for keys and values, and
+ping-pong scheduling of the two compute warpgroups. Kernel body: ``hopper_kernels.py``.
+
+Masks and padding are shared with the Triton step (``pallas_gpu.py``), not re-implemented: global
+positions (any layout) and segment ids are padded with the same sentinels, blocks are classified by
+``masks.block_table`` and turned into the same lo/mid/hi bounds (hidden blocks are never loaded,
+fully visible ones run without the elementwise mask). GQA reads kv head ``h // G`` in place.
+
+What runs where (stated plainly):
+
+* forward, bfloat16/float16: the Mosaic GPU kernel (head dims padded to a multiple of 64, <= 256).
+* forward, float32: delegated to the Triton step (wgmma would compute in tf32).
+* backward, 16-bit, head dim <= 128 (default): Mosaic GPU dq and dk/dv kernels
+  (``hopper_backward.py``, ``hopper_bwd_kernels.py``), checked on an H200 against the float32 step
+  reference (``benchmarks/results/pallas_hopper_device_check.txt``).
+* backward, head dim 256 or float32, or ``BlockSizes(backward="triton")``: the Triton step
+  ``pallas_gpu.backward_step`` (it needs only the global lse and delta, so it composes with this
+  forward unchanged).
+
+``interpret=True`` runs the Mosaic GPU kernels in Mosaic GPU's interpret mode on CPU (the same
+kernels, barriers and TMA pipelines; wgmma and register layouts replaced by plain ``jnp``, see
+``hopper_kernels.Ops``) and the Triton ones in the Triton interpreter. That interpreter simulates
+one GPU: interpret-mode rings over several devices are not supported (use ``pallas_gpu`` there).
+Contract: ``ringattention/implementations.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ringattention import masks
+from ringattention.kernels import hopper_backward as hb
+from ringattention.kernels import hopper_kernels as hk
+from ringattention.kernels import pallas_gpu as pg
+
+F32 = jnp.float32
+ROWS = 64  # wgmma's M per warpgroup
+SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
+HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+BACKWARDS = ("triton", "mosaic")  # BlockSizes.backward: the Triton step's kernels, or our own
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tiles of the Mosaic GPU forward; ``triton`` configures the delegated Triton kernels.
+
+    ``block_q``: query rows per compute warpgroup (a CTA holds two); ``block_k``: keys per pipeline
+    stage; ``stages``: shared-memory slots for keys/values; ``pingpong``: alternate the compute
+    warpgroups on the tensor cores. ``backward``: "mosaic" (``hopper_bwd_kernels``, 64-row tiles,
+    ``bwd_stages`` slots; the default for head dims <= 128) or "triton" (``pallas_gpu``'s kernels;
+    the default for head dim 256, whose Mosaic backward does not fit in shared memory).
+    Defaults: :func:`default_block_sizes`.
+    """
+
+    block_q: int = 64
+    block_k: int = 128
+    stages: int = 2
+    pingpong: bool = True
+    backward: str = "mosaic"
+    bwd_stages: int = 2
+    triton: pg.BlockSizes | None = None
+
+    def __post_init__(self):
+        if self.block_q != ROWS:
+            raise ValueError(f"BlockSizes.block_q={self.block_q!r} must be {ROWS} (one wgmma tile)")
+        if not isinstance(self.block_k, int) or self.block_k < 64 or self.block_k % 64:
+            raise ValueError(f"BlockSizes.block_k={self.block_k!r} must be a positive multiple of 64")
+        for name in ("stages", "bwd_stages"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 2:
+                raise ValueError(f"BlockSizes.{name}={getattr(self, name)!r} must be an int >= 2")
+        if self.backward not in BACKWARDS:
+            raise ValueError(f"BlockSizes.backward={self.backward!r} must be one of {BACKWARDS}")
+        if self.triton is not None and not isinstance(self.triton, pg.BlockSizes):
+            raise TypeError(f"BlockSizes.triton={self.triton!r} must be a pallas_gpu.BlockSizes")
+
+
+_DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md (the Mosaic backward: 0.87-0.89x cuDNN
+    # forward+backward at 16K/64K against 0.77-0.78x with the Triton one; D=256 does not fit it)
+    64: BlockSizes(block_k=128, stages=3, backward="mosaic"),
+    128: BlockSizes(block_k=128, stages=2, backward="mosaic"),
+    256: BlockSizes(block_k=64, stages=2, backward="triton"),
+}
+
+
+def default_block_sizes(head_dim: int) -> BlockSizes:
+    """Defaults for the padded head dim (64, 128 or 256); tiles not swept on hardware yet."""
+    return _DEFAULTS[min((d for d in _DEFAULTS if d >= head_dim), default=256)]
+
+
+def available() -> bool:
+    """True on a CUDA device of compute capability 9.x (Hopper)."""
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError:
+        return False
+    if dev.platform != "gpu" or "cuda" not in dev.client.platform_version.lower():
+        return False
+    return str(getattr(dev, "compute_capability", "")).split(".")[0] == "9"
+
+
+interpret_params = hk.interpret_params
+
+
+def _check(q, k, v, q_pos, k_pos, q_seg, k_seg):
+    pg._check(q, k, v, q_pos, k_pos, q_seg, k_seg)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"pallas_hopper: {q.dtype=} {k.dtype=} {v.dtype=} must be equal")
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry(pg._Geometry):
+    """The Triton step's padded sizes (same fields), read as CTAs of ``2 * bq`` rows and key blocks
+    of ``bk``."""
+
+    @property
+    def cta_rows(self) -> int:
+        return hk.COMPUTE_WGS * self.bq
+
+
+def geometry(sq: int, sk: int, d: int, bs: BlockSizes) -> Geometry:
+    rows = hk.COMPUTE_WGS * bs.block_q
+    bk = min(bs.block_k, -(-sk // 64) * 64)  # short shards: one block of the padded length
+    return Geometry(sq, sk, d, bs.block_q, bk, -(-sq // rows) * rows, -(-sk // bk) * bk,
+                    -(-d // 64) * 64)
+
+
+def _pad(geo: Geometry, q, k, v, q_pos, k_pos, q_seg, k_seg):
+    """Pads to the CTA/block grid with pallas_gpu's sentinels (padded keys are seen by no query)."""
+    pg_geo = pg._Geometry(geo.sq, geo.sk, geo.d, geo.cta_rows, geo.bk, geo.sq_pad, geo.sk_pad,
+                          geo.d_pad)
+    return pg._pad_inputs(pg_geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
+
+
+def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_scale: float,
+                 block_sizes: BlockSizes | None = None, interpret: bool = False):
+    """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
+    _check(q, k, v, q_pos, k_pos, q_seg, k_seg)
+    bs = block_sizes or default_block_sizes(q.shape[3])
+    if not isinstance(bs, BlockSizes):
+        raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
+    if jnp.dtype(q.dtype) not in HALF_DTYPES:  # float32: the Triton kernel, exact to ~1e-6
+        return pg.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, causal=causal,
+                               softmax_scale=softmax_scale, block_sizes=bs.triton,
+                               interpret=interpret)
+    B, Sq, H, D = q.shape
+    geo = geometry(Sq, k.shape[1], D, bs)
+    q, k, v, q_pos, k_pos, q_seg, k_seg = _pad(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.cta_rows, geo.bk)
+    bounds = pg._bounds(table, B)  # 3 x int32 [B, nq]
+    extra = (q_pos, k_pos) if causal else ()
+    extra += (q_seg, k_seg) if q_seg is not None else ()
+    o, lse = _fwd_call(geo, bs, *bounds, q, k, v, *extra, causal=causal, segments=q_seg is not None,
+                       scale=softmax_scale, interpret=interpret)
+    return jnp.swapaxes(o, 1, 2)[:, :Sq, :, :D], lse[:, :, :Sq]
+
+
+def _fwd_call(geo: Geometry, bs: BlockSizes, lo, mid, hi, q, k, v, *extra, causal: bool,
+              segments: bool, scale: float, interpret: bool):
+    B, Sq, H, D = q.shape  # padded
+    K = k.shape[2]
+    nq = Sq // geo.cta_rows
+    cfg = hk.FwdConfig(bq=geo.bq, bk=geo.bk, stages=bs.stages, causal=causal, segments=segments,
+                       groups=H // K, nq=nq, qk_scale=scale * hk.LOG2E, pingpong=bs.pingpong,
+                       interpret=interpret)
+    smem = (hk.COMPUTE_WGS * geo.bq + 2 * bs.stages * geo.bk) * D * q.dtype.itemsize
+    smem += 4 * (hk.COMPUTE_WGS * geo.bq + bs.stages * geo.bk) * (causal + segments)
+    if smem > SMEM_LIMIT - 1024:
+        raise ValueError(f"pallas_hopper: block_k={geo.bk}, stages={bs.stages} at head dim {D} need "
+                         f"{smem} bytes of shared memory (limit {SMEM_LIMIT}); use fewer/smaller")
+    out_type = (jax.ShapeDtypeStruct((B, H, Sq, D), F32), jax.ShapeDtypeStruct((B, H, Sq), F32))
+    kernel = hk.launch(functools.partial(hk.fwd_kernel, cfg=cfg), out_type,
+                       _scratch(cfg, D, q.dtype), grid=(H, nq, B), interpret=interpret)
+    return kernel(lo, mid, hi, q, k, v, *extra)
+
+
+def _scratch(cfg: hk.FwdConfig, d: int, dtype):
+    """SMEM buffers and barriers, in the order ``hk._compute`` / ``hk._produce`` take them."""
+    tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    wgs, s = hk.COMPUTE_WGS, cfg.stages
+    ivec = lambda n, length, on: plgpu.SMEM((n, length), jnp.int32) if on else None  # noqa: E731
+    q_copies = 1 + cfg.causal + cfg.segments
+    return [
+        plgpu.SMEM((wgs, cfg.bq, d), dtype, transforms=tiles),  # q per compute warpgroup
+        plgpu.SMEM((s, cfg.bk, d), dtype, transforms=tiles),  # k slots
+        plgpu.SMEM((s, cfg.bk, d), dtype, transforms=tiles),  # v slots
+        ivec(wgs, cfg.bq, cfg.causal), ivec(s, cfg.bk, cfg.causal),  # q / k positions
+        ivec(wgs, cfg.bq, cfg.segments), ivec(s, cfg.bk, cfg.segments),  # q / k segment ids
+        plgpu.Barrier(num_arrivals=q_copies, num_barriers=wgs),  # q loaded
+        plgpu.Barrier(num_arrivals=q_copies, num_barriers=s),  # k (+ positions, ids) loaded
+        plgpu.Barrier(num_barriers=s),  # v loaded
+        plgpu.Barrier(num_arrivals=wgs, num_barriers=s),  # k slot free
+        plgpu.Barrier(num_arrivals=wgs, num_barriers=s),  # v slot free
+        plgpu.Barrier(num_arrivals=wgs),  # tensor-core turns
+    ]
+
+
+def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
+                  softmax_scale: float, block_sizes: BlockSizes | None = None,
+                  interpret: bool = False):
+    """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv.
+
+    Runs the Triton step's kernels unless ``block_sizes.backward == "mosaic"`` (and q is 16-bit).
+    """
+    _check(q, k, v, q_pos, k_pos, q_seg, k_seg)
+    if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
+                                                                        q.shape[1]):
+        raise ValueError(f"pallas_hopper: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=}")
+    bs = block_sizes or default_block_sizes(q.shape[3])
+    if not isinstance(bs, BlockSizes):
+        raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
+    kw = dict(causal=causal, softmax_scale=softmax_scale, interpret=interpret)
+    if bs.backward == "triton" or jnp.dtype(q.dtype) not in HALF_DTYPES:
+        return pg.backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
+                                block_sizes=bs.triton, **kw)
+    return hb.backward(q, k, v, do.astype(q.dtype), lse, delta, q_pos, k_pos, q_seg, k_seg, bs=bs,
+                       **kw)
+
+
+reference_forward_step = pg.reference_forward_step
+reference_backward_step = pg.reference_backward_step

@@ -1,0 +1,238 @@
+"""The Pallas Mosaic GPU (Hopper) ring step, run in Mosaic GPU's interpret mode on CPU.
+
+Interpret mode executes the real kernel structure (three warpgroups, TMA copies, barriers, the slot
+ring, masks from global positions and segment ids); only wgmma and register layouts are replaced by
+plain ``jnp`` (``hopper_kernels.Ops``), so those are checked on the device only
+(``benchmarks/hopper_check.py``). The interpreter simulates a single GPU, so ring runs here use one
+device; ring steps with other offsets are covered at the kernel level (query block after, overlapping
+and before the key block). Both backwards are checked: the Mosaic GPU one (the default for head
+dims <= 128) and the Triton step's kernels (``BlockSizes(backward="triton")``).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ringcheck import BF16_RTOL, F32_RTOL, Problem, check_ring, rel_err
+
+from ringattention import implementations
+from ringattention.kernels import pallas_gpu as pg
+from ringattention.kernels import pallas_hopper as ph
+
+needs_interpret = pytest.mark.skipif(
+    ph.interpret_params() is None,
+    reason="this jax has no Mosaic GPU interpret mode; pallas_hopper is checked on the device by "
+           "benchmarks/hopper_check.py")
+RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL, "float16": BF16_RTOL}
+LSE_ATOL = 1e-4  # natural-log units: lse is computed in float32 from exact half-precision products
+
+
+def _inputs(rng, *, sq, sk, heads, kv_heads, dim, dtype, where, segments, stride=1, batch=2):
+    f = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)  # noqa: E731
+    q, do = f(batch, sq, heads, dim), f(batch, sq, heads, dim)
+    k, v = f(batch, sk, kv_heads, dim), f(batch, sk, kv_heads, dim)
+    offset = {"after": sk * stride, "overlap": sk * stride // 2, "before": -sq * stride}[where]
+    q_pos = jnp.asarray(np.arange(sq) * stride + offset, jnp.int32)
+    k_pos = jnp.asarray(np.arange(sk) * stride, jnp.int32)
+    seg = lambda n: jnp.asarray(np.sort(rng.integers(0, 3, (batch, n)), axis=1), jnp.int32)  # noqa: E731
+    q_seg, k_seg = (seg(sq), seg(sk)) if segments else (None, None)
+    return q, k, v, do, q_pos, k_pos, q_seg, k_seg
+
+
+def _check_forward(inputs, causal, block_sizes=None):
+    q, k, v, _, q_pos, k_pos, q_seg, k_seg = inputs
+    kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5)
+    o, lse = ph.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes,
+                             interpret=True, **kw)
+    ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
+    assert o.dtype == lse.dtype == jnp.float32
+    assert o.shape == q.shape and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
+    lse, rlse = np.asarray(lse), np.asarray(rlse)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(rlse))
+    finite = np.isfinite(rlse)
+    if finite.any():
+        assert np.abs(lse[finite] - rlse[finite]).max() <= LSE_ATOL
+        assert rel_err(o, ro) <= RTOL[jnp.dtype(q.dtype).name]
+    else:  # nothing visible: exactly zero
+        assert np.all(np.asarray(o) == 0.0)
+    return ro, rlse
+
+
+STEP_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, dim, batch)
+    ("bfloat16", True, "overlap", True, 2, 1, 72, 200, 64, 2),  # ragged, GQA, ids, 2 key blocks
+    ("float16", False, "overlap", False, 2, 2, 128, 384, 128, 1),  # 3 key blocks through 2 slots
+    ("bfloat16", True, "after", False, 2, 1, 64, 96, 40, 1),  # all blocks FULL; head dim 40 -> 64
+]
+
+
+@needs_interpret
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_forward_step_matches_reference(case):
+    dtype, causal, where, segments, heads, kv_heads, sq, sk, dim, batch = case
+    rng = np.random.default_rng(sq + sk + dim)
+    inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
+                     where=where, segments=segments, batch=batch)
+    _check_forward(inputs, causal)
+
+
+@needs_interpret
+def test_step_that_sees_nothing_is_zero():
+    rng = np.random.default_rng(3)
+    inputs = _inputs(rng, sq=64, sk=128, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
+                     where="before", segments=False, batch=1)
+    _check_forward(inputs, causal=True)
+
+
+def _check_backward(inputs, causal, block_sizes):
+    q, k, v, do, q_pos, k_pos, q_seg, k_seg = inputs
+    kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5)
+    ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
+    delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
+    got = ph.backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg,
+                           block_sizes=block_sizes, interpret=True, **kw)
+    want = pg.reference_backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg, **kw)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert g.dtype == jnp.float32 and g.shape == w.shape, name
+        if np.any(np.asarray(w)):
+            assert rel_err(g, w) <= RTOL[jnp.dtype(q.dtype).name], name
+        else:  # nothing visible: exactly zero
+            assert np.all(np.asarray(g) == 0.0), name
+
+
+@needs_interpret
+@pytest.mark.parametrize("backward", ph.BACKWARDS)
+def test_backward_step_matches_reference(backward):
+    rng = np.random.default_rng(5)
+    inputs = _inputs(rng, sq=72, sk=80, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
+                     where="overlap", segments=True)
+    _check_backward(inputs, True, ph.BlockSizes(backward=backward))
+
+
+@needs_interpret
+def test_ring_on_one_device():
+    check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=4,
+                       kv_heads=2, head_dim=32, dtype="bfloat16"),
+               implementation="pallas_hopper", interpret=True,
+               block_sizes=ph.BlockSizes(backward="mosaic"))
+
+
+SLOW_CASES = [  # (dtype, causal, where, segments, kv_heads, dim, stride, BlockSizes)
+    ("bfloat16", True, "overlap", True, 4, 128, 1, ph.BlockSizes(block_k=64, stages=3)),
+    ("float16", True, "before", True, 2, 64, 1, ph.BlockSizes(pingpong=False)),
+    ("bfloat16", True, "overlap", False, 2, 80, 4, None),  # striped positions, padded head dim
+    ("bfloat16", False, "after", True, 1, 64, 1, ph.BlockSizes(block_k=64, stages=2)),
+]
+
+
+@pytest.mark.slow
+@needs_interpret
+@pytest.mark.parametrize("case", SLOW_CASES, ids=lambda c: "-".join(map(str, c[:7])))
+def test_forward_step_matrix(case):
+    dtype, causal, where, segments, kv_heads, dim, stride, bs = case
+    rng = np.random.default_rng(dim + stride)
+    inputs = _inputs(rng, sq=200, sk=328, heads=4, kv_heads=kv_heads, dim=dim, dtype=dtype,
+                     where=where, segments=segments, stride=stride)
+    _check_forward(inputs, causal, bs)
+
+
+BWD_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, dim)
+    ("float16", True, "overlap", False, 4, 2, 200, 328, 128),  # GQA group loop, ragged shards
+    ("bfloat16", False, "overlap", True, 2, 2, 136, 72, 40),
+    ("bfloat16", True, "before", True, 2, 1, 64, 128, 64),  # all hidden: exact zeros
+    ("bfloat16", True, "after", False, 4, 1, 128, 256, 64),  # all blocks FULL, 4 heads per kv head
+]
+
+
+@pytest.mark.slow
+@needs_interpret
+@pytest.mark.parametrize("case", BWD_SLOW_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_mosaic_backward_matrix(case):
+    dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
+    rng = np.random.default_rng(sq * sk + dim)
+    inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
+                     where=where, segments=segments)
+    _check_backward(inputs, causal, ph.BlockSizes(backward="mosaic", bwd_stages=3))
+
+
+# ---- pure-JAX parts: always run ----------------------------------------------------------------
+
+
+def test_float32_forward_is_the_triton_step():
+    rng = np.random.default_rng(11)
+    inputs = _inputs(rng, sq=32, sk=48, heads=2, kv_heads=1, dim=16, dtype="float32",
+                     where="overlap", segments=True)
+    _check_forward(inputs, causal=True)
+
+
+def test_geometry_pads_to_cta_and_key_blocks():
+    bs = ph.BlockSizes(block_k=128)
+    geo = ph.geometry(200, 300, 80, bs)
+    assert (geo.cta_rows, geo.sq_pad, geo.bk, geo.sk_pad, geo.d_pad) == (128, 256, 128, 384, 128)
+    short = ph.geometry(40, 70, 64, bs)  # a short shard takes one key block of its padded length
+    assert (short.sq_pad, short.bk, short.sk_pad, short.d_pad) == (128, 128, 128, 64)
+    assert ph.geometry(40, 50, 64, bs).bk == 64
+
+
+def test_padding_hides_padded_keys_and_queries():
+    geo = ph.geometry(70, 90, 64, ph.BlockSizes())
+    x = jnp.ones((1, 70, 2, 64), jnp.bfloat16)
+    kx = jnp.ones((1, 90, 1, 64), jnp.bfloat16)
+    pos_q, pos_k = jnp.arange(70, dtype=jnp.int32), jnp.arange(90, dtype=jnp.int32)
+    q, k, v, q_pos, k_pos, q_seg, k_seg = ph._pad(geo, x, kx, kx, pos_q, pos_k, None, None)
+    assert q.shape == (1, geo.sq_pad, 2, 64) and k.shape == (1, geo.sk_pad, 1, 64)
+    assert np.all(np.diff(np.asarray(q_pos)) >= 0) and np.all(np.diff(np.asarray(k_pos)) >= 0)
+    vis = np.asarray(q_seg)[0, :, None] == np.asarray(k_seg)[0, None, :]  # [Sq_pad, Sk_pad]
+    assert not vis[:, 90:].any() and not vis[70:, :].any() and vis[:70, :90].all()
+
+
+def test_block_sizes_are_validated():
+    with pytest.raises(ValueError, match="block_q"):
+        ph.BlockSizes(block_q=128)
+    with pytest.raises(ValueError, match="block_k"):
+        ph.BlockSizes(block_k=96)
+    with pytest.raises(ValueError, match="stages"):
+        ph.BlockSizes(stages=1)
+    with pytest.raises(ValueError, match="bwd_stages"):
+        ph.BlockSizes(bwd_stages=0)
+    with pytest.raises(ValueError, match="backward"):
+        ph.BlockSizes(backward="cuda")
+    with pytest.raises(TypeError, match="triton"):
+        ph.BlockSizes(triton=ph.BlockSizes())
+    assert ph.default_block_sizes(64) != ph.default_block_sizes(128)
+
+
+def test_bad_inputs_are_rejected_before_tracing():
+    q = jnp.zeros((1, 64, 4, 64), jnp.bfloat16)
+    k = jnp.zeros((1, 64, 3, 64), jnp.bfloat16)
+    pos = jnp.arange(64, dtype=jnp.int32)
+    kw = dict(causal=True, softmax_scale=1.0)
+    with pytest.raises(ValueError, match="shapes"):
+        ph.forward_step(q, k, k, pos, pos, None, None, **kw)
+    k = jnp.zeros((1, 64, 2, 64), jnp.float16)
+    with pytest.raises(TypeError, match="dtype"):
+        ph.forward_step(q, k, k, pos, pos, None, None, **kw)
+    with pytest.raises(TypeError, match="block_sizes"):
+        ph.forward_step(q, q[:, :, :2], q[:, :, :2], pos, pos, None, None,
+                        block_sizes=pg.BlockSizes(), **kw)
+
+
+def test_shared_memory_budget_is_checked():
+    q = jnp.zeros((1, 128, 2, 256), jnp.bfloat16)
+    pos = jnp.arange(128, dtype=jnp.int32)
+    kw = dict(causal=True, softmax_scale=1.0)
+    with pytest.raises(ValueError, match="shared memory"):
+        ph.forward_step(q, q, q, pos, pos, None, None,
+                        block_sizes=ph.BlockSizes(block_k=128, stages=3), **kw)
+    lse = jnp.zeros((1, 2, 128), jnp.float32)
+    with pytest.raises(ValueError, match="shared memory"):
+        ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
+                         block_sizes=ph.BlockSizes(backward="mosaic"), **kw)
+
+
+def test_registered_and_not_picked_on_cpu():
+    assert "pallas_hopper" in implementations.names()
+    impl = implementations.resolve("pallas_hopper")
+    assert impl.platforms == ("gpu",)
+    if jax.default_backend() == "cpu":
+        assert not ph.available()
+        assert implementations.resolve("auto").name != "pallas_hopper"
