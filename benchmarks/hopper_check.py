@@ -7,8 +7,9 @@ One run on an H100/H200 (no network needed), well under five minutes:
    boundaries, GQA and MHA, head dims 64 and 128, bf16 and fp16, shards that are not a multiple of
    the block) against the float32 step reference; one PASS/FAIL line per case;
 2. ``ring_attention(implementation="pallas_hopper")`` on a one-device mesh against the reference;
-3. timing of the bare step (forward, forward + backward) at B=1, H=32, D=128, causal bf16, 16K and
-   64K tokens, next to cuDNN and the Triton step, with TFLOP/s and ratios;
+3. timing of the bare step (forward, forward + backward with each backward: triton, mosaic and the
+   opt-in fused one) at B=1, H=32, D=128, causal bf16, 16K and 64K tokens, next to cuDNN and the
+   Triton step, with TFLOP/s and ratios;
 4. a block-size sweep at 16K tokens (forward tiles, backward stages).
 
 Every case catches its own exception (printed, traceback cut short) so one failure hides nothing;
@@ -280,12 +281,13 @@ def bench(length: int, causal: bool, h=32, d=128, sweep: bool = False):
     rng = jax.random.split(jax.random.PRNGKey(length), 4)
     q, k, v, do = (jax.random.normal(r, (1, length, h, d), jnp.bfloat16) for r in rng)
     mosaic_bwd = dataclasses.replace(ph.default_block_sizes(d), backward="mosaic")
-    triton_bwd = dataclasses.replace(ph.default_block_sizes(d), backward="triton")
     fns = {"cudnn": cudnn_fns(causal)}
     if not sweep:
-        fns.update({"pallas_hopper backward=triton": step_fns(ph, causal, triton_bwd),
-                    "pallas_hopper backward=mosaic": step_fns(ph, causal, mosaic_bwd),
-                    "pallas_gpu": step_fns(pg, causal)})
+        for backward in ph.BACKWARDS:  # triton, mosaic, fused
+            bs = dataclasses.replace(ph.default_block_sizes(d), backward=backward)
+            f, fb = step_fns(ph, causal, bs)  # the forward is the same kernel: time it once
+            fns[f"pallas_hopper backward={backward}"] = (f if backward == "mosaic" else None, fb)
+        fns["pallas_gpu"] = step_fns(pg, causal)
     else:
         for bk, st, pp in ((128, 2, False), (64, 2, True), (64, 3, True), (64, 4, True)):
             bs = ph.BlockSizes(block_k=bk, stages=st, pingpong=pp)

@@ -5,8 +5,10 @@ ring, masks from global positions and segment ids); only wgmma and register layo
 plain ``jnp`` (``hopper_kernels.Ops``), so those are checked on the device only
 (``benchmarks/hopper_check.py``). The interpreter simulates a single GPU, so ring runs here use one
 device; ring steps with other offsets are covered at the kernel level (query block after, overlapping
-and before the key block). Both backwards are checked: the Mosaic GPU one (the default for head
-dims <= 128) and the Triton step's kernels (``BlockSizes(backward="triton")``).
+and before the key block). All backwards are checked: the Mosaic GPU one (the default for head
+dims <= 128), the opt-in fused Mosaic GPU one (``BlockSizes(backward="fused")``; its TMA reduce-add
+of dq becomes a read-modify-write in interpret mode, see ``hopper_fused_bwd``) and the Triton step's
+kernels (``BlockSizes(backward="triton")``).
 """
 
 import jax
@@ -109,11 +111,12 @@ def test_backward_step_matches_reference(backward):
 
 
 @needs_interpret
-def test_ring_on_one_device():
+@pytest.mark.parametrize("backward", ["mosaic", "fused"])
+def test_ring_on_one_device(backward):
     check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=4,
                        kv_heads=2, head_dim=32, dtype="bfloat16"),
                implementation="pallas_hopper", interpret=True,
-               block_sizes=ph.BlockSizes(backward="mosaic"))
+               block_sizes=ph.BlockSizes(backward=backward))
 
 
 SLOW_CASES = [  # (dtype, causal, where, segments, kv_heads, dim, stride, BlockSizes)
@@ -145,13 +148,15 @@ BWD_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, 
 
 @pytest.mark.slow
 @needs_interpret
+@pytest.mark.parametrize("backward", ["mosaic", "fused"])
 @pytest.mark.parametrize("case", BWD_SLOW_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_mosaic_backward_matrix(case):
+def test_mosaic_backward_matrix(case, backward):
     dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
     rng = np.random.default_rng(sq * sk + dim)
     inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
                      where=where, segments=segments)
-    _check_backward(inputs, causal, ph.BlockSizes(backward="mosaic", bwd_stages=3))
+    stages = 2 if backward == "fused" and dim > 64 else 3  # fused, D=128: 3 slots exceed SMEM
+    _check_backward(inputs, causal, ph.BlockSizes(backward=backward, bwd_stages=stages))
 
 
 # ---- pure-JAX parts: always run ----------------------------------------------------------------
@@ -227,6 +232,10 @@ def test_shared_memory_budget_is_checked():
     with pytest.raises(ValueError, match="shared memory"):
         ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
                          block_sizes=ph.BlockSizes(backward="mosaic"), **kw)
+    q = q[..., :128]
+    with pytest.raises(ValueError, match="shared memory"):
+        ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
+                         block_sizes=ph.BlockSizes(backward="fused", bwd_stages=3), **kw)
 
 
 def test_registered_and_not_picked_on_cpu():

@@ -11,6 +11,8 @@ blocks are skipped, run unmasked or run with the position / segment mask.
 * dk/dv (grid: kv head, key CTA, batch): loops over the G query heads of the group and the query
   blocks, so GQA neither repeats k/v nor writes per-query-head partial sums:
   ``dv = sum p^T @ do``, ``dk = scale * sum ds^T @ q`` (computed transposed, keys as rows).
+  Its producer, key loading and tile (``query_issuer``, ``load_keys``, ``kv_tile``) are shared with
+  the fused backward (``hopper_fused_bwd.py``).
 
 Shapes in comments: ``r`` own rows per warpgroup, ``c`` streamed block length, ``D`` padded head dim.
 """
@@ -163,6 +165,60 @@ def dq_kernel(*refs, cfg: BwdConfig):
         dq_ref.at[b, h, rows][...] = dq * cfg.scale
 
 
+def query_issuer(cfg: BwdConfig, b, kvh, lo, n, gmem, smem):
+    """Producer callback of the key-CTA kernels: stream t loads query block ``lo + t % n`` of query
+    head ``kvh * G + t // n``. gmem: (q, do, lse2, delta, q_pos, q_seg) refs (None when unused);
+    smem: their slot rings."""
+    q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref = gmem
+
+    def issue(t, slot, bar):
+        g, blk = lax.div(t, n), lo + lax.rem(t, n)
+        h = kvh * cfg.groups + g
+        cols = pl.ds(blk * cfg.block, cfg.block)
+        srcs = (q_ref.at[b, cols, h], do_ref.at[b, cols, h], lse_ref.at[b, h, cols],
+                dl_ref.at[b, h, cols], qp_ref.at[cols] if cfg.causal else None,
+                qs_ref.at[b, cols] if cfg.segments else None)
+        for src, dst in zip(srcs, smem, strict=True):
+            if dst is not None:
+                plgpu.copy_gmem_to_smem(src, dst.at[slot], bar)
+
+    return issue
+
+
+def load_keys(cfg: BwdConfig, ops: Ops, b, kvh, wg, rows, gmem, smem, bar):
+    """Loads warpgroup ``wg``'s own key rows (k, v, positions, ids; gmem/smem 4-tuples) and returns
+    the key positions / ids as row vectors (None when unused)."""
+    (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s) = gmem, smem
+    for src, dst in ((k_ref.at[b, rows, kvh], k_s), (v_ref.at[b, rows, kvh], v_s),
+                     (kp_ref.at[rows] if cfg.causal else None, kp_s),
+                     (ks_ref.at[b, rows] if cfg.segments else None, ks_s)):
+        if dst is not None:
+            plgpu.copy_gmem_to_smem(src, dst.at[wg], bar)
+    plgpu.barrier_wait(bar)
+    own_pos = ops.rows(kp_s.at[wg]) if cfg.causal else None
+    own_seg = ops.rows(ks_s.at[wg]) if cfg.segments else None
+    return own_pos, own_seg
+
+
+def kv_tile(cfg: BwdConfig, ops: Ops, wg, slot, carry, own, smem, masked: bool):
+    """One (own key rows, streamed query block) pair: returns dk, dv (+= ds^T q, p^T do; float32
+    [r, D]) and ds^T (float32 [r keys, c queries], 0 where hidden or the row sees nothing).
+    own: (key positions, ids); smem: (k, v, q, do, lse2, delta, q_pos, q_seg) refs."""
+    dk, dv = carry
+    k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s = smem
+    s_t = ops.qk(k_s.at[wg], q_s.at[slot], (cfg.rows, cfg.block)) * cfg.qk_scale  # [r, c]
+    p_t = jnp.exp2(s_t - lax.broadcast_in_dim(ops.cols(lse_s.at[slot]), s_t.shape, [1]))
+    if masked:
+        at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
+        vis = _vis(cfg, ops, s_t.shape, *own, at(qp_s), at(qs_s), False)
+        p_t = jnp.where(vis, p_t, 0.0)
+    dv = ops.pv(dv, p_t.astype(q_s.dtype), do_s.at[slot])
+    dp_t = ops.qk(v_s.at[wg], do_s.at[slot], s_t.shape)  # [r, c]
+    ds_t = p_t * (dp_t - lax.broadcast_in_dim(ops.cols(dl_s.at[slot]), s_t.shape, [1]))
+    dk = ops.pv(dk, ds_t.astype(q_s.dtype), q_s.at[slot])
+    return dk, dv, ds_t
+
+
 def dkv_kernel(*refs, cfg: BwdConfig):
     """Grid ("h", "i", "b") over kv heads and key CTAs. Inputs as ``dq_kernel`` (lo/mid/hi [B, nk]
     over query blocks). Out: dk, dv f32 [B, K, Sk, D]."""
@@ -171,19 +227,9 @@ def dkv_kernel(*refs, cfg: BwdConfig):
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch
     b, i, (lo, mid, hi) = _cta(cfg, bounds, reverse=False)  # causal: early keys are the heaviest
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
-    r, c = cfg.rows, cfg.block
     n = hi - lo  # query blocks per head of the group
-
-    def issue(t, slot, bar):
-        g, blk = lax.div(t, n), lo + lax.rem(t, n)
-        h = kvh * cfg.groups + g
-        cols = pl.ds(blk * c, c)
-        for src, dst in ((q_ref.at[b, cols, h], q_s), (do_ref.at[b, cols, h], do_s),
-                         (lse_ref.at[b, h, cols], lse_s), (dl_ref.at[b, h, cols], dl_s),
-                         (qp_ref.at[cols] if cfg.causal else None, qp_s),
-                         (qs_ref.at[b, cols] if cfg.segments else None, qs_s)):
-            if dst is not None:
-                plgpu.copy_gmem_to_smem(src, dst.at[slot], bar)
+    issue = query_issuer(cfg, b, kvh, lo, n, (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
+                         (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
 
     @pl.when(wg == COMPUTE_WGS)
     def _():
@@ -192,32 +238,16 @@ def dkv_kernel(*refs, cfg: BwdConfig):
     @pl.when(wg < COMPUTE_WGS)
     def _():
         ops = _wgmma_ops(cfg)
-        rows = pl.ds(i * (COMPUTE_WGS * r) + wg * r, r)
-        bar = own_bar.at[wg]
-        for src, dst in ((k_ref.at[b, rows, kvh], k_s), (v_ref.at[b, rows, kvh], v_s),
-                         (kp_ref.at[rows] if cfg.causal else None, kp_s),
-                         (ks_ref.at[b, rows] if cfg.segments else None, ks_s)):
-            if dst is not None:
-                plgpu.copy_gmem_to_smem(src, dst.at[wg], bar)
-        plgpu.barrier_wait(bar)
-        own_pos = ops.rows(kp_s.at[wg]) if cfg.causal else None
-        own_seg = ops.rows(ks_s.at[wg]) if cfg.segments else None
+        rows = pl.ds(i * (COMPUTE_WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
+        own = load_keys(cfg, ops, b, kvh, wg, rows, (k_ref, v_ref, kp_ref, ks_ref),
+                        (k_s, v_s, kp_s, ks_s), own_bar.at[wg])
+        smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
         masked = cfg.causal or cfg.segments
 
         def body(j, carry, g, masked: bool):
-            dk, dv = carry  # float32 [r, D]
             slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
-            s_t = ops.qk(k_s.at[wg], q_s.at[slot], (r, c)) * cfg.qk_scale  # [r keys, c queries]
-            p_t = jnp.exp2(s_t - lax.broadcast_in_dim(ops.cols(lse_s.at[slot]), s_t.shape, [1]))
-            if masked:
-                at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
-                vis = _vis(cfg, ops, s_t.shape, own_pos, own_seg, at(qp_s), at(qs_s), False)
-                p_t = jnp.where(vis, p_t, 0.0)
-            dv = ops.pv(dv, p_t.astype(q_s.dtype), do_s.at[slot])
-            dp_t = ops.qk(v_s.at[wg], do_s.at[slot], (r, c))  # [r, c]
-            delta = lax.broadcast_in_dim(ops.cols(dl_s.at[slot]), s_t.shape, [1])
-            dk = ops.pv(dk, (p_t * (dp_t - delta)).astype(q_s.dtype), q_s.at[slot])
+            dk, dv, _ = kv_tile(cfg, ops, wg, slot, carry, own, smem, masked)
             plgpu.barrier_arrive(free.at[slot])
             return dk, dv
 
@@ -225,7 +255,7 @@ def dkv_kernel(*refs, cfg: BwdConfig):
             carry = lax.fori_loop(lo, mid, functools.partial(body, g=g, masked=False), carry)
             return lax.fori_loop(mid, hi, functools.partial(body, g=g, masked=masked), carry)
 
-        zeros = ops.full((r, k_s.shape[2]), 0.0)
+        zeros = ops.full((cfg.rows, k_s.shape[2]), 0.0)
         if cfg.groups == 1:
             dk, dv = head(jnp.int32(0), (zeros, zeros))
         else:

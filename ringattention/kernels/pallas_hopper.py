@@ -17,6 +17,8 @@ What runs where (stated plainly):
 * backward, 16-bit, head dim <= 128 (default): Mosaic GPU dq and dk/dv kernels
   (``hopper_backward.py``, ``hopper_bwd_kernels.py``), checked on an H200 against the float32 step
   reference (``benchmarks/results/pallas_hopper_device_check.txt``).
+* backward, 16-bit, ``BlockSizes(backward="fused")`` (opt-in, not yet run on a device): one
+  FlashAttention-3 style kernel over key CTAs with a TMA reduce-add of dq (``hopper_fused_bwd.py``).
 * backward, head dim 256 or float32, or ``BlockSizes(backward="triton")``: the Triton step
   ``pallas_gpu.backward_step`` (it needs only the global lse and delta, so it composes with this
   forward unchanged).
@@ -39,6 +41,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
 from ringattention.kernels import hopper_backward as hb
+from ringattention.kernels import hopper_fused_bwd as hfb
 from ringattention.kernels import hopper_kernels as hk
 from ringattention.kernels import pallas_gpu as pg
 
@@ -46,7 +49,7 @@ F32 = jnp.float32
 ROWS = 64  # wgmma's M per warpgroup
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-BACKWARDS = ("triton", "mosaic")  # BlockSizes.backward: the Triton step's kernels, or our own
+BACKWARDS = ("triton", "mosaic", "fused")  # BlockSizes.backward: the Triton step's kernels, or our own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +59,9 @@ class BlockSizes:
     ``block_q``: query rows per compute warpgroup (a CTA holds two); ``block_k``: keys per pipeline
     stage; ``stages``: shared-memory slots for keys/values; ``pingpong``: alternate the compute
     warpgroups on the tensor cores. ``backward``: "mosaic" (``hopper_bwd_kernels``, 64-row tiles,
-    ``bwd_stages`` slots; the default for head dims <= 128) or "triton" (``pallas_gpu``'s kernels;
-    the default for head dim 256, whose Mosaic backward does not fit in shared memory).
+    ``bwd_stages`` slots; the default for head dims <= 128), "fused" (opt-in: one kernel, dq by TMA
+    reduce-add, ``hopper_fused_bwd``) or "triton" (``pallas_gpu``'s kernels; the default for head
+    dim 256, whose Mosaic backward does not fit in shared memory).
     Defaults: :func:`default_block_sizes`.
     """
 
@@ -208,7 +212,8 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
                   interpret: bool = False):
     """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv.
 
-    Runs the Triton step's kernels unless ``block_sizes.backward == "mosaic"`` (and q is 16-bit).
+    Runs the Triton step's kernels unless ``block_sizes.backward`` is "mosaic" or "fused" (and q is
+    16-bit).
     """
     _check(q, k, v, q_pos, k_pos, q_seg, k_seg)
     if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
@@ -221,8 +226,8 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     if bs.backward == "triton" or jnp.dtype(q.dtype) not in HALF_DTYPES:
         return pg.backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
                                 block_sizes=bs.triton, **kw)
-    return hb.backward(q, k, v, do.astype(q.dtype), lse, delta, q_pos, k_pos, q_seg, k_seg, bs=bs,
-                       **kw)
+    mosaic = hfb.backward if bs.backward == "fused" else hb.backward
+    return mosaic(q, k, v, do.astype(q.dtype), lse, delta, q_pos, k_pos, q_seg, k_seg, bs=bs, **kw)
 
 
 reference_forward_step = pg.reference_forward_step

@@ -1,0 +1,209 @@
+"""Fused Pallas Mosaic GPU (Hopper) ring-step backward: one kernel for dq, dk and dv.
+
+The FlashAttention-3 backward (Shah et al. 2024) for one step of Ring Attention (Liu, Zaharia &
+Abbeel 2023), selected by ``pallas_hopper.BlockSizes(backward="fused")``. Where the default
+"mosaic" backward (``hopper_backward.py``) runs a dq kernel and a dk/dv kernel that both recompute
+the probabilities (7 tile matmuls per query block x key block pair), this one runs only the key-CTA
+kernel (grid: kv head, key CTA, batch): each compute warpgroup keeps dk/dv of its 64 keys in float32
+registers, loops over the G query heads of the kv group and their visible query blocks (the same
+lo/mid/hi bounds as the dk/dv kernel, ``hopper_bwd_kernels.kv_tile``) and sends its dq contribution
+``ds @ k`` (float32) to global memory with a TMA reduce-add: 5 tile matmuls per pair.
+
+dq accumulates in a zero-initialised float32 buffer ``[2, B, H, Sq, D]`` (one slice per compute
+warpgroup), passed to the kernel as a JAX ``Ref`` (read and written in place, i.e. aliased in and
+out) and summed and scaled by the wrapper. Per-warpgroup slices keep the two warpgroups of a CTA off
+each other's rows. ``ds^T`` goes through shared memory so that wgmma can read it transposed.
+
+Interpret mode (CPU): Mosaic GPU's interpreter implements neither TMA reductions nor atomics, so
+``FusedOps.reduce_add`` becomes a read-modify-write of the warpgroup's own dq slice. That is exact
+there because the interpreter runs grid points one after another and each slice has one writer per
+CTA; the device's TMA reduce-add (and the ``wait_smem_to_gmem`` / ``commit_smem`` ordering around
+its staging buffer) is checked on the device only (``benchmarks/hopper_check.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ringattention import masks
+from ringattention.kernels import hopper_backward as hb
+from ringattention.kernels import hopper_bwd_kernels as hbk
+from ringattention.kernels import hopper_kernels as hk
+from ringattention.kernels import pallas_gpu as pg
+
+F32 = jnp.float32
+WGS = hk.COMPUTE_WGS
+ROWS = hb.ROWS  # own key rows per compute warpgroup and streamed query block length
+CTA = hb.CTA
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedOps(hk.Ops):
+    """``hk.Ops`` plus the two operations of the dq path."""
+
+    def tn(self, a_smem, b_smem, shape):
+        """float32 ``shape`` = a^T @ b, a [r, c] and b [r, D] in SMEM (wgmma reads a transposed)."""
+        if self.interpret:
+            return lax.dot_general(a_smem[...], b_smem[...], (((0,), (0,)), ((), ())),
+                                   preferred_element_type=F32)
+
+        def scope(acc_ref):
+            plgpu.wgmma(acc_ref, plgpu.transpose_ref(a_smem, (1, 0)), b_smem)
+            return acc_ref[...]
+
+        return pl.run_scoped(scope, plgpu.WGMMAAccumulatorRef(shape, F32))
+
+    def stage(self, smem, x):
+        """Registers -> SMEM, visible to the async proxy (TMA, wgmma) afterwards."""
+        smem[...] = x
+        if not self.interpret:
+            plgpu.commit_smem()
+
+    def reduce_add(self, staging_smem, x, gmem):
+        """gmem += x (float32 tile) through the staging buffer and a TMA reduce-add."""
+        if self.interpret:  # no TMA reductions in the interpreter: see the module docstring
+            gmem[...] = gmem[...] + x
+            return
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous add has read the buffer
+        self.stage(staging_smem, x)
+        plgpu.copy_smem_to_gmem(staging_smem, gmem, reduction_op="add")
+
+    def flush(self):
+        if not self.interpret:
+            plgpu.wait_smem_to_gmem(0)
+
+
+def fused_kernel(*refs, cfg: hbk.BwdConfig):
+    """Grid ("h", "i", "b") over kv heads and key CTAs, warpgroups "wg". GMEM inputs as
+    ``hbk.dkv_kernel``, then the dq accumulator f32 [2, B, H, Sq, D] (a Ref, added to). Out: dk, dv
+    f32 [B, K, Sk, D]."""
+    bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
+        (dq_ref, dk_ref, dv_ref), scratch = hbk._split(refs, cfg, 3)
+    (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free, ds_s,
+     dq_s) = scratch
+    b, i, (lo, mid, hi) = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
+    kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
+    n = hi - lo  # query blocks per head of the group
+    issue = hbk.query_issuer(cfg, b, kvh, lo, n, (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
+                             (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
+
+    @pl.when(wg == WGS)
+    def _():
+        hbk._stream(cfg, n * cfg.groups, issue, loaded, free)
+
+    @pl.when(wg < WGS)
+    def _():
+        if not cfg.interpret:
+            plgpu.set_max_registers(232, action="increase")
+        ops = FusedOps(cfg.interpret)
+        rows = pl.ds(i * (WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
+        own = hbk.load_keys(cfg, ops, b, kvh, wg, rows, (k_ref, v_ref, kp_ref, ks_ref),
+                            (k_s, v_s, kp_s, ks_s), own_bar.at[wg])
+        smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
+        d = k_s.shape[2]
+
+        def body(j, carry, g, masked: bool):
+            slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
+            plgpu.barrier_wait(loaded.at[slot])
+            dk, dv, ds_t = hbk.kv_tile(cfg, ops, wg, slot, carry, own, smem, masked)  # ds_t [r, c]
+            plgpu.barrier_arrive(free.at[slot])  # dq needs only ds and the own keys
+            ops.stage(ds_s.at[wg], ds_t.astype(ds_s.dtype))
+            dq = ops.tn(ds_s.at[wg], k_s.at[wg], (cfg.block, d))  # [c, D] = ds @ k
+            h = kvh * cfg.groups + g
+            ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[wg, b, h, pl.ds(j * cfg.block, cfg.block)])
+            return dk, dv
+
+        masked = cfg.causal or cfg.segments
+
+        def head(g, carry):  # query head kvh * G + g: full blocks, then masked ones
+            carry = lax.fori_loop(lo, mid, functools.partial(body, g=g, masked=False), carry)
+            return lax.fori_loop(mid, hi, functools.partial(body, g=g, masked=masked), carry)
+
+        zeros = ops.full((cfg.rows, d), 0.0)
+        if cfg.groups == 1:
+            dk, dv = head(jnp.int32(0), (zeros, zeros))
+        else:
+            dk, dv = lax.fori_loop(0, cfg.groups, head, (zeros, zeros))
+        dk_ref.at[b, kvh, rows][...] = dk * cfg.scale
+        dv_ref.at[b, kvh, rows][...] = dv
+        ops.flush()
+
+
+def _scratch(d: int, dtype, stages: int, causal: bool, segments: bool):
+    """The dk/dv kernel's buffers, then ds^T (16-bit) and the dq staging tile per warpgroup."""
+    tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # 16-bit, 128 bytes
+    f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+    return [*hb._scratch(ROWS, ROWS, d, dtype, stages, 0, 2, causal, segments),
+            plgpu.SMEM((WGS, ROWS, ROWS), dtype, transforms=tiles),  # ds^T [r keys, c queries]
+            plgpu.SMEM((WGS, ROWS, d), F32, transforms=f32_tiles)]  # dq tile for the reduce-add
+
+
+def smem_bytes(d: int, dtype, stages: int) -> int:
+    """Shared memory of the tiles (k, v own; q, do streamed; ds^T; dq staging), ints excluded."""
+    tiles = 2 * (WGS + stages) * ROWS * d * jnp.dtype(dtype).itemsize
+    return tiles + WGS * ROWS * (ROWS * jnp.dtype(dtype).itemsize + d * 4)
+
+
+def _launch(body, out_type, scratch, *, grid, interpret: bool):
+    """Like ``hk.launch`` but through ``pl.kernel``, which accepts Ref arguments (aliased in and
+    out); ``plgpu.kernel`` does not in this jax."""
+    params = None
+    if interpret:
+        params = hk.interpret_params()
+        if params is None:
+            raise NotImplementedError("this jax has no Mosaic GPU interpret mode")
+    mesh = plgpu.Mesh(grid=grid, grid_names=("h", "i", "b"), num_threads=WGS + 1, thread_name="wg")
+
+    def scoped(*refs):
+        pl.run_scoped(functools.partial(body, *refs), *scratch, collective_axes="wg")
+
+    return pl.kernel(scoped, out_type=out_type, mesh=mesh, interpret=params,
+                     compiler_params=plgpu.CompilerParams(approx_math=True))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
+    """Padded inputs -> unscaled dq f32 [B, H, Sq, D], dk, dv f32 [B, K, Sk, D]. Under jit because a
+    Ref in GMEM can only be made there."""
+    B, sq, H, d = q.shape
+    sk, K = k.shape[1], k.shape[2]
+    dq_acc = jax.new_ref(jnp.zeros((WGS, B, H, sq, d), F32), memory_space=plgpu.GMEM)
+    out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
+    dk, dv = _launch(functools.partial(fused_kernel, cfg=cfg), (out, out),
+                     _scratch(d, q.dtype, cfg.stages, cfg.causal, cfg.segments),
+                     grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
+                                                                       lse2, delta, *extra, dq_acc)
+    return dq_acc[...].sum(axis=0), dk, dv
+
+
+def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
+             softmax_scale: float, interpret: bool):
+    """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``)."""
+    B, Sq, H, D = q.shape
+    Sk, K = k.shape[1], k.shape[2]
+    q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg = hb._pad(q, k, v, do, lse, delta, q_pos,
+                                                                   k_pos, q_seg, k_seg)
+    sk, d = k.shape[1], q.shape[3]  # padded
+    smem = smem_bytes(d, q.dtype, bs.bwd_stages)
+    if smem > hb.SMEM_LIMIT - 4096:
+        raise ValueError(f"pallas_hopper backward='fused': head dim {D} (padded {d}) with "
+                         f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
+                         f"{hb.SMEM_LIMIT}); use fewer bwd_stages or backward='mosaic'/'triton'")
+    segments = q_seg is not None
+    extra = ((q_pos, k_pos) if causal else ()) + ((q_seg, k_seg) if segments else ())
+    cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, causal=causal,
+                        segments=segments, groups=H // K, n_cta=sk // CTA,
+                        qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret)
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA)  # [B|1, nq, nk]
+    bounds = pg._bounds(jnp.swapaxes(table, 1, 2), B)  # over query blocks, per key CTA
+    dq, dk, dv = _run(*bounds, q, k, v, do, lse2, delta, *extra, cfg=cfg)
+    dq = dq * softmax_scale
+    cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :D]  # noqa: E731
+    return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)
