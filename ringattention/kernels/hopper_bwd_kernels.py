@@ -219,6 +219,26 @@ def kv_tile(cfg: BwdConfig, ops: Ops, wg, slot, carry, own, smem, masked: bool):
     return dk, dv, ds_t
 
 
+def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs) -> None:
+    """dk/dv of one warpgroup's own keys: ``body(j, (dk, dv), g, masked)`` over query block j in
+    [lo, mid) unmasked then [mid, hi) masked, for each query head g of the kv group; writes dk (scaled)
+    and dv [r, D] to ``out_refs``."""
+    lo, mid, hi = bounds
+
+    def head(g, carry):  # query head kvh * G + g: full blocks, then masked ones
+        carry = lax.fori_loop(lo, mid, functools.partial(body, g=g, masked=False), carry)
+        return lax.fori_loop(mid, hi, functools.partial(body, g=g, masked=masked), carry)
+
+    zeros = ops.full((cfg.rows, d), 0.0)
+    if cfg.groups == 1:
+        dk, dv = head(jnp.int32(0), (zeros, zeros))
+    else:
+        dk, dv = lax.fori_loop(0, cfg.groups, head, (zeros, zeros))
+    dk_ref, dv_ref = out_refs
+    dk_ref[...] = dk * cfg.scale
+    dv_ref[...] = dv
+
+
 def dkv_kernel(*refs, cfg: BwdConfig):
     """Grid ("h", "i", "b") over kv heads and key CTAs. Inputs as ``dq_kernel`` (lo/mid/hi [B, nk]
     over query blocks). Out: dk, dv f32 [B, K, Sk, D]."""
@@ -251,14 +271,5 @@ def dkv_kernel(*refs, cfg: BwdConfig):
             plgpu.barrier_arrive(free.at[slot])
             return dk, dv
 
-        def head(g, carry):  # query head kvh * G + g: full blocks, then masked ones
-            carry = lax.fori_loop(lo, mid, functools.partial(body, g=g, masked=False), carry)
-            return lax.fori_loop(mid, hi, functools.partial(body, g=g, masked=masked), carry)
-
-        zeros = ops.full((cfg.rows, k_s.shape[2]), 0.0)
-        if cfg.groups == 1:
-            dk, dv = head(jnp.int32(0), (zeros, zeros))
-        else:
-            dk, dv = lax.fori_loop(0, cfg.groups, head, (zeros, zeros))
-        dk_ref.at[b, kvh, rows][...] = dk * cfg.scale
-        dv_ref.at[b, kvh, rows][...] = dv
+        group_loop(cfg, ops, body, (lo, mid, hi), masked, k_s.shape[2],
+                   (dk_ref.at[b, kvh, rows], dv_ref.at[b, kvh, rows]))

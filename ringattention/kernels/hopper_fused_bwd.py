@@ -122,17 +122,8 @@ def fused_kernel(*refs, cfg: hbk.BwdConfig):
 
         masked = cfg.causal or cfg.segments
 
-        def head(g, carry):  # query head kvh * G + g: full blocks, then masked ones
-            carry = lax.fori_loop(lo, mid, functools.partial(body, g=g, masked=False), carry)
-            return lax.fori_loop(mid, hi, functools.partial(body, g=g, masked=masked), carry)
-
-        zeros = ops.full((cfg.rows, d), 0.0)
-        if cfg.groups == 1:
-            dk, dv = head(jnp.int32(0), (zeros, zeros))
-        else:
-            dk, dv = lax.fori_loop(0, cfg.groups, head, (zeros, zeros))
-        dk_ref.at[b, kvh, rows][...] = dk * cfg.scale
-        dv_ref.at[b, kvh, rows][...] = dv
+        hbk.group_loop(cfg, ops, body, (lo, mid, hi), masked, d,
+                       (dk_ref.at[b, kvh, rows], dv_ref.at[b, kvh, rows]))
         ops.flush()
 
 
