@@ -8,14 +8,17 @@ One run on an H100/H200 (no network needed), well under five minutes:
    the block) against the float32 step reference; one PASS/FAIL line per case;
 2. ``ring_attention(implementation="pallas_hopper")`` on a one-device mesh against the reference;
 3. timing of the bare step (forward, forward + backward with each backward: triton, mosaic and the
-   opt-in fused one) at B=1, H=32, D=128, causal bf16, 16K and 64K tokens, next to cuDNN and the
+   fused one) at B=1, H=32, D=128, causal bf16, 16K and 64K tokens, next to cuDNN and the
    Triton step, with TFLOP/s and ratios;
 4. a block-size sweep at 16K tokens (forward tiles, backward stages).
 
 Every case catches its own exception (printed, traceback cut short) so one failure hides nothing;
 the output files are rewritten after every line, and a watchdog writes them and exits if the run
 passes ``--hard-limit`` seconds (a hung kernel: the last "RUN" line names it). ``--parts`` reruns a
-subset; ``--interpret`` is a CPU dry run of the checks in Mosaic GPU interpret mode (give it
+subset, ``--cases`` some of the step cases; ``--backwards`` lists the variants to check and time,
+each a backward name (or "default") with BlockSizes fields, e.g. ``mosaic/bwd_stages=3``;
+``--causal 1,0`` and ``--dim`` choose the timed problems; ``--interpret`` is a CPU dry run of the
+checks in Mosaic GPU interpret mode (give it
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8``: with one CPU device the interpreter's
 warpgroup threads can starve each other and hang).
 
@@ -57,6 +60,18 @@ T0 = time.perf_counter()
 LINES: list[str] = []
 RECORDS: list[dict] = []
 OUT = {"prefix": "hopper_check"}
+DIM = {"d": 128}  # --dim: head dim of the timed problems
+BACKWARDS = list(ph.BACKWARDS)  # --backwards: the variants to check and time
+
+
+def block_sizes(spec: str, d: int) -> ph.BlockSizes:
+    """A --backwards entry, "name[/field=value...]" (e.g. "mosaic/bwd_block_k=128"), as BlockSizes:
+    the defaults for head dim ``d`` with that backward ("default": the default's) and those fields."""
+    name, *fields = spec.split("/")
+    over = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in (f.split("=") for f in fields)}
+    if name != "default":
+        over["backward"] = name
+    return dataclasses.replace(ph.default_block_sizes(d), **over)
 INTERPRET = {"on": False}  # --interpret: a CPU dry run of the checks in Mosaic GPU interpret mode
 
 
@@ -158,7 +173,7 @@ def run_case(c: Case):
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
     args = (q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg)
     want = jax.jit(lambda *a: pg.reference_backward_step(*a, **kw))(*args)
-    for backward in ph.BACKWARDS:
+    for backward in BACKWARDS:
         guarded(f"step-bwd[{backward}] {c.name}", check_backward, c, kw, tol, args, want, backward)
 
 
@@ -183,7 +198,7 @@ def check_forward(c: Case, kw, tol, args, ro, rlse):
 
 
 def check_backward(c: Case, kw, tol, args, want, backward: str):
-    bs = dataclasses.replace(ph.default_block_sizes(c.dim), backward=backward)
+    bs = block_sizes(backward, c.dim)
     got = jax.jit(lambda *a: ph.backward_step(*a, block_sizes=bs, interpret=INTERPRET["on"],
                                               **kw))(*args)
     errs = {n: err_or_zero(g, w) for n, g, w in zip(("dq", "dk", "dv"), got, want, strict=True)}
@@ -196,7 +211,7 @@ def check_backward(c: Case, kw, tol, args, want, backward: str):
 def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, backward: str):
     name = (f"ring N=1 causal={causal} seg={segments} {dtype} H=4 K={kv_heads} L=640 D=128 "
             f"backward={backward}")
-    bs = dataclasses.replace(ph.default_block_sizes(128), backward=backward)
+    bs = block_sizes(backward, 128)
     rng = np.random.default_rng(7)
     B, L, H, D = 1, 640, 4, 128
     f = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)  # noqa: E731
@@ -278,16 +293,21 @@ def cudnn_fns(causal):
 
 
 def bench(length: int, causal: bool, h=32, d=128, sweep: bool = False):
+    d = DIM["d"]
     rng = jax.random.split(jax.random.PRNGKey(length), 4)
     q, k, v, do = (jax.random.normal(r, (1, length, h, d), jnp.bfloat16) for r in rng)
     mosaic_bwd = dataclasses.replace(ph.default_block_sizes(d), backward="mosaic")
     fns = {"cudnn": cudnn_fns(causal)}
     if not sweep:
-        for backward in ph.BACKWARDS:  # triton, mosaic, fused
-            bs = dataclasses.replace(ph.default_block_sizes(d), backward=backward)
-            f, fb = step_fns(ph, causal, bs)  # the forward is the same kernel: time it once
-            fns[f"pallas_hopper backward={backward}"] = (f if backward == "mosaic" else None, fb)
-        fns["pallas_gpu"] = step_fns(pg, causal)
+        timed_fwd = set()
+        for backward in BACKWARDS:
+            bs = block_sizes(backward, d)
+            f, fb = step_fns(ph, causal, bs)
+            fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64)
+            fns[f"pallas_hopper backward={backward}"] = (None if fwd_key in timed_fwd else f, fb)
+            timed_fwd.add(fwd_key)  # a forward is timed once per distinct forward configuration
+        if "triton" in BACKWARDS:
+            fns["pallas_gpu"] = step_fns(pg, causal)
     else:
         for bk, st, pp in ((128, 2, False), (64, 2, True), (64, 3, True), (64, 4, True)):
             bs = ph.BlockSizes(block_k=bk, stages=st, pingpong=pp)
@@ -334,6 +354,13 @@ def main():
     ap.add_argument("--seqs", default="16384,65536")
     ap.add_argument("--parts", default="steps,ring,bench,sweep",
                     help="comma-separated subset of steps,ring,bench,sweep (run in this order)")
+    ap.add_argument("--backwards", default=",".join(ph.BACKWARDS),
+                    help="comma-separated backwards to check and time, each name[/field=value...] "
+                         "(e.g. mosaic/bwd_block_k=128)")
+    ap.add_argument("--causal", default="1", help="bench: comma-separated 1/0")
+    ap.add_argument("--dim", type=int, default=128, help="head dim of the timed problems (bench)")
+    ap.add_argument("--cases", default="",
+                    help="comma-separated substrings: run only the step cases whose name has one")
     ap.add_argument("--interpret", action="store_true", help="CPU dry run (small cases, no timing)")
     ap.add_argument("--hard-limit", type=float, default=HARD_LIMIT_S,
                     help="seconds after which the watchdog writes the output and exits")
@@ -341,7 +368,14 @@ def main():
     global BUDGET_S
     BUDGET_S = args.hard_limit - (HARD_LIMIT_S - BUDGET_S)  # start nothing new near the limit
     parts = set(args.parts.split(","))
+    BACKWARDS[:] = [b for b in args.backwards.split(",") if b]
+    for spec in BACKWARDS:
+        try:
+            block_sizes(spec, 128)
+        except (ValueError, TypeError) as e:
+            ap.error(f"--backwards entry {spec!r}: {e} (names: {ph.BACKWARDS})")
     OUT["prefix"] = args.out
+    DIM["d"] = args.dim
     INTERPRET["on"] = args.interpret
     threading.Thread(target=watchdog, args=(args.hard_limit,), daemon=True).start()
     if args.interpret and jax.device_count() < 2:
@@ -353,17 +387,21 @@ def main():
         f"auto -> {implementations.resolve('auto').name}, python {sys.version.split()[0]}")
     try:
         if "steps" in parts:
+            wanted = [w for w in args.cases.split(",") if w]
             for c in CASES:
+                if wanted and not any(w in c.name for w in wanted):
+                    continue
                 if not (args.interpret and c.sq * c.sk > 300 * 300):
                     guarded(f"step {c.name}", run_case, c)
         if "ring" in parts:
             for ring_args in ((True, True, "bfloat16", 2), (False, False, "float16", 4)):
-                for backward in ph.BACKWARDS:
+                for backward in BACKWARDS:
                     guarded(f"ring {ring_args} {backward}", run_ring_check, *ring_args, backward)
         seqs = [int(s) for s in args.seqs.split(",")]
         if "bench" in parts and not args.interpret:
-            for length in seqs:
-                guarded(f"bench L={length}", bench, length, True)
+            for causal in [c == "1" for c in args.causal.split(",")]:
+                for length in seqs:
+                    guarded(f"bench L={length} causal={causal}", bench, length, causal)
         if "sweep" in parts and not args.interpret:
             guarded("sweep", bench, seqs[0], True, 32, 128, True)
     finally:

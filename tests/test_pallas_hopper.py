@@ -5,10 +5,12 @@ ring, masks from global positions and segment ids); only wgmma and register layo
 plain ``jnp`` (``hopper_kernels.Ops``), so those are checked on the device only
 (``benchmarks/hopper_check.py``). The interpreter simulates a single GPU, so ring runs here use one
 device; ring steps with other offsets are covered at the kernel level (query block after, overlapping
-and before the key block). All backwards are checked: the Mosaic GPU one (the default for head
-dims <= 128), the opt-in fused Mosaic GPU one (``BlockSizes(backward="fused")``; its TMA reduce-add
-of dq becomes a read-modify-write in interpret mode, see ``hopper_fused_bwd``) and the Triton step's
-kernels (``BlockSizes(backward="triton")``).
+and before the key block). All backwards are checked: the two-kernel Mosaic GPU one (the default
+for head dim 64), the fused Mosaic GPU one (``BlockSizes(backward="fused")``, the default at 128;
+its TMA reduce-add of dq becomes a read-modify-write in interpret mode, see ``hopper_fused_bwd``)
+and the Triton step's kernels (``BlockSizes(backward="triton")``). ``test_kernels_lower_for_cuda``
+also lowers every Mosaic GPU kernel for CUDA (wgmma, layouts, TMA, ``setmaxnreg``), which needs no
+GPU, so lowering errors show up here rather than on the device.
 """
 
 import jax
@@ -112,6 +114,26 @@ def test_backward_step_matches_reference(backward):
 
 @needs_interpret
 @pytest.mark.parametrize("backward", ["mosaic", "fused"])
+def test_key_ctas_rotate_their_query_blocks(backward):
+    """Three key CTAs over four fully visible query blocks: each CTA starts at a different block
+    (``hopper_bwd_kernels.visit``) and the dq contributions still land on the right rows."""
+    rng = np.random.default_rng(8)
+    inputs = _inputs(rng, sq=256, sk=384, heads=2, kv_heads=2, dim=64, dtype="bfloat16",
+                     where="after", segments=False, batch=1)
+    _check_backward(inputs, False, ph.BlockSizes(backward=backward))
+
+
+@needs_interpret
+def test_mosaic_backward_with_128_key_blocks():
+    """The dq kernel streaming 128 keys per block (``bwd_block_k=128``): three blocks, ragged."""
+    rng = np.random.default_rng(6)
+    inputs = _inputs(rng, sq=72, sk=300, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
+                     where="overlap", segments=True, batch=1)
+    _check_backward(inputs, True, ph.BlockSizes(backward="mosaic", bwd_block_k=128))
+
+
+@needs_interpret
+@pytest.mark.parametrize("backward", ["mosaic", "fused"])
 def test_ring_on_one_device(backward):
     check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=4,
                        kv_heads=2, head_dim=32, dtype="bfloat16"),
@@ -162,6 +184,41 @@ def test_mosaic_backward_matrix(case, backward):
 # ---- pure-JAX parts: always run ----------------------------------------------------------------
 
 
+LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockSizes fields)
+    ("mosaic", 64, True, True, 2, {}),
+    ("mosaic", 128, False, False, 4, dict(bwd_block_k=128, registers=240)),
+    ("fused", 128, True, False, 2, dict(registers=240)),
+    ("fused", 80, False, True, 4, {}),
+]
+
+
+@pytest.mark.parametrize("case", LOWER_CASES, ids=lambda c: f"{c[0]}-d{c[1]}-{c[2]}-{c[3]}")
+def test_kernels_lower_for_cuda(case):
+    """Every Mosaic GPU kernel goes through Mosaic GPU's lowering for CUDA (no GPU needed): one
+    custom call for the forward, two for the two-kernel backward, one for the fused one."""
+    backward, dim, causal, segments, kv_heads, fields = case
+    bs = ph.BlockSizes(backward=backward, **fields)
+    q = jax.ShapeDtypeStruct((1, 384, 4, dim), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((1, 384, kv_heads, dim), jnp.bfloat16)
+    pos = jax.ShapeDtypeStruct((384,), jnp.int32)
+    seg = jax.ShapeDtypeStruct((1, 384), jnp.int32) if segments else None
+    lse = jax.ShapeDtypeStruct((1, 4, 384), jnp.float32)
+    kw = dict(causal=causal, softmax_scale=dim**-0.5, block_sizes=bs)
+
+    def fwd(q, k, v, p, s):
+        return ph.forward_step(q, k, v, p, p, s, s, **kw)
+
+    def bwd(q, k, v, do, lse, delta, p, s):
+        return ph.backward_step(q, k, v, do, lse, delta, p, p, s, s, **kw)
+
+    def mosaic_calls(fn, *args):
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        return text.count("stablehlo.custom_call @mosaic_gpu")
+
+    assert mosaic_calls(fwd, q, k, k, pos, seg) == 1
+    assert mosaic_calls(bwd, q, k, k, q, lse, lse, pos, seg) == (2 if backward == "mosaic" else 1)
+
+
 def test_float32_forward_is_the_triton_step():
     rng = np.random.default_rng(11)
     inputs = _inputs(rng, sq=32, sk=48, heads=2, kv_heads=1, dim=16, dtype="float32",
@@ -199,6 +256,8 @@ def test_block_sizes_are_validated():
         ph.BlockSizes(stages=1)
     with pytest.raises(ValueError, match="bwd_stages"):
         ph.BlockSizes(bwd_stages=0)
+    with pytest.raises(ValueError, match="bwd_block_k"):
+        ph.BlockSizes(bwd_block_k=96)
     with pytest.raises(ValueError, match="backward"):
         ph.BlockSizes(backward="cuda")
     with pytest.raises(TypeError, match="triton"):
@@ -219,6 +278,9 @@ def test_bad_inputs_are_rejected_before_tracing():
     with pytest.raises(TypeError, match="block_sizes"):
         ph.forward_step(q, q[:, :, :2], q[:, :, :2], pos, pos, None, None,
                         block_sizes=pg.BlockSizes(), **kw)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        ph.forward_step(q, q[:, :, :2], q[:, :, :2], pos, pos, None, None, causal=True,
+                        softmax_scale=-0.5)
 
 
 def test_shared_memory_budget_is_checked():

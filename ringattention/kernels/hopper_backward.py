@@ -21,7 +21,7 @@ from ringattention.kernels import hopper_kernels as hk
 from ringattention.kernels import pallas_gpu as pg
 
 F32 = jnp.float32
-ROWS = 64  # own rows per compute warpgroup and streamed block length
+ROWS = 64  # own rows per compute warpgroup; streamed block length of the dk/dv kernel
 CTA = hk.COMPUTE_WGS * ROWS
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 
@@ -66,29 +66,33 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg = _pad(q, k, v, do, lse, delta, q_pos,
                                                                 k_pos, q_seg, k_seg)
     sq, sk, d = q.shape[1], k.shape[1], q.shape[3]  # padded
-    smem = 2 * (hk.COMPUTE_WGS + bs.bwd_stages) * ROWS * d * q.dtype.itemsize
+    c = bs.bwd_block_k  # keys per streamed block of the dq kernel
+    tile = d * q.dtype.itemsize  # bytes per row of a [rows, d] tile
+    smem = max(2 * hk.COMPUTE_WGS * ROWS * tile + 2 * bs.bwd_stages * c * tile,  # dq kernel
+               2 * (hk.COMPUTE_WGS + bs.bwd_stages) * ROWS * tile)  # dk/dv kernel
     if smem > SMEM_LIMIT - 4096:
         raise ValueError(f"pallas_hopper backward='mosaic': head dim {D} (padded {d}) with "
-                         f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
-                         f"{SMEM_LIMIT}); use backward='triton' for head dims above 128")
+                         f"bwd_stages={bs.bwd_stages}, bwd_block_k={c} needs {smem} bytes of shared "
+                         f"memory (limit {SMEM_LIMIT}); use fewer bwd_stages, bwd_block_k=64, or "
+                         "backward='triton' for head dims above 128")
     segments = q_seg is not None
     extra = ((q_pos, k_pos) if causal else ()) + ((q_seg, k_seg) if segments else ())
     args = (q, k, v, do, lse2, delta, *extra)
-    cfg = functools.partial(hbk.BwdConfig, rows=ROWS, block=ROWS, stages=bs.bwd_stages,
+    cfg = functools.partial(hbk.BwdConfig, rows=ROWS, stages=bs.bwd_stages, registers=bs.registers,
                             causal=causal, segments=segments, groups=H // K,
                             qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale,
                             interpret=interpret)
-    # dq: own query CTAs, streamed key blocks.
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, CTA, ROWS)  # [B|1, nq, nk]
-    dq_cfg = cfg(n_cta=sq // CTA)
+    # dq: own query CTAs, streamed key blocks of c keys.
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, CTA, c)  # [B|1, nq, nk]
+    dq_cfg = cfg(block=c, n_cta=sq // CTA)
     dq = hk.launch(functools.partial(hbk.dq_kernel, cfg=dq_cfg),
                    jax.ShapeDtypeStruct((B, H, sq, d), F32),
-                   _scratch(ROWS, ROWS, d, q.dtype, bs.bwd_stages, 2, 0, causal, segments),
+                   _scratch(ROWS, c, d, q.dtype, bs.bwd_stages, 2, 0, causal, segments),
                    grid=(H, sq // CTA, B), interpret=interpret)(*pg._bounds(table, B), *args)
     # dk/dv: own key CTAs, streamed query blocks of every head in the group.
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA)  # [B|1, nq, nk]
-    bounds = pg._bounds(jnp.swapaxes(table, 1, 2), B)  # over query blocks, per key CTA
-    kv_cfg = cfg(n_cta=sk // CTA)
+    bounds = hbk.key_cta_bounds(table, B)  # over the reversed query blocks, per key CTA
+    kv_cfg = cfg(block=ROWS, n_cta=sk // CTA)
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     dk, dv = hk.launch(functools.partial(hbk.dkv_kernel, cfg=kv_cfg), (out, out),
                        _scratch(ROWS, ROWS, d, q.dtype, bs.bwd_stages, 0, 2, causal, segments),

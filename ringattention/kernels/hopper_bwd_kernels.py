@@ -9,10 +9,16 @@ blocks are skipped, run unmasked or run with the position / segment mask.
 
 * dq (grid: query head, query CTA, batch): ``dq = scale * sum_j ds_j @ k_j`` over key blocks j.
 * dk/dv (grid: kv head, key CTA, batch): loops over the G query heads of the group and the query
-  blocks, so GQA neither repeats k/v nor writes per-query-head partial sums:
+  blocks (last to first, so a causal CTA runs its diagonal blocks masked at the end, and starting
+  at a block rotated by the CTA index: ``visit``), so GQA neither repeats k/v nor writes
+  per-query-head partial sums:
   ``dv = sum p^T @ do``, ``dk = scale * sum ds^T @ q`` (computed transposed, keys as rows).
-  Its producer, key loading and tile (``query_issuer``, ``load_keys``, ``kv_tile``) are shared with
+  Its producer, key loading and tile (``query_issuer``, ``load_keys``, ``kv_probs``) are shared with
   the fused backward (``hopper_fused_bwd.py``).
+
+Per block pair the two products that read only shared memory (s and dp) are issued together and
+the probabilities computed while the second is in flight; the two register-operand products (dk
+and dv) are issued together too (``Ops.pair``, ``Ops.mma``).
 
 Shapes in comments: ``r`` own rows per warpgroup, ``c`` streamed block length, ``D`` padded head dim.
 """
@@ -27,7 +33,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ringattention.kernels.hopper_kernels import COMPUTE_WGS, Ops
+from ringattention.kernels import pallas_gpu as pg
+from ringattention.kernels.hopper_kernels import COMPUTE_WGS, Ops, Smem, set_registers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +49,7 @@ class BwdConfig:
     qk_scale: float  # softmax_scale * log2(e)
     scale: float
     interpret: bool
+    registers: int = 232  # per compute-warpgroup thread (hopper_kernels.REGISTER_CHOICES)
 
 
 def _split(refs, cfg: BwdConfig, n_out: int):
@@ -62,8 +70,7 @@ def _cta(cfg: BwdConfig, bounds, reverse: bool):
 
 def _stream(cfg: BwdConfig, n, issue, loaded, free):
     """Producer: for t in [0, n) wait for slot t % stages to be free and ``issue(t, slot, barrier)``."""
-    if not cfg.interpret:
-        plgpu.set_max_registers(40, action="decrease")
+    set_registers(cfg.registers, compute=False, interpret=cfg.interpret)
 
     def load(t, carry):
         slot = lax.rem(t, jnp.int32(cfg.stages))
@@ -98,8 +105,7 @@ def _vis(cfg, ops, shape, own_pos, own_seg, pos_ref, seg_ref, own_is_query: bool
 
 
 def _wgmma_ops(cfg):
-    if not cfg.interpret:
-        plgpu.set_max_registers(232, action="increase")
+    set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
     return Ops(cfg.interpret)
 
 
@@ -147,15 +153,20 @@ def dq_kernel(*refs, cfg: BwdConfig):
         def body(j, dq, masked: bool):
             slot = lax.rem(j - lo, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
-            s = ops.qk(q_s.at[wg], k_s.at[slot], (r, c)) * cfg.qk_scale  # [r, c]
-            p = jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
-            if masked:
+
+            def probs(s):  # raw logits [r, c] -> probabilities, 0 where hidden
+                p = jnp.exp2(s * cfg.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
+                if not masked:
+                    return p
                 at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
-                vis = _vis(cfg, ops, s.shape, own_pos, own_seg, at(kp_s), at(ks_s), True)
-                p = jnp.where(vis, p, 0.0)
-            dp = ops.qk(do_s.at[wg], v_s.at[slot], (r, c))  # [r, c]
-            ds = p * (dp - lax.broadcast_in_dim(delta, s.shape, [0]))
-            dq = ops.pv(dq, ds.astype(q_s.dtype), k_s.at[slot])
+                return jnp.where(_vis(cfg, ops, s.shape, own_pos, own_seg, at(kp_s), at(ks_s),
+                                      True), p, 0.0)
+
+            # s = q k^T and dp = do v^T issued together; p is computed while dp is in flight.
+            p, dp = ops.pair((Smem(q_s.at[wg]), Smem(k_s.at[slot], transposed=True)),
+                             (Smem(do_s.at[wg]), Smem(v_s.at[slot], transposed=True)), (r, c), probs)
+            ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))  # [r, c]
+            (dq,) = ops.mma((dq, ds.astype(q_s.dtype), Smem(k_s.at[slot])))
             plgpu.barrier_arrive(free.at[slot])
             return dq
 
@@ -165,14 +176,35 @@ def dq_kernel(*refs, cfg: BwdConfig):
         dq_ref.at[b, h, rows][...] = dq * cfg.scale
 
 
-def query_issuer(cfg: BwdConfig, b, kvh, lo, n, gmem, smem):
-    """Producer callback of the key-CTA kernels: stream t loads query block ``lo + t % n`` of query
-    head ``kvh * G + t // n``. gmem: (q, do, lse2, delta, q_pos, q_seg) refs (None when unused);
-    smem: their slot rings."""
+def visit(j, bounds, shift, n_blocks: int):
+    """The query block a key CTA visits at position j of [lo, hi). Key CTAs walk the query blocks
+    backwards (the bounds index the reversed order, ``key_cta_bounds``), so a causal CTA meets its
+    fully visible blocks first and its diagonal (masked) blocks last; the unmasked positions
+    [lo, mid) are rotated by ``shift`` (the key CTA's index), so that CTAs running side by side send
+    their dq contributions to different query rows instead of all starting at the same block."""
+    lo, mid, _ = bounds
+    full = jnp.maximum(mid - lo, 1)
+    r = jnp.where(j < mid, lo + lax.rem(j - lo + shift, full), j)  # reversed block index
+    return n_blocks - 1 - r
+
+
+def key_cta_bounds(table, batch: int):
+    """lo/mid/hi int32 [B, nk] of each key CTA over the *reversed* query blocks, from a
+    SKIP/PARTIAL/FULL table [B|1, nq, nk] (``visit`` maps positions back to blocks)."""
+    return pg._bounds(jnp.flip(jnp.swapaxes(table, 1, 2), axis=2), batch)
+
+
+def query_issuer(cfg: BwdConfig, b, kvh, bounds, shift, gmem, smem):
+    """Producer callback of the key-CTA kernels: stream t loads query block ``visit(lo + t % n)``
+    of query head ``kvh * G + t // n`` (n = hi - lo). gmem: (q, do, lse2, delta, q_pos, q_seg)
+    refs (None when unused); smem: their slot rings."""
     q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref = gmem
+    lo, _, hi = bounds
+    n = hi - lo
 
     def issue(t, slot, bar):
-        g, blk = lax.div(t, n), lo + lax.rem(t, n)
+        g = lax.div(t, n)
+        blk = visit(lo + lax.rem(t, n), bounds, shift, q_ref.shape[1] // cfg.block)
         h = kvh * cfg.groups + g
         cols = pl.ds(blk * cfg.block, cfg.block)
         srcs = (q_ref.at[b, cols, h], do_ref.at[b, cols, h], lse_ref.at[b, h, cols],
@@ -200,23 +232,34 @@ def load_keys(cfg: BwdConfig, ops: Ops, b, kvh, wg, rows, gmem, smem, bar):
     return own_pos, own_seg
 
 
-def kv_tile(cfg: BwdConfig, ops: Ops, wg, slot, carry, own, smem, masked: bool):
-    """One (own key rows, streamed query block) pair: returns dk, dv (+= ds^T q, p^T do; float32
-    [r, D]) and ds^T (float32 [r keys, c queries], 0 where hidden or the row sees nothing).
-    own: (key positions, ids); smem: (k, v, q, do, lse2, delta, q_pos, q_seg) refs."""
-    dk, dv = carry
+def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool):
+    """One (own key rows, streamed query block) pair: p^T and ds^T, float32 [r keys, c queries], 0
+    where hidden or the row sees nothing. own: (key positions, ids); smem: (k, v, q, do, lse2,
+    delta, q_pos, q_seg) refs."""
     k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s = smem
-    s_t = ops.qk(k_s.at[wg], q_s.at[slot], (cfg.rows, cfg.block)) * cfg.qk_scale  # [r, c]
-    p_t = jnp.exp2(s_t - lax.broadcast_in_dim(ops.cols(lse_s.at[slot]), s_t.shape, [1]))
-    if masked:
+
+    def probs(s_t):  # raw logits [r, c] -> probabilities
+        lse = lax.broadcast_in_dim(ops.cols(lse_s.at[slot]), s_t.shape, [1])
+        p_t = jnp.exp2(s_t * cfg.qk_scale - lse)
+        if not masked:
+            return p_t
         at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
-        vis = _vis(cfg, ops, s_t.shape, *own, at(qp_s), at(qs_s), False)
-        p_t = jnp.where(vis, p_t, 0.0)
-    dv = ops.pv(dv, p_t.astype(q_s.dtype), do_s.at[slot])
-    dp_t = ops.qk(v_s.at[wg], do_s.at[slot], s_t.shape)  # [r, c]
-    ds_t = p_t * (dp_t - lax.broadcast_in_dim(ops.cols(dl_s.at[slot]), s_t.shape, [1]))
-    dk = ops.pv(dk, ds_t.astype(q_s.dtype), q_s.at[slot])
-    return dk, dv, ds_t
+        return jnp.where(_vis(cfg, ops, s_t.shape, *own, at(qp_s), at(qs_s), False), p_t, 0.0)
+
+    # s^T = k q^T and dp^T = v do^T issued together; p^T is computed while dp^T is in flight.
+    p_t, dp_t = ops.pair((Smem(k_s.at[wg]), Smem(q_s.at[slot], transposed=True)),
+                         (Smem(v_s.at[wg]), Smem(do_s.at[slot], transposed=True)),
+                         (cfg.rows, cfg.block), probs)
+    ds_t = p_t * (dp_t - lax.broadcast_in_dim(ops.cols(dl_s.at[slot]), dp_t.shape, [1]))
+    return p_t, ds_t
+
+
+def kv_update(ops: Ops, carry, p_t, ds_t, q_smem, do_smem):
+    """dk += ds^T q, dv += p^T do (float32 [r, D]), issued together; ds^T, p^T in registers."""
+    dk, dv = carry
+    dv, dk = ops.mma((dv, p_t.astype(q_smem.dtype), Smem(do_smem)),
+                     (dk, ds_t.astype(q_smem.dtype), Smem(q_smem)))
+    return dk, dv
 
 
 def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs) -> None:
@@ -248,7 +291,7 @@ def dkv_kernel(*refs, cfg: BwdConfig):
     b, i, (lo, mid, hi) = _cta(cfg, bounds, reverse=False)  # causal: early keys are the heaviest
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = query_issuer(cfg, b, kvh, lo, n, (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
+    issue = query_issuer(cfg, b, kvh, (lo, mid, hi), i, (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
                          (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
 
     @pl.when(wg == COMPUTE_WGS)
@@ -267,9 +310,10 @@ def dkv_kernel(*refs, cfg: BwdConfig):
         def body(j, carry, g, masked: bool):
             slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
-            dk, dv, _ = kv_tile(cfg, ops, wg, slot, carry, own, smem, masked)
+            p_t, ds_t = kv_probs(cfg, ops, wg, slot, own, smem, masked)  # [r, c]
+            carry = kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
             plgpu.barrier_arrive(free.at[slot])
-            return dk, dv
+            return carry
 
         group_loop(cfg, ops, body, (lo, mid, hi), masked, k_s.shape[2],
                    (dk_ref.at[b, kvh, rows], dv_ref.at[b, kvh, rows]))

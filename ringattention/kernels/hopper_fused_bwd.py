@@ -1,13 +1,15 @@
 """Fused Pallas Mosaic GPU (Hopper) ring-step backward: one kernel for dq, dk and dv.
 
 The FlashAttention-3 backward (Shah et al. 2024) for one step of Ring Attention (Liu, Zaharia &
-Abbeel 2023), selected by ``pallas_hopper.BlockSizes(backward="fused")``. Where the default
-"mosaic" backward (``hopper_backward.py``) runs a dq kernel and a dk/dv kernel that both recompute
+Abbeel 2023), selected by ``pallas_hopper.BlockSizes(backward="fused")`` (the default at head dim
+128). Where the "mosaic" backward (``hopper_backward.py``) runs a dq kernel and a dk/dv kernel that
+both recompute
 the probabilities (7 tile matmuls per query block x key block pair), this one runs only the key-CTA
 kernel (grid: kv head, key CTA, batch): each compute warpgroup keeps dk/dv of its 64 keys in float32
 registers, loops over the G query heads of the kv group and their visible query blocks (the same
-lo/mid/hi bounds as the dk/dv kernel, ``hopper_bwd_kernels.kv_tile``) and sends its dq contribution
-``ds @ k`` (float32) to global memory with a TMA reduce-add: 5 tile matmuls per pair.
+lo/mid/hi bounds and visiting order as the dk/dv kernel, ``hopper_bwd_kernels.visit``) and sends its
+dq contribution ``ds @ k`` (float32) to global memory with a TMA reduce-add: 5 tile matmuls per
+pair. The reduce-adds arrive in a run-dependent order, so dq is not bitwise reproducible.
 
 dq accumulates in a zero-initialised float32 buffer ``[2, B, H, Sq, D]`` (one slice per compute
 warpgroup), passed to the kernel as a JAX ``Ref`` (read and written in place, i.e. aliased in and
@@ -18,7 +20,8 @@ Interpret mode (CPU): Mosaic GPU's interpreter implements neither TMA reductions
 ``FusedOps.reduce_add`` becomes a read-modify-write of the warpgroup's own dq slice. That is exact
 there because the interpreter runs grid points one after another and each slice has one writer per
 CTA; the device's TMA reduce-add (and the ``wait_smem_to_gmem`` / ``commit_smem`` ordering around
-its staging buffer) is checked on the device only (``benchmarks/hopper_check.py``).
+its staging buffer) is checked on the device only (``benchmarks/hopper_check.py``; results in
+``benchmarks/results/pallas_hopper_h200.md``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from ringattention import masks
 from ringattention.kernels import hopper_backward as hb
 from ringattention.kernels import hopper_bwd_kernels as hbk
 from ringattention.kernels import hopper_kernels as hk
-from ringattention.kernels import pallas_gpu as pg
 
 F32 = jnp.float32
 WGS = hk.COMPUTE_WGS
@@ -46,19 +48,7 @@ CTA = hb.CTA
 
 @dataclasses.dataclass(frozen=True)
 class FusedOps(hk.Ops):
-    """``hk.Ops`` plus the two operations of the dq path."""
-
-    def tn(self, a_smem, b_smem, shape):
-        """float32 ``shape`` = a^T @ b, a [r, c] and b [r, D] in SMEM (wgmma reads a transposed)."""
-        if self.interpret:
-            return lax.dot_general(a_smem[...], b_smem[...], (((0,), (0,)), ((), ())),
-                                   preferred_element_type=F32)
-
-        def scope(acc_ref):
-            plgpu.wgmma(acc_ref, plgpu.transpose_ref(a_smem, (1, 0)), b_smem)
-            return acc_ref[...]
-
-        return pl.run_scoped(scope, plgpu.WGMMAAccumulatorRef(shape, F32))
+    """``hk.Ops`` plus the staging and reduce-add of the dq path."""
 
     def stage(self, smem, x):
         """Registers -> SMEM, visible to the async proxy (TMA, wgmma) afterwards."""
@@ -91,7 +81,8 @@ def fused_kernel(*refs, cfg: hbk.BwdConfig):
     b, i, (lo, mid, hi) = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = hbk.query_issuer(cfg, b, kvh, lo, n, (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
+    issue = hbk.query_issuer(cfg, b, kvh, (lo, mid, hi), i,
+                             (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
                              (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
 
     @pl.when(wg == WGS)
@@ -100,8 +91,7 @@ def fused_kernel(*refs, cfg: hbk.BwdConfig):
 
     @pl.when(wg < WGS)
     def _():
-        if not cfg.interpret:
-            plgpu.set_max_registers(232, action="increase")
+        hk.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
         ops = FusedOps(cfg.interpret)
         rows = pl.ds(i * (WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
         own = hbk.load_keys(cfg, ops, b, kvh, wg, rows, (k_ref, v_ref, kp_ref, ks_ref),
@@ -112,13 +102,18 @@ def fused_kernel(*refs, cfg: hbk.BwdConfig):
         def body(j, carry, g, masked: bool):
             slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
-            dk, dv, ds_t = hbk.kv_tile(cfg, ops, wg, slot, carry, own, smem, masked)  # ds_t [r, c]
+            p_t, ds_t = hbk.kv_probs(cfg, ops, wg, slot, own, smem, masked)  # [r, c]
+            ds_t = ds_t.astype(ds_s.dtype)
+            ops.stage(ds_s.at[wg], ds_t)  # for dq, which reads it transposed
+            carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
             plgpu.barrier_arrive(free.at[slot])  # dq needs only ds and the own keys
-            ops.stage(ds_s.at[wg], ds_t.astype(ds_s.dtype))
-            dq = ops.tn(ds_s.at[wg], k_s.at[wg], (cfg.block, d))  # [c, D] = ds @ k
+            (dq,) = ops.mma(((cfg.block, d), hk.Smem(ds_s.at[wg], transposed=True),
+                             hk.Smem(k_s.at[wg])))  # [c, D] = ds @ k
             h = kvh * cfg.groups + g
-            ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[wg, b, h, pl.ds(j * cfg.block, cfg.block)])
-            return dk, dv
+            blk = hbk.visit(j, (lo, mid, hi), i, q_ref.shape[1] // cfg.block)
+            rows_q = pl.ds(blk * cfg.block, cfg.block)
+            ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[wg, b, h, rows_q])
+            return carry
 
         masked = cfg.causal or cfg.segments
 
@@ -189,11 +184,12 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
                          f"{hb.SMEM_LIMIT}); use fewer bwd_stages or backward='mosaic'/'triton'")
     segments = q_seg is not None
     extra = ((q_pos, k_pos) if causal else ()) + ((q_seg, k_seg) if segments else ())
-    cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, causal=causal,
+    cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
+                        causal=causal,
                         segments=segments, groups=H // K, n_cta=sk // CTA,
                         qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret)
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA)  # [B|1, nq, nk]
-    bounds = pg._bounds(jnp.swapaxes(table, 1, 2), B)  # over query blocks, per key CTA
+    bounds = hbk.key_cta_bounds(table, B)  # over the reversed query blocks, per key CTA
     dq, dk, dv = _run(*bounds, q, k, v, do, lse2, delta, *extra, cfg=cfg)
     dq = dq * softmax_scale
     cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :D]  # noqa: E731

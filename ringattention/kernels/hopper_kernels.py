@@ -6,7 +6,9 @@ wgmma from shared memory, float32 online softmax in the log2 domain); warpgroup 
 streams the key/value blocks ``[lo, hi)`` of the step through a ring of ``stages`` shared-memory
 slots with TMA, each slot guarded by a "loaded" barrier (TMA arrivals) and a "free" barrier (one
 arrival per compute warpgroup). An optional schedule barrier makes the two compute warpgroups take
-turns on the tensor cores (one's softmax overlaps the other's matmuls).
+turns on the tensor cores (one's softmax overlaps the other's matmuls). The softmax takes the row
+maximum of the unscaled logits, so each probability is one FMA and one ``exp2``; the next key
+block is awaited while the current P·V product is in flight.
 
 Masking is the one of the Triton step (``gpu_kernels.py``): the wrapper derives per-CTA block
 bounds from ``masks.block_table``; blocks in ``[lo, mid)`` are fully visible and run without a mask,
@@ -24,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
@@ -34,6 +37,20 @@ F32 = jnp.float32
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 COMPUTE_WGS = 2
+LAUNCH_REGISTERS = 168  # per thread at launch: 65536 / 384 threads, rounded down to a multiple of 8
+REGISTER_CHOICES = (224, 232, 240)  # compute warpgroups; the producer keeps what is left (56/40/24)
+
+
+def set_registers(registers: int, compute: bool, interpret: bool) -> None:
+    """Re-balances the register file between the roles (``setmaxnreg``): the compute warpgroups take
+    ``registers`` each, the producer the rest of the launch allocation, so the CTA's total stays put."""
+    if interpret:
+        return
+    if compute:
+        plgpu.set_max_registers(registers, action="increase")
+    else:
+        producer = (COMPUTE_WGS + 1) * LAUNCH_REGISTERS - COMPUTE_WGS * registers
+        plgpu.set_max_registers(producer, action="decrease")
 
 
 def interpret_params():
@@ -60,8 +77,12 @@ def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bo
                         compiler_params=plgpu.CompilerParams(approx_math=True), interpret=params)
 
 
-def _dot(a, b, contract_b: int):
-    return lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())), preferred_element_type=F32)
+@dataclasses.dataclass(frozen=True)
+class Smem:
+    """A wgmma operand in shared memory, read as stored ([m, k] / [k, n]) or ``transposed``."""
+
+    ref: Any
+    transposed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,31 +110,82 @@ class Ops:
         layout = plgpu.Layout.WGMMA if len(shape) == 2 else plgpu.Layout.WGMMA.reduce(1)
         return plgpu.layout_cast(x, layout)
 
+    def _operand(self, x):
+        """Registers stay registers; ``Smem`` becomes the (transposed) ref, or its value when
+        interpreting."""
+        if not isinstance(x, Smem):
+            return x
+        if self.interpret:
+            return x.ref[...].T if x.transposed else x.ref[...]
+        return plgpu.transpose_ref(x.ref, (1, 0)) if x.transposed else x.ref
+
+    def _issue(self, acc_ref, a, b):
+        plgpu.wgmma(acc_ref, self._operand(a), self._operand(b))
+
+    def _dot(self, a, b):
+        return lax.dot_general(self._operand(a), self._operand(b), (((1,), (0,)), ((), ())),
+                               preferred_element_type=F32)
+
     def qk(self, q_smem, k_smem, shape, after_issue=None):
         """float32 [bq, bk] = q [bq, D] @ k[bk, D]^T, both operands in SMEM. ``after_issue`` runs
         while the wgmma is in flight (FA3's hand-over of the tensor cores)."""
+        a, b = Smem(q_smem), Smem(k_smem, transposed=True)
         if self.interpret:
             if after_issue is not None:
                 after_issue()
-            return _dot(q_smem[...], k_smem[...], 1)
+            return self._dot(a, b)
 
         def scope(acc_ref):
-            plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+            self._issue(acc_ref, a, b)
             if after_issue is not None:
                 after_issue()
             return acc_ref[...]
 
         return pl.run_scoped(scope, plgpu.WGMMAAccumulatorRef(shape, F32))
 
-    def pv(self, acc, p, v_smem):
-        """acc [bq, D] + p [bq, bk] (registers) @ v [bk, D] (SMEM)."""
+    def pv(self, acc, p, v_smem, after_issue=None):
+        """acc [bq, D] + p [bq, bk] (registers) @ v [bk, D] (SMEM); ``after_issue`` runs while the
+        wgmma is in flight."""
         if self.interpret:
-            return acc + _dot(p, v_smem[...], 0)
+            if after_issue is not None:
+                after_issue()
+            return acc + self._dot(p, Smem(v_smem))
 
         def scope(acc_ref):
-            plgpu.wgmma(acc_ref, p, v_smem)
+            self._issue(acc_ref, p, Smem(v_smem))
+            if after_issue is not None:
+                after_issue()
 
         return pl.run_state(scope)(plgpu.WGMMAAccumulatorRef.init(acc))
+
+    def pair(self, first, second, shape, on_first):
+        """Two float32 ``shape`` products ``a @ b`` (``first``, ``second``: (a, b) of ``Smem``)
+        issued back to back; returns ``(on_first(first product), second product)``, with
+        ``on_first`` running while the second wgmma is still in flight."""
+        if self.interpret:
+            return on_first(self._dot(*first)), self._dot(*second)
+
+        def scope(acc1, acc2):
+            self._issue(acc1, *first)
+            self._issue(acc2, *second)
+            x = on_first(plgpu.wgmma_accumulator_load(acc1, wait_n=1))  # the first group only
+            return x, acc2[...]
+
+        acc = plgpu.WGMMAAccumulatorRef(shape, F32)
+        return pl.run_scoped(scope, acc, acc)
+
+    def mma(self, *terms):
+        """``acc + a @ b`` for each (acc, a, b), all issued before one wait. acc: float32 registers,
+        or a shape for a zero accumulator; a: registers or ``Smem``; b: ``Smem``."""
+        accs = [self.full(acc, 0.0) if isinstance(acc, tuple) else acc for acc, _, _ in terms]
+        if self.interpret:
+            return tuple(acc + self._dot(a, b) for acc, (_, a, b) in zip(accs, terms, strict=True))
+
+        def scope(refs):
+            for ref, (_, a, b) in zip(refs, terms, strict=True):
+                self._issue(ref, a, b)
+
+        return pl.run_state(scope)(tuple(plgpu.WGMMAAccumulatorRef.init(acc) for acc in accs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +200,7 @@ class FwdConfig:
     qk_scale: float  # softmax_scale * log2(e)
     pingpong: bool
     interpret: bool
+    registers: int = 232  # per compute-warpgroup thread (REGISTER_CHOICES)
 
 
 def _mask(cfg: FwdConfig, ops: Ops, s, q_pos, q_seg, kpos_smem, kseg_smem):
@@ -169,8 +242,7 @@ def fwd_kernel(*refs, cfg: FwdConfig):
 def _produce(cfg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_smem, q_bar, k_bar,
              v_bar, k_free, v_free, sched, *, b, h, lo, hi, k_ref, v_ref, kp_ref, ks_ref, **_):
     """Producer warpgroup: TMA key/value blocks [lo, hi) into the slot ring."""
-    if not cfg.interpret:
-        plgpu.set_max_registers(40, action="decrease")
+    set_registers(cfg.registers, compute=False, interpret=cfg.interpret)
     kvh = lax.div(h, jnp.int32(cfg.groups))
 
     def load(j, carry):
@@ -210,8 +282,7 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
              k_bar, v_bar, k_free, v_free, sched, *, b, h, qi, lo, mid, hi, q_ref, qp_ref, qs_ref,
              o_ref, lse_ref, **_):
     """Compute warpgroup ``wg``: rows [row0, row0 + bq) of the CTA's query block."""
-    if not cfg.interpret:
-        plgpu.set_max_registers(232, action="increase")
+    set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
     ops = Ops(cfg.interpret)
     bq, d = q_smem.shape[1], q_smem.shape[2]
     row0 = qi * (COMPUTE_WGS * bq) + wg * bq
@@ -231,18 +302,17 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
             plgpu.barrier_wait(sched)
 
     def body(j, carry, masked: bool):
-        acc, m, l = carry  # float32 [bq, D], [bq], [bq]; m in log2 units
+        acc, m, l = carry  # float32 [bq, D], [bq], [bq]; m in log2 units (scaled logits)
         slot = lax.rem(j - lo, jnp.int32(cfg.stages))
-        plgpu.barrier_wait(k_bar.at[slot])
         s = ops.qk(q_smem.at[wg], k_smem.at[slot], (bq, cfg.bk), after_issue=turn)  # [bq, bk]
         if masked:
             at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
             s = _mask(cfg, ops, s, q_pos, q_seg, at(kpos_smem), at(kseg_smem))
         plgpu.barrier_arrive(k_free.at[slot])
-        s = s * cfg.qk_scale
-        m_new = jnp.maximum(m, s.max(axis=1))
+        # The row maximum of the raw logits, then one FMA per element (FA3): p = 2^(s*c - m).
+        m_new = jnp.maximum(m, s.max(axis=1) * cfg.qk_scale)  # qk_scale > 0 (checked by the wrapper)
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
-        p = jnp.exp2(s - lax.broadcast_in_dim(m_use, s.shape, [0]))  # [bq, bk]
+        p = jnp.exp2(s * cfg.qk_scale - lax.broadcast_in_dim(m_use, s.shape, [0]))  # [bq, bk]
         alpha = jnp.exp2(m - m_use)  # [bq]
         l = l * alpha + p.sum(axis=1)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
@@ -255,11 +325,17 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
             plgpu.barrier_wait(sched)
         else:
             plgpu.barrier_wait(v_bar.at[slot])
-        acc = ops.pv(acc, p, v_smem.at[slot])
+        acc = ops.pv(acc, p, v_smem.at[slot], after_issue=lambda: wait_keys(j + 1))
         plgpu.barrier_arrive(v_free.at[slot])
         return acc, m_new, l
 
+    def wait_keys(j):  # block j's keys: awaited while the previous block's PV is in flight
+        @pl.when(j < hi)
+        def _():
+            plgpu.barrier_wait(k_bar.at[lax.rem(j - lo, jnp.int32(cfg.stages))])
+
     carry = (ops.full((bq, d), 0.0), ops.full((bq,), -jnp.inf), ops.full((bq,), 0.0))
+    wait_keys(lo)
     pl.when(wg == 1)(turn)
     carry = lax.fori_loop(lo, mid, functools.partial(body, masked=False), carry)
     masked = cfg.causal or cfg.segments
@@ -267,6 +343,6 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
     pl.when(wg == 0)(turn)
     acc, m, l = carry
     seen = l > 0.0
-    l_safe = jnp.where(seen, l, 1.0)
-    o_ref.at[b, h, rows][...] = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
-    lse_ref.at[b, h, rows][...] = jnp.where(seen, m * LN2 + jnp.log(l_safe), -jnp.inf)
+    inv = 1.0 / jnp.where(seen, l, 1.0)  # [bq]: one reciprocal per row, then multiplies
+    o_ref.at[b, h, rows][...] = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+    lse_ref.at[b, h, rows][...] = jnp.where(seen, m * LN2 - jnp.log(inv), -jnp.inf)

@@ -14,11 +14,13 @@ What runs where (stated plainly):
 
 * forward, bfloat16/float16: the Mosaic GPU kernel (head dims padded to a multiple of 64, <= 256).
 * forward, float32: delegated to the Triton step (wgmma would compute in tf32).
-* backward, 16-bit, head dim <= 128 (default): Mosaic GPU dq and dk/dv kernels
-  (``hopper_backward.py``, ``hopper_bwd_kernels.py``), checked on an H200 against the float32 step
-  reference (``benchmarks/results/pallas_hopper_device_check.txt``).
-* backward, 16-bit, ``BlockSizes(backward="fused")`` (opt-in, not yet run on a device): one
-  FlashAttention-3 style kernel over key CTAs with a TMA reduce-add of dq (``hopper_fused_bwd.py``).
+* backward, 16-bit, head dim <= 64 (default; ``BlockSizes(backward="mosaic")``): Mosaic GPU dq and
+  dk/dv kernels (``hopper_backward.py``, ``hopper_bwd_kernels.py``).
+* backward, 16-bit, head dims 65-128 (default; ``BlockSizes(backward="fused")``): one
+  FlashAttention-3 style kernel over key CTAs with a TMA reduce-add of dq (``hopper_fused_bwd.py``;
+  its dq sums in a run-dependent order, so it is not bitwise deterministic: pick "mosaic" for that).
+  Both Mosaic backwards are checked on an H200 against the float32 step reference
+  (``benchmarks/results/pallas_hopper_h200.md``).
 * backward, head dim 256 or float32, or ``BlockSizes(backward="triton")``: the Triton step
   ``pallas_gpu.backward_step`` (it needs only the global lse and delta, so it composes with this
   forward unchanged).
@@ -58,11 +60,14 @@ class BlockSizes:
 
     ``block_q``: query rows per compute warpgroup (a CTA holds two); ``block_k``: keys per pipeline
     stage; ``stages``: shared-memory slots for keys/values; ``pingpong``: alternate the compute
-    warpgroups on the tensor cores. ``backward``: "mosaic" (``hopper_bwd_kernels``, 64-row tiles,
-    ``bwd_stages`` slots; the default for head dims <= 128), "fused" (opt-in: one kernel, dq by TMA
-    reduce-add, ``hopper_fused_bwd``) or "triton" (``pallas_gpu``'s kernels; the default for head
-    dim 256, whose Mosaic backward does not fit in shared memory).
-    Defaults: :func:`default_block_sizes`.
+    warpgroups on the tensor cores. ``backward``: "mosaic" (``hopper_bwd_kernels``: a dq and a dk/dv
+    kernel, 64-row tiles, ``bwd_stages`` slots, the dq kernel streaming ``bwd_block_k`` keys per
+    block; deterministic; the default for head dim 64), "fused" (``hopper_fused_bwd``: one kernel,
+    dq by TMA reduce-add; the default for head dim 128) or "triton" (``pallas_gpu``'s kernels; the
+    default for head dim 256, which the Mosaic backwards do not fit in shared memory).
+    ``registers``: per thread of a compute warpgroup in every Mosaic kernel (224, 232 or 240; the
+    producer keeps the rest of the launch allocation: 56, 40 or 24). Defaults:
+    :func:`default_block_sizes`.
     """
 
     block_q: int = 64
@@ -71,6 +76,8 @@ class BlockSizes:
     pingpong: bool = True
     backward: str = "mosaic"
     bwd_stages: int = 2
+    bwd_block_k: int = 64
+    registers: int = 232
     triton: pg.BlockSizes | None = None
 
     def __post_init__(self):
@@ -81,22 +88,29 @@ class BlockSizes:
         for name in ("stages", "bwd_stages"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 2:
                 raise ValueError(f"BlockSizes.{name}={getattr(self, name)!r} must be an int >= 2")
+        if self.bwd_block_k not in (64, 128):
+            raise ValueError(f"BlockSizes.bwd_block_k={self.bwd_block_k!r} must be 64 or 128")
+        if self.registers not in hk.REGISTER_CHOICES:
+            raise ValueError(f"BlockSizes.registers={self.registers!r} must be one of "
+                             f"{hk.REGISTER_CHOICES}")
         if self.backward not in BACKWARDS:
             raise ValueError(f"BlockSizes.backward={self.backward!r} must be one of {BACKWARDS}")
         if self.triton is not None and not isinstance(self.triton, pg.BlockSizes):
             raise TypeError(f"BlockSizes.triton={self.triton!r} must be a pallas_gpu.BlockSizes")
 
 
-_DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md (the Mosaic backward: 0.87-0.89x cuDNN
-    # forward+backward at 16K/64K against 0.77-0.78x with the Triton one; D=256 does not fit it)
+_DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md
+    # D=64: the Mosaic backward, 232 registers (alternatives not timed at this head dim yet).
     64: BlockSizes(block_k=128, stages=3, backward="mosaic"),
-    128: BlockSizes(block_k=128, stages=2, backward="mosaic"),
-    256: BlockSizes(block_k=64, stages=2, backward="triton"),
+    # D=128: the fused backward with 240 registers per compute thread (64K causal fwd+bwd 0.93x
+    # cuDNN against 0.91x for the two-kernel Mosaic one and 0.77x for the Triton one).
+    128: BlockSizes(block_k=128, stages=2, backward="fused", registers=240),
+    256: BlockSizes(block_k=64, stages=2, backward="triton"),  # the Mosaic backwards do not fit
 }
 
 
 def default_block_sizes(head_dim: int) -> BlockSizes:
-    """Defaults for the padded head dim (64, 128 or 256); tiles not swept on hardware yet."""
+    """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above."""
     return _DEFAULTS[min((d for d in _DEFAULTS if d >= head_dim), default=256)]
 
 
@@ -114,10 +128,12 @@ def available() -> bool:
 interpret_params = hk.interpret_params
 
 
-def _check(q, k, v, q_pos, k_pos, q_seg, k_seg):
+def _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale):
     pg._check(q, k, v, q_pos, k_pos, q_seg, k_seg)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"pallas_hopper: {q.dtype=} {k.dtype=} {v.dtype=} must be equal")
+    if not softmax_scale > 0:  # the kernels take row maxima of the unscaled logits
+        raise ValueError(f"pallas_hopper: {softmax_scale=} must be positive")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +163,7 @@ def _pad(geo: Geometry, q, k, v, q_pos, k_pos, q_seg, k_seg):
 def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_scale: float,
                  block_sizes: BlockSizes | None = None, interpret: bool = False):
     """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
-    _check(q, k, v, q_pos, k_pos, q_seg, k_seg)
+    _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale)
     bs = block_sizes or default_block_sizes(q.shape[3])
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
@@ -174,7 +190,7 @@ def _fwd_call(geo: Geometry, bs: BlockSizes, lo, mid, hi, q, k, v, *extra, causa
     nq = Sq // geo.cta_rows
     cfg = hk.FwdConfig(bq=geo.bq, bk=geo.bk, stages=bs.stages, causal=causal, segments=segments,
                        groups=H // K, nq=nq, qk_scale=scale * hk.LOG2E, pingpong=bs.pingpong,
-                       interpret=interpret)
+                       interpret=interpret, registers=bs.registers)
     smem = (hk.COMPUTE_WGS * geo.bq + 2 * bs.stages * geo.bk) * D * q.dtype.itemsize
     smem += 4 * (hk.COMPUTE_WGS * geo.bq + bs.stages * geo.bk) * (causal + segments)
     if smem > SMEM_LIMIT - 1024:
@@ -215,7 +231,7 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     Runs the Triton step's kernels unless ``block_sizes.backward`` is "mosaic" or "fused" (and q is
     16-bit).
     """
-    _check(q, k, v, q_pos, k_pos, q_seg, k_seg)
+    _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale)
     if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
                                                                         q.shape[1]):
         raise ValueError(f"pallas_hopper: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=}")
