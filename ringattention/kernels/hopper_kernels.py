@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 from typing import Any
 
@@ -51,6 +52,16 @@ def set_registers(registers: int, compute: bool, interpret: bool) -> None:
     else:
         producer = (COMPUTE_WGS + 1) * LAUNCH_REGISTERS - COMPUTE_WGS * registers
         plgpu.set_max_registers(producer, action="decrease")
+
+
+_LOAD_TAKES_INDEX = "idx" in inspect.signature(plgpu.load).parameters  # jax < 0.12
+
+
+def _load(ref, layout):
+    """SMEM -> registers in ``layout`` (``plgpu.load`` lost its index argument in jax 0.12)."""
+    if _LOAD_TAKES_INDEX:
+        return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, layout=layout)
 
 
 def interpret_params():
@@ -95,13 +106,13 @@ class Ops:
         """A [n] vector in SMEM -> registers laid out to broadcast along a wgmma tile's rows."""
         if self.interpret:
             return ref[...]
-        return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA.reduce(1))
+        return _load(ref, plgpu.Layout.WGMMA.reduce(1))
 
     def cols(self, ref):
         """A [n] vector in SMEM -> registers laid out to broadcast along a wgmma tile's columns."""
         if self.interpret:
             return ref[...]
-        return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA.reduce(0))
+        return _load(ref, plgpu.Layout.WGMMA.reduce(0))
 
     def full(self, shape, value):
         x = jnp.full(shape, value, F32)
@@ -117,7 +128,7 @@ class Ops:
             return x
         if self.interpret:
             return x.ref[...].T if x.transposed else x.ref[...]
-        return plgpu.transpose_ref(x.ref, (1, 0)) if x.transposed else x.ref
+        return x.ref.transpose((1, 0)) if x.transposed else x.ref  # what transpose_ref did
 
     def _issue(self, acc_ref, a, b):
         plgpu.wgmma(acc_ref, self._operand(a), self._operand(b))
