@@ -348,6 +348,28 @@ def guarded(label, fn, *args):
         log(f"ERROR {label}: {short_exc(e)}", kind="error", name=label, error=short_exc(e))
 
 
+def run_parts(args, parts: set[str]) -> None:
+    """The selected parts, in the order steps, ring, bench, sweep."""
+    if "steps" in parts:
+        wanted = [w for w in args.cases.split(",") if w]
+        for c in CASES:
+            if wanted and not any(w in c.name for w in wanted):
+                continue
+            if not (args.interpret and c.sq * c.sk > 300 * 300):
+                guarded(f"step {c.name}", run_case, c)
+    if "ring" in parts:
+        for ring_args in ((True, True, "bfloat16", 2), (False, False, "float16", 4)):
+            for backward in BACKWARDS:
+                guarded(f"ring {ring_args} {backward}", run_ring_check, *ring_args, backward)
+    seqs = [int(s) for s in args.seqs.split(",")]
+    if "bench" in parts and not args.interpret:
+        for causal in [c == "1" for c in args.causal.split(",")]:
+            for length in seqs:
+                guarded(f"bench L={length} causal={causal}", bench, length, causal)
+    if "sweep" in parts and not args.interpret:
+        guarded("sweep", bench, seqs[0], True, 32, 128, True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="hopper_check", help="path prefix for .json and .txt")
@@ -386,24 +408,7 @@ def main():
         f"{getattr(dev, 'compute_capability', '?')}, pallas_hopper available: {ph.available()}, "
         f"auto -> {implementations.resolve('auto').name}, python {sys.version.split()[0]}")
     try:
-        if "steps" in parts:
-            wanted = [w for w in args.cases.split(",") if w]
-            for c in CASES:
-                if wanted and not any(w in c.name for w in wanted):
-                    continue
-                if not (args.interpret and c.sq * c.sk > 300 * 300):
-                    guarded(f"step {c.name}", run_case, c)
-        if "ring" in parts:
-            for ring_args in ((True, True, "bfloat16", 2), (False, False, "float16", 4)):
-                for backward in BACKWARDS:
-                    guarded(f"ring {ring_args} {backward}", run_ring_check, *ring_args, backward)
-        seqs = [int(s) for s in args.seqs.split(",")]
-        if "bench" in parts and not args.interpret:
-            for causal in [c == "1" for c in args.causal.split(",")]:
-                for length in seqs:
-                    guarded(f"bench L={length} causal={causal}", bench, length, causal)
-        if "sweep" in parts and not args.interpret:
-            guarded("sweep", bench, seqs[0], True, 32, 128, True)
+        run_parts(args, parts)
     finally:
         n_pass = sum(1 for r in RECORDS if r.get("passed") is True)
         n_fail = sum(1 for r in RECORDS if r.get("passed") is False)

@@ -109,6 +109,20 @@ def _wgmma_ops(cfg):
     return Ops(cfg.interpret)
 
 
+def _load_queries(cfg: BwdConfig, ops: Ops, wg, gmem, smem, bar):
+    """Loads warpgroup ``wg``'s own query rows (q, do, lse2, delta, positions, ids: gmem slices and
+    smem buffers, None when unused) and returns lse2, delta, positions, ids as row vectors."""
+    for src, dst in zip(gmem, smem, strict=True):
+        if dst is not None:
+            plgpu.copy_gmem_to_smem(src, dst.at[wg], bar)
+    plgpu.barrier_wait(bar)
+    _, _, lse_s, dl_s, qp_s, qs_s = smem
+    lse, delta = ops.rows(lse_s.at[wg]), ops.rows(dl_s.at[wg])  # [r]
+    own_pos = ops.rows(qp_s.at[wg]) if cfg.causal else None
+    own_seg = ops.rows(qs_s.at[wg]) if cfg.segments else None
+    return lse, delta, own_pos, own_seg
+
+
 def dq_kernel(*refs, cfg: BwdConfig):
     """Grid ("h", "i", "b"), warpgroups "wg". GMEM: lo/mid/hi [B, nq]; q, do [B, Sq, H, D]; k, v
     [B, Sk, K, D]; lse2, delta f32 [B, H, Sq]; positions / ids as in the forward. Out: dq f32
@@ -138,17 +152,11 @@ def dq_kernel(*refs, cfg: BwdConfig):
     def _():
         ops = _wgmma_ops(cfg)
         rows = pl.ds(i * (COMPUTE_WGS * r) + wg * r, r)
-        bar = own_bar.at[wg]
-        for src, dst in ((q_ref.at[b, rows, h], q_s), (do_ref.at[b, rows, h], do_s),
-                         (lse_ref.at[b, h, rows], lse_s), (dl_ref.at[b, h, rows], dl_s),
-                         (qp_ref.at[rows] if cfg.causal else None, qp_s),
-                         (qs_ref.at[b, rows] if cfg.segments else None, qs_s)):
-            if dst is not None:
-                plgpu.copy_gmem_to_smem(src, dst.at[wg], bar)
-        plgpu.barrier_wait(bar)
-        lse, delta = ops.rows(lse_s.at[wg]), ops.rows(dl_s.at[wg])  # [r]
-        own_pos = ops.rows(qp_s.at[wg]) if cfg.causal else None
-        own_seg = ops.rows(qs_s.at[wg]) if cfg.segments else None
+        lse, delta, own_pos, own_seg = _load_queries(
+            cfg, ops, wg, (q_ref.at[b, rows, h], do_ref.at[b, rows, h], lse_ref.at[b, h, rows],
+                           dl_ref.at[b, h, rows], qp_ref.at[rows] if cfg.causal else None,
+                           qs_ref.at[b, rows] if cfg.segments else None),
+            (q_s, do_s, lse_s, dl_s, qp_s, qs_s), own_bar.at[wg])
 
         def body(j, dq, masked: bool):
             slot = lax.rem(j - lo, jnp.int32(cfg.stages))

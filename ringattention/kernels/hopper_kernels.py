@@ -289,6 +289,19 @@ def _produce(cfg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_
     lax.fori_loop(jnp.maximum(lo, hi - cfg.stages), hi, drain, None)
 
 
+def _online_softmax(cfg: FwdConfig, s, acc, m, l, masked: bool):
+    """One key block of the online softmax: s [bq, bk] raw logits (-inf where hidden); acc [bq, D],
+    m, l [bq] (m in log2 units of the scaled logits). The row maximum is taken of the raw logits,
+    so each probability is one FMA and one exp2 (FA3): p = 2^(s*c - m). Returns acc, m, l, p."""
+    m_new = jnp.maximum(m, s.max(axis=1) * cfg.qk_scale)  # qk_scale > 0 (checked by the wrapper)
+    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+    p = jnp.exp2(s * cfg.qk_scale - lax.broadcast_in_dim(m_use, s.shape, [0]))  # [bq, bk]
+    alpha = jnp.exp2(m - m_use)  # [bq]
+    l = l * alpha + p.sum(axis=1)
+    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+    return acc, m_new, l, p
+
+
 def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_smem, q_bar,
              k_bar, v_bar, k_free, v_free, sched, *, b, h, qi, lo, mid, hi, q_ref, qp_ref, qs_ref,
              o_ref, lse_ref, **_):
@@ -320,13 +333,7 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
             at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
             s = _mask(cfg, ops, s, q_pos, q_seg, at(kpos_smem), at(kseg_smem))
         plgpu.barrier_arrive(k_free.at[slot])
-        # The row maximum of the raw logits, then one FMA per element (FA3): p = 2^(s*c - m).
-        m_new = jnp.maximum(m, s.max(axis=1) * cfg.qk_scale)  # qk_scale > 0 (checked by the wrapper)
-        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
-        p = jnp.exp2(s * cfg.qk_scale - lax.broadcast_in_dim(m_use, s.shape, [0]))  # [bq, bk]
-        alpha = jnp.exp2(m - m_use)  # [bq]
-        l = l * alpha + p.sum(axis=1)
-        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+        acc, m_new, l, p = _online_softmax(cfg, s, acc, m, l, masked)
         p = p.astype(q_smem.dtype)
         if d <= 128:  # keep the softmax ahead of the hand-over (FA3's instruction ordering)
             acc, l, m_new, p = lax.optimization_barrier((acc, l, m_new, p))

@@ -18,7 +18,8 @@ What runs where (stated plainly):
   dk/dv kernels (``hopper_backward.py``, ``hopper_bwd_kernels.py``).
 * backward, 16-bit, head dims 65-128 (default; ``BlockSizes(backward="fused")``): one
   FlashAttention-3 style kernel over key CTAs with a TMA reduce-add of dq (``hopper_fused_bwd.py``;
-  its dq sums in a run-dependent order, so it is not bitwise deterministic: pick "mosaic" for that).
+  its dq sums in a run-dependent order, so it is not bitwise deterministic, and it accumulates dq in
+  a float32 buffer twice the size of the float32 dq: pick "mosaic" for determinism or memory).
   Both Mosaic backwards are checked on an H200 against the float32 step reference
   (``benchmarks/results/pallas_hopper_h200.md``).
 * backward, head dim 256 or float32, or ``BlockSizes(backward="triton")``: the Triton step
