@@ -5,6 +5,7 @@ Speed is measured on the device, never here: these tests only keep the scripts f
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -52,3 +53,19 @@ def test_profile_sums_trace_events_by_category(bench, tmp_path):
     total = sum(c["s"] for c in summary["categories"].values())
     assert total == pytest.approx(summary["device_busy_s"])
     assert json.load(open(out))["seq"] == 128
+
+
+def test_hopper_check_variants_become_block_sizes(bench):
+    """``hopper_check.py --backwards`` entries: a backward name (or "default") plus BlockSizes fields."""
+    hc = bench("hopper_check")
+    from ringattention.kernels import pallas_hopper as ph
+
+    assert hc.block_sizes("default", 128) == ph.default_block_sizes(128)
+    got = hc.block_sizes("fused/bwd_block_k=128/registers=240", 64)
+    want = dataclasses.replace(ph.default_block_sizes(64), backward="fused", bwd_block_k=128,
+                               registers=240)
+    assert got == want and got.stages == 3  # the head-dim-64 defaults underneath
+    with pytest.raises(ValueError, match="backward"):
+        hc.block_sizes("cuda", 128)
+    with pytest.raises(ValueError, match="registers"):
+        hc.block_sizes("fused/registers=250", 128)
