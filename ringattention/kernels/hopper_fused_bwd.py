@@ -3,13 +3,13 @@
 The FlashAttention-3 backward (Shah et al. 2024) for one step of Ring Attention (Liu, Zaharia &
 Abbeel 2023), selected by ``pallas_hopper.BlockSizes(backward="fused")`` (the default at head dim
 128). Where the "mosaic" backward (``hopper_backward.py``) runs a dq kernel and a dk/dv kernel that
-both recompute
-the probabilities (7 tile matmuls per query block x key block pair), this one runs only the key-CTA
-kernel (grid: kv head, key CTA, batch): each compute warpgroup keeps dk/dv of its 64 keys in float32
-registers, loops over the G query heads of the kv group and their visible query blocks (the same
-lo/mid/hi bounds and visiting order as the dk/dv kernel, ``hopper_bwd_kernels.visit``) and sends its
-dq contribution ``ds @ k`` (float32) to global memory with a TMA reduce-add: 5 tile matmuls per
-pair. The reduce-adds arrive in a run-dependent order, so dq is not bitwise reproducible.
+both recompute the probabilities (7 tile matmuls per query block x key block pair), this one runs
+only the key-CTA kernel (grid: kv head, key CTA, batch): each compute warpgroup keeps dk/dv of its
+64 keys in float32 registers, loops over the G query heads of the kv group and their visible query
+blocks (the same lo/mid/hi bounds and visiting order as the dk/dv kernel,
+``hopper_bwd_kernels.visit``) and sends its dq contribution ``ds @ k`` (float32) to global memory
+with a TMA reduce-add: 5 tile matmuls per pair. The reduce-adds arrive in a run-dependent order, so
+dq is not bitwise reproducible.
 
 dq accumulates in a zero-initialised float32 buffer ``[2, B, H, Sq, D]`` (one slice per compute
 warpgroup), passed to the kernel as a JAX ``Ref`` (read and written in place, i.e. aliased in and
@@ -185,8 +185,7 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     segments = q_seg is not None
     extra = ((q_pos, k_pos) if causal else ()) + ((q_seg, k_seg) if segments else ())
     cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
-                        causal=causal,
-                        segments=segments, groups=H // K, n_cta=sk // CTA,
+                        causal=causal, segments=segments, groups=H // K, n_cta=sk // CTA,
                         qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret)
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA)  # [B|1, nq, nk]
     bounds = hbk.key_cta_bounds(table, B)  # over the reversed query blocks, per key CTA
