@@ -15,7 +15,7 @@ import numpy as np
 from ringattention import layouts
 
 DTYPES = ("float32", "bfloat16", "float16")
-REMAT_POLICIES = ("none", "full", "save_dots", "save_attn")
+REMAT_POLICIES = ("none", "full", "save_dots", "save_attn", "offload_attn")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
-from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -28,15 +27,17 @@ from ringattention import (
     blockwise_feedforward,
     layouts,
     reference_attention,
+    remat,
     ring_attention,
 )
 from ringattention import implementations as ra_impl
 
 F32 = jnp.float32
-REMAT = {
+REMAT = {  # what a rematerialised block keeps for its backward pass (besides its input)
     "full": jax.checkpoint_policies.nothing_saveable,
     "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "save_attn": jax.checkpoint_policies.save_only_these_names("attn_out"),
+    "save_attn": remat.save_attention(),  # ring attention's o and lse: no second forward lap
+    "offload_attn": remat.offload_attention(),  # the same, held in pinned host memory
 }
 
 
@@ -132,8 +133,7 @@ class Attention(nn.Module):
         q = apply_rope(proj(wq, "act_heads"), cos, sin)  # [B, S, H, D]
         k = apply_rope(proj(wk, "act_kv_heads"), cos, sin)  # [B, S, K, D]
         v = proj(wv, "act_kv_heads")
-        o = attend(c, self.mesh, q, k, v, segment_ids).astype(dt)
-        o = checkpoint_name(o, "attn_out")  # [B, S, H, D]
+        o = attend(c, self.mesh, q, k, v, segment_ids).astype(dt)  # [B, S, H, D]
         out = jnp.einsum("bshd,hde->bse", o, wo.astype(dt))
         return constrain(out, ("act_batch", "act_seq", "act_embed"), self.mesh)
 
@@ -231,10 +231,11 @@ def _full_remat_scan(layer, stacked, x, cos, sin, segment_ids):
 def scan_blocks(config: LlamaConfig, mesh: Mesh | None, stacked, x, cos, sin, segment_ids):
     """Runs the blocks with a scan over stacked params [layers, ...].
 
-    With ``remat="full"`` the layer scan has its own VJP (:func:`_full_remat_scan`): JAX's
-    differentiation of ``lax.scan`` linearises ring attention's forward lap inside the scan body
-    instead of using its ``custom_vjp`` (every score block would be saved), which the per-layer
-    ``jax.vjp`` avoids. Other policies use ``lax.scan`` over ``jax.checkpoint``.
+    ``remat="full"`` uses a layer scan with its own VJP (:func:`_full_remat_scan`: one saved input
+    per layer, each block recomputed under ``jax.vjp``). The other policies differentiate a plain
+    ``lax.scan`` over ``jax.checkpoint``: "save_attn" / "offload_attn" keep ring attention's named
+    output and lse (``ringattention.remat``) next to each layer's input, so the backward pass
+    recomputes the projections and the MLP but never the ring's forward lap.
     """
     block = Block(config, mesh)
     layer = lambda p, h, cos, sin, seg: block.apply({"params": p}, h, cos, sin, seg)[0]

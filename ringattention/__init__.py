@@ -4,7 +4,7 @@ Ring Attention with Blockwise Transformers (Liu et al. 2023), Blockwise Parallel
 Abbeel 2023), Striped Attention (Brandon et al. 2023), FlashAttention-2 (Dao 2023).
 """
 
-from ringattention import layouts, masks
+from ringattention import layouts, masks, remat
 from ringattention.blockwise import BlockSizes, blockwise_feedforward
 from ringattention.implementations import names as implementation_names
 from ringattention.reference import reference_attention
@@ -18,6 +18,7 @@ __all__ = [
     "layouts",
     "masks",
     "reference_attention",
+    "remat",
     "ring_attention",
     "sharded_attention",
 ]

@@ -19,9 +19,11 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from ringattention import implementations, layouts
 from ringattention._vma import full_like
+from ringattention.remat import LSE_NAME, OUT_NAME
 
 F32 = jnp.float32
 
@@ -160,8 +162,11 @@ def _ring(q, k, v, segment_ids, cfg):
 
 
 def _ring_fwd(q, k, v, segment_ids, cfg):
+    # o and lse carry names so that a remat policy (ringattention.remat) can keep them and the
+    # backward pass of a rematerialised block need not run the forward lap again.
     o, lse = _forward_lap(cfg, q, k, v, segment_ids, segment_ids)
-    o = o.astype(q.dtype)
+    o = checkpoint_name(o.astype(q.dtype), OUT_NAME)
+    lse = checkpoint_name(lse, LSE_NAME)
     return o, (q, k, v, segment_ids, o, lse)
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
@@ -44,6 +45,24 @@ def test_model_compile_only_fit_reports_memory_without_running(bench, tmp_path):
     assert fit["needed_bytes"] >= fit["argument_size_in_bytes"] > 0
     assert result["attention_resolved"] == "xla"
     assert json.load(open(out))["fit"]["longest"]["seq"] == 512
+
+
+def test_model_on_a_ring_of_two_reports_per_device_rates(bench, tmp_path):
+    """``--sp 2``: the model on a ring of two virtual devices, timed rows and executed fit steps."""
+    out = str(tmp_path / "model_sp2.json")
+    result = bench("model").main(["--tiny", "--sp", "2", "--remat", "save_attn", "--seqs", "64",
+                                  "--fit-seqs", "128,256", "--out", out])
+    assert result["devices"] == 2 and result["config"]["layout"] == "zigzag"
+    rows = result["throughput"] + [result["fit"]["longest"]]
+    assert [r["seq"] for r in rows] == [64, 256]
+    for r in rows:
+        assert r["devices"] == 2 and r["step_seconds"] > 0
+        assert r["tokens_per_s_per_device"] == pytest.approx(r["tokens_per_s"] / 2)
+        assert r["mfu"] == pytest.approx(r["model_flops"] / r["step_seconds"] / (2 * 790e12))
+    assert result["fit"]["longest"]["train_step"] == "fwd+bwd+AdamW"
+    assert np.isfinite(result["fit"]["longest"]["loss"])
+    saved = json.load(open(out))
+    assert [r["seq"] for r in saved["fit_rows"]] == [128, 256] and saved["fit"]["remat"] == "save_attn"
 
 
 def test_profile_sums_trace_events_by_category(bench, tmp_path):
