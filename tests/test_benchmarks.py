@@ -69,3 +69,44 @@ def test_hopper_check_variants_become_block_sizes(bench):
         hc.block_sizes("cuda", 128)
     with pytest.raises(ValueError, match="registers"):
         hc.block_sizes("fused/registers=250", 128)
+
+
+def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
+    """``--backwards default,mosaic,fused``: at head dim 64 "default" is "mosaic" (timed once), at
+    256 "default" is "fused" and the two-kernel "mosaic" does not fit: each skip is a note line."""
+    hc = bench("hopper_check")
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused"])
+    monkeypatch.setattr(hc, "write_out", lambda: None)
+    assert [name for name, _ in hc.distinct_backwards(64)] == ["default", "fused"]
+    assert [name for name, _ in hc.distinct_backwards(128)] == ["default", "mosaic"]
+    ((name, bs),) = hc.distinct_backwards(256)
+    assert name == "default" and bs.backward == "fused"
+    assert any("does not fit above head dim 128" in line for line in hc.LINES)
+
+
+def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
+    """The bench loop over a heads:kv_heads:head_dim shape, with XLA attention standing in for
+    cuDNN and the kernels (CPU): one record per function and mode, ratios against the first."""
+    import jax
+    import jax.numpy as jnp
+
+    hc = bench("hopper_check")
+
+    def xla_fns(*_, **__):
+        fwd = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))
+        return fwd, jax.jit(lambda q, k, v, do: jax.grad(
+            lambda q: jnp.sum(fwd(q, k, v).astype(jnp.float32) * do))(q))
+
+    monkeypatch.setattr(hc, "cudnn_fns", xla_fns)
+    monkeypatch.setattr(hc, "step_fns", xla_fns)
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic"])
+    monkeypatch.setattr(hc, "REPS", {"n": 1})
+    monkeypatch.setattr(hc, "RECORDS", [])
+    monkeypatch.setattr(hc, "write_out", lambda: None)
+    hc.bench(64, True, 4, 2, 256)
+    times = [r for r in hc.RECORDS if r["kind"] == "time"]
+    assert [(r["name"], r["mode"]) for r in times] == [
+        ("cudnn", "fwd"), ("cudnn", "fwdbwd"), ("pallas_hopper backward=default", "fwd"),
+        ("pallas_hopper backward=default", "fwdbwd")]
+    assert all((r["heads"], r["kv_heads"], r["head_dim"]) == (4, 2, 256) for r in times)
+    assert times[0]["vs_cudnn"] == 1.0 and times[2]["vs_cudnn"] > 0
