@@ -146,6 +146,16 @@ def test_head_dim_256_forward_and_split_backward():
 
 
 @needs_interpret
+def test_fused_backward_with_one_dq_tile_per_cta():
+    """``dq_tile="cta"`` (``hopper_cta_dq_bwd``): the two warpgroups of a key CTA add one dq tile,
+    half its columns each; causal, GQA, segment ids, ragged, two key CTAs."""
+    rng = np.random.default_rng(13)
+    inputs = _inputs(rng, sq=72, sk=200, heads=2, kv_heads=1, dim=128, dtype="bfloat16",
+                     where="overlap", segments=True, batch=1)
+    _check_backward(inputs, True, ph.BlockSizes(backward="fused", dq_tile="cta", registers=240))
+
+
+@needs_interpret
 @pytest.mark.parametrize("backward", ["mosaic", "fused"])
 def test_ring_on_one_device(backward):
     check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=4,
@@ -216,6 +226,20 @@ def test_split_backward_matrix(case):
 
 @pytest.mark.slow
 @needs_interpret
+@pytest.mark.parametrize("case", BWD_SLOW_CASES[:2] + BWD_SLOW_CASES[3:],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_cta_dq_backward_matrix(case):
+    """``dq_tile="cta"`` over the fused backward's matrix (head dims padded to 128: 40 -> 64 is not
+    accepted, so those run at 80), with three stages, which only this variant fits at 128."""
+    dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
+    rng = np.random.default_rng(sq * sk + dim)
+    inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=max(dim, 80),
+                     dtype=dtype, where=where, segments=segments)
+    _check_backward(inputs, causal, ph.BlockSizes(backward="fused", dq_tile="cta", bwd_stages=3))
+
+
+@pytest.mark.slow
+@needs_interpret
 def test_ring_on_one_device_head_dim_256():
     check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=2,
                        kv_heads=1, head_dim=256, dtype="bfloat16"),
@@ -232,6 +256,7 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("fused", 80, False, True, 4, {}),
     ("fused", 256, True, True, 2, dict(block_k=64, registers=240)),  # hopper_split_bwd
     ("fused", 192, False, False, 4, dict(block_k=64)),  # padded to 256 in the backward
+    ("fused", 128, True, True, 2, dict(dq_tile="cta", bwd_stages=3)),  # hopper_cta_dq_bwd
 ]
 
 
@@ -303,6 +328,8 @@ def test_block_sizes_are_validated():
         ph.BlockSizes(bwd_block_k=96)
     with pytest.raises(ValueError, match="backward"):
         ph.BlockSizes(backward="cuda")
+    with pytest.raises(ValueError, match="dq_tile"):
+        ph.BlockSizes(dq_tile="block")
     with pytest.raises(TypeError, match="triton"):
         ph.BlockSizes(triton=ph.BlockSizes())
     assert ph.default_block_sizes(64) != ph.default_block_sizes(128)
@@ -344,6 +371,14 @@ def test_shared_memory_budget_is_checked():
     with pytest.raises(ValueError, match="shared memory"):
         ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
                          block_sizes=ph.BlockSizes(backward="fused", bwd_stages=3), **kw)
+    with pytest.raises(ValueError, match="shared memory"):  # one dq tile per CTA: 3 stages fit
+        ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
+                         block_sizes=ph.BlockSizes(backward="fused", dq_tile="cta", bwd_stages=4),
+                         **kw)
+    with pytest.raises(ValueError, match="pad to 128"):
+        ph.backward_step(q[..., :64], q[..., :64], q[..., :64], q[..., :64], lse, lse, pos, pos,
+                         None, None, block_sizes=ph.BlockSizes(backward="fused", dq_tile="cta"),
+                         **kw)
 
 
 def test_registered_and_not_picked_on_cpu():

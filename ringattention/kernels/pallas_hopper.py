@@ -48,6 +48,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
 from ringattention.kernels import hopper_backward as hb
+from ringattention.kernels import hopper_cta_dq_bwd as hcb
 from ringattention.kernels import hopper_fused_bwd as hfb
 from ringattention.kernels import hopper_kernels as hk
 from ringattention.kernels import hopper_split_bwd as hsb
@@ -58,6 +59,7 @@ ROWS = 64  # wgmma's M per warpgroup
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 BACKWARDS = ("triton", "mosaic", "fused")  # BlockSizes.backward: the Triton step's kernels, or our own
+DQ_TILES = ("warpgroup", "cta")  # BlockSizes.dq_tile: the fused backward's dq reduce-add tiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +76,10 @@ class BlockSizes:
     dim and add dq with atomics, the default for head dim 256) or "triton" (``pallas_gpu``'s
     kernels, any head dim).
     ``registers``: per thread of a compute warpgroup in every Mosaic kernel (224, 232 or 240; the
-    producer keeps the rest of the launch allocation: 56, 40 or 24). Defaults:
+    producer keeps the rest of the launch allocation: 56, 40 or 24). ``dq_tile`` (fused backward,
+    head dims 65-128): "warpgroup" (each compute warpgroup reduce-adds its own [64, D] dq tile) or
+    "cta" (``hopper_cta_dq_bwd``: the two share one, each adding half its columns; half the
+    reduce-add traffic, a barrier between them per block; not yet timed on the device). Defaults:
     :func:`default_block_sizes`.
     """
 
@@ -87,6 +92,7 @@ class BlockSizes:
     bwd_block_k: int = 64
     registers: int = 232
     triton: pg.BlockSizes | None = None
+    dq_tile: str = "warpgroup"
 
     def __post_init__(self):
         if self.block_q != ROWS:
@@ -103,6 +109,8 @@ class BlockSizes:
                              f"{hk.REGISTER_CHOICES}")
         if self.backward not in BACKWARDS:
             raise ValueError(f"BlockSizes.backward={self.backward!r} must be one of {BACKWARDS}")
+        if self.dq_tile not in DQ_TILES:
+            raise ValueError(f"BlockSizes.dq_tile={self.dq_tile!r} must be one of {DQ_TILES}")
         if self.triton is not None and not isinstance(self.triton, pg.BlockSizes):
             raise TypeError(f"BlockSizes.triton={self.triton!r} must be a pallas_gpu.BlockSizes")
 
@@ -255,6 +263,8 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     mosaic = hb.backward
     if bs.backward == "fused":  # head dims above 128: the warpgroups split the head dim
         mosaic = hsb.backward if q.shape[3] > 128 else hfb.backward
+        if q.shape[3] <= 128 and bs.dq_tile == "cta":
+            mosaic = hcb.backward
     return mosaic(q, k, v, do.astype(q.dtype), lse, delta, q_pos, k_pos, q_seg, k_seg, bs=bs, **kw)
 
 
