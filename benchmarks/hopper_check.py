@@ -317,6 +317,9 @@ def distinct_backwards(d: int, label: str = "") -> list[tuple[str, ph.BlockSizes
         elif bs.backward == "mosaic" and -(-d // 64) * 64 > 128:
             log(f"note {label}D={d}: backward={backward} (two-kernel Mosaic) does not fit above "
                 "head dim 128")
+        elif bs.dq_tile == "cta" and (bs.backward != "fused" or -(-d // 64) * 64 != 128):
+            log(f"note {label}D={d}: backward={backward} (dq_tile=cta) applies to the fused "
+                "backward at head dims 65-128 only")
         else:
             seen[bs] = backward
             out.append((backward, bs))
@@ -388,6 +391,17 @@ def guarded(label, fn, *args):
         log(f"ERROR {label}: {short_exc(e)}", kind="error", name=label, error=short_exc(e))
 
 
+def parse_shapes(spec: str, seqs: list[int]) -> list[tuple[int, int, int, list[int]]]:
+    """--shapes "32:8:128@65536,16:16:256" -> [(32, 8, 128, [65536]), (16, 16, 256, seqs)]: each
+    heads:kv_heads:head_dim, optionally with its own "+"-separated token counts after "@"."""
+    out = []
+    for entry in spec.split(","):
+        shape, _, own = entry.partition("@")
+        h, kvh, d = (int(x) for x in shape.split(":"))
+        out.append((h, kvh, d, [int(x) for x in own.split("+")] if own else seqs))
+    return out
+
+
 def run_parts(args, parts: set[str]) -> None:
     """The selected parts, in the order steps, ring, bench, sweep."""
     if "steps" in parts:
@@ -404,10 +418,9 @@ def run_parts(args, parts: set[str]) -> None:
                     guarded(f"ring {ring_args} D={d} {backward}", run_ring_check, *ring_args,
                             backward, d)
     seqs = [int(s) for s in args.seqs.split(",")]
-    shapes = [tuple(int(x) for x in sh.split(":")) for sh in args.shapes.split(",")]
     if "bench" in parts and not args.interpret:
-        for h, kvh, d in shapes:
-            for length in seqs:
+        for h, kvh, d, shape_seqs in parse_shapes(args.shapes, seqs):
+            for length in shape_seqs:
                 for causal in [c == "1" for c in args.causal.split(",")]:
                     guarded(f"bench L={length} {h}:{kvh}:{d} causal={causal}", bench, length,
                             causal, h, kvh, d)
@@ -428,7 +441,8 @@ def main():
     ap.add_argument("--dim", type=int, default=128,
                     help="head dim of the timed problems (bench), when --shapes is not given")
     ap.add_argument("--shapes", default="",
-                    help="bench: comma-separated heads:kv_heads:head_dim (default 32:32:<--dim>)")
+                    help="bench: comma-separated heads:kv_heads:head_dim[@seq+seq...] (default "
+                         "32:32:<--dim> at --seqs)")
     ap.add_argument("--reps", type=int, default=5, help="bench: timed calls per measurement")
     ap.add_argument("--ring-dims", default="128", help="ring: comma-separated head dims")
     ap.add_argument("--cases", default="",

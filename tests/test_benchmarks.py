@@ -82,6 +82,10 @@ def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
     ((name, bs),) = hc.distinct_backwards(256)
     assert name == "default" and bs.backward == "fused"
     assert any("does not fit above head dim 128" in line for line in hc.LINES)
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused/dq_tile=cta", "fused/dq_tile=cta/bwd_stages=3"])
+    assert len(hc.distinct_backwards(128)) == 3 and len(hc.distinct_backwards(256)) == 1
+    assert hc.parse_shapes("32:8:128@65536,16:16:256", [1, 2]) == [(32, 8, 128, [65536]),
+                                                                    (16, 16, 256, [1, 2])]
 
 
 def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
