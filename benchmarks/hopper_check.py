@@ -144,7 +144,7 @@ CASES = [
     Case("causal-before-gqa-d256-bf16 (all hidden)", where="before", dim=256),
     Case("ragged-causal-after-gqa-d192-bf16", where="after", dim=192, sq=200, sk=328),
     Case("ragged-noncausal-gqa4-d256-bf16", causal=False, heads=8, dim=256, sq=200, sk=136),
-    Case("long-causal-overlap-seg-gqa-d256-bf16", segments=True, dim=256, sq=1024, sk=1536),
+    Case("long-d256-causal-overlap-seg-gqa-bf16", segments=True, dim=256, sq=1024, sk=1536),
 ]
 
 

@@ -19,8 +19,9 @@ fused kernel's, through the same ``hopper_bwd_kernels`` helpers. dq sums in a ru
 warpgroups own disjoint columns.
 
 Shared memory at D = 128, bf16 (``smem_bytes``): own k, v 2 x 2 x 16 KB; per stage q, do 2 x 16 KB;
-ds^T 2 x 8 KB; dq staging 2 x 16 KB: 176 KB with 2 stages, 208 KB with 3 (the fused kernel's two
-[64, 128] float32 staging tiles leave no room for a third stage).
+ds^T 2 x 8 KB; dq staging 2 x 16 KB: 176 KB with 2 stages, 208 KB with 3 (182 / 214 KB as Mosaic
+GPU allocates them; the fused kernel's two [64, 128] float32 staging tiles leave no room for a third
+stage).
 """
 
 from __future__ import annotations

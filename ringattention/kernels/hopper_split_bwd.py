@@ -24,8 +24,8 @@ run-dependent order: dq is not bitwise reproducible.
 Budgets (bf16/fp16, D = 256, per CTA of 2 compute warpgroups + 1 producer):
 
 * shared memory (``smem_bytes``): own k, v 2 x 32 KB; per stage q, do 2 x 32 KB (+ 1 KB of lse,
-  delta, positions, ids); p^T, ds^T 2 x 8 KB; with 2 stages 210.5 KB of the 227 KB (3 stages: 274 KB,
-  rejected by the wrapper);
+  delta, positions, ids); p^T, ds^T 2 x 8 KB; with 2 stages 210.5 KB of the 227 KB (214 KB as Mosaic
+  GPU allocates it, with barriers and alignment; 3 stages: 274 KB, rejected by the wrapper);
 * registers per compute thread (128 threads, float32 [64, n] = n / 2 registers): dk, dv [64, 128]
   64 + 64; s^T, dp^T [64, 32] 16 + 16 while p^T / ds^T are formed; dq [64, 128] 64 while dk, dv
   and dq are in flight together: 192 at the peak, plus column vectors (lse, delta, positions, ids:
