@@ -14,8 +14,8 @@ One run on an H100/H200 (no network needed), well under five minutes:
 4. a block-size sweep at 16K tokens (forward tiles, backward stages).
 
 A ``--backwards`` entry that resolves to the same BlockSizes as an earlier one at a head dim (e.g.
-"default" and "mosaic" at 64), or that does not fit there ("mosaic" above 128), is skipped with a
-"note" line.
+"default" and "mosaic" at 64), or that does not apply there (``dq_tile=cta`` outside head dims
+65-128), is skipped with a "note" line.
 
 Every case catches its own exception (printed, traceback cut short) so one failure hides nothing;
 the output files are rewritten after every line, and a watchdog writes them and exits if the run
@@ -307,16 +307,13 @@ def cudnn_fns(causal):
 
 def distinct_backwards(d: int, label: str = "") -> list[tuple[str, ph.BlockSizes]]:
     """The --backwards entries at head dim ``d`` as (entry, BlockSizes); an entry that resolves to
-    the BlockSizes of an earlier one, or that does not fit at this head dim (the two-kernel "mosaic"
-    backward above 128), is left out with a line saying so."""
+    the BlockSizes of an earlier one, or that does not apply at this head dim (``dq_tile="cta"``
+    outside 65-128), is left out with a line saying so."""
     out, seen = [], {}
     for backward in BACKWARDS:
         bs = block_sizes(backward, d)
         if bs in seen:
             log(f"note {label}D={d}: backward={backward} is backward={seen[bs]} (same BlockSizes)")
-        elif bs.backward == "mosaic" and -(-d // 64) * 64 > 128:
-            log(f"note {label}D={d}: backward={backward} (two-kernel Mosaic) does not fit above "
-                "head dim 128")
         elif bs.dq_tile == "cta" and (bs.backward != "fused" or -(-d // 64) * 64 != 128):
             log(f"note {label}D={d}: backward={backward} (dq_tile=cta) applies to the fused "
                 "backward at head dims 65-128 only")
@@ -331,7 +328,8 @@ def timed_variants(d: int, causal: bool) -> dict:
     fns, timed_fwd = {}, set()
     for backward, bs in distinct_backwards(d, "bench "):
         f, fb = step_fns(ph, causal, bs)
-        fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64)
+        fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64,
+                                      dq_tile="warpgroup")
         fns[f"pallas_hopper backward={backward}"] = (None if fwd_key in timed_fwd else f, fb)
         timed_fwd.add(fwd_key)  # a forward is timed once per distinct forward configuration
     return fns

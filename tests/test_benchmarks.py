@@ -73,17 +73,17 @@ def test_hopper_check_variants_become_block_sizes(bench):
 
 def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
     """``--backwards default,mosaic,fused``: at head dim 64 "default" is "mosaic" (timed once), at
-    256 "default" is "fused" and the two-kernel "mosaic" does not fit: each skip is a note line."""
+    128 and 256 "default" is "fused"; dq_tile=cta applies at 128 only: each skip is a note line."""
     hc = bench("hopper_check")
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused"])
     monkeypatch.setattr(hc, "write_out", lambda: None)
     assert [name for name, _ in hc.distinct_backwards(64)] == ["default", "fused"]
     assert [name for name, _ in hc.distinct_backwards(128)] == ["default", "mosaic"]
-    ((name, bs),) = hc.distinct_backwards(256)
-    assert name == "default" and bs.backward == "fused"
-    assert any("does not fit above head dim 128" in line for line in hc.LINES)
+    assert [bs.backward for _, bs in hc.distinct_backwards(256)] == ["fused", "mosaic"]
+    assert any("is backward=default" in line for line in hc.LINES)
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused/dq_tile=cta", "fused/dq_tile=cta/bwd_stages=3"])
     assert len(hc.distinct_backwards(128)) == 3 and len(hc.distinct_backwards(256)) == 1
+    assert any("applies to the fused backward at head dims 65-128 only" in line for line in hc.LINES)
     assert hc.parse_shapes("32:8:128@65536,16:16:256", [1, 2]) == [(32, 8, 128, [65536]),
                                                                     (16, 16, 256, [1, 2])]
 

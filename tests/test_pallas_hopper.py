@@ -134,15 +134,17 @@ def test_mosaic_backward_with_128_key_blocks():
 
 
 @needs_interpret
-def test_head_dim_256_forward_and_split_backward():
-    """Head dim 256 with its defaults: the forward, then the fused backward whose warpgroups split
-    the head dim (``hopper_split_bwd``): causal, GQA, segment ids, ragged shards, two key CTAs."""
+def test_head_dim_256_forward_and_split_backwards():
+    """Head dim 256 with its defaults: the forward, then the backwards whose warpgroups split the
+    head dim (``hopper_split_bwd``): the fused one (the default) and the deterministic dq + dk/dv
+    kernels ("mosaic"); causal, GQA, segment ids, ragged shards, two key and two query CTAs."""
     rng = np.random.default_rng(12)
     inputs = _inputs(rng, sq=72, sk=130, heads=2, kv_heads=1, dim=256, dtype="bfloat16",
                      where="overlap", segments=True, batch=1)
     _check_forward(inputs, True)
     assert ph.default_block_sizes(256).backward == "fused"
     _check_backward(inputs, True, None)
+    _check_backward(inputs, True, ph.BlockSizes(backward="mosaic", registers=240))
 
 
 @needs_interpret
@@ -214,14 +216,15 @@ SPLIT_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk
 
 @pytest.mark.slow
 @needs_interpret
+@pytest.mark.parametrize("backward", ["fused", "mosaic"])
 @pytest.mark.parametrize("case", SPLIT_SLOW_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_split_backward_matrix(case):
-    """The head-dim-split fused backward (head dims 129-256) over GQA groups, masks and shards."""
+def test_split_backward_matrix(case, backward):
+    """The head-dim-split backwards (head dims 129-256) over GQA groups, masks and shards."""
     dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
     rng = np.random.default_rng(sq * sk + dim)
     inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
                      where=where, segments=segments, batch=1)
-    _check_backward(inputs, causal, ph.BlockSizes(backward="fused", registers=240))
+    _check_backward(inputs, causal, ph.BlockSizes(backward=backward, registers=240))
 
 
 @pytest.mark.slow
@@ -255,6 +258,7 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("fused", 128, True, False, 2, dict(registers=240)),
     ("fused", 80, False, True, 4, {}),
     ("fused", 256, True, True, 2, dict(block_k=64, registers=240)),  # hopper_split_bwd
+    ("mosaic", 256, False, True, 1, dict(block_k=64, registers=240)),  # its dq + dk/dv kernels
     ("fused", 192, False, False, 4, dict(block_k=64)),  # padded to 256 in the backward
     ("fused", 128, True, True, 2, dict(dq_tile="cta", bwd_stages=3)),  # hopper_cta_dq_bwd
 ]
@@ -361,12 +365,10 @@ def test_shared_memory_budget_is_checked():
         ph.forward_step(q, q, q, pos, pos, None, None,
                         block_sizes=ph.BlockSizes(block_k=128, stages=3), **kw)
     lse = jnp.zeros((1, 2, 128), jnp.float32)
-    with pytest.raises(ValueError, match="shared memory"):
-        ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
-                         block_sizes=ph.BlockSizes(backward="mosaic"), **kw)
-    with pytest.raises(ValueError, match="shared memory"):  # the split backward: 2 stages at most
-        ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
-                         block_sizes=ph.BlockSizes(backward="fused", bwd_stages=3), **kw)
+    for backward in ("mosaic", "fused"):  # the head-dim-split backwards: 2 stages at most
+        with pytest.raises(ValueError, match="shared memory"):
+            ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
+                             block_sizes=ph.BlockSizes(backward=backward, bwd_stages=3), **kw)
     q = q[..., :128]
     with pytest.raises(ValueError, match="shared memory"):
         ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,

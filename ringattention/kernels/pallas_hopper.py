@@ -25,7 +25,9 @@ What runs where (stated plainly):
 * backward, 16-bit, head dims 129-256 (default; ``BlockSizes(backward="fused")``): the fused
   kernel with the head dim split across the two compute warpgroups (``hopper_split_bwd.py``; FA3's
   head-dim-256 scheme: 64 keys per CTA, dq by atomic adds, so again not bitwise deterministic).
-  Its interpret-mode and CUDA-lowering tests pass on CPU; not yet checked on a device.
+  ``BlockSizes(backward="mosaic")`` there: the deterministic split variant (a dq kernel and the
+  dk/dv kernel, no atomics). Interpret-mode and CUDA-lowering tests pass on CPU; not yet checked on
+  a device.
 * backward, float32, or ``BlockSizes(backward="triton")``: the Triton step
   ``pallas_gpu.backward_step`` (it needs only the global lse and delta, so it composes with this
   forward unchanged; deterministic at every head dim).
@@ -70,7 +72,8 @@ class BlockSizes:
     stage; ``stages``: shared-memory slots for keys/values; ``pingpong``: alternate the compute
     warpgroups on the tensor cores. ``backward``: "mosaic" (``hopper_bwd_kernels``: a dq and a dk/dv
     kernel, 64-row tiles, ``bwd_stages`` slots, the dq kernel streaming ``bwd_block_k`` keys per
-    block; deterministic; the default for head dim 64; head dims <= 128), "fused" (one kernel, dq
+    block; deterministic; the default for head dim 64; above 128 ``hopper_split_bwd``'s
+    deterministic dq and dk/dv kernels, which split the head dim), "fused" (one kernel, dq
     added to a float32 buffer in a run-dependent order: ``hopper_fused_bwd`` with a TMA reduce-add,
     the default for head dim 128; above 128 ``hopper_split_bwd``, whose warpgroups split the head
     dim and add dq with atomics, the default for head dim 256) or "triton" (``pallas_gpu``'s
@@ -265,6 +268,8 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
         mosaic = hsb.backward if q.shape[3] > 128 else hfb.backward
         if q.shape[3] <= 128 and bs.dq_tile == "cta":
             mosaic = hcb.backward
+    elif q.shape[3] > 128:  # "mosaic": the head-dim-split dq and dk/dv kernels, no atomics
+        mosaic = functools.partial(hsb.backward, deterministic=True)
     return mosaic(q, k, v, do.astype(q.dtype), lse, delta, q_pos, k_pos, q_seg, k_seg, bs=bs, **kw)
 
 
