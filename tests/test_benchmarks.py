@@ -114,3 +114,12 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
         ("pallas_hopper backward=default", "fwdbwd")]
     assert all((r["heads"], r["kv_heads"], r["head_dim"]) == (4, 2, 256) for r in times)
     assert times[0]["vs_cudnn"] == 1.0 and times[2]["vs_cudnn"] > 0
+
+
+def test_attention_block_spec_keeps_pallas_hopper_defaults(bench):
+    """``attention.py --block backward=mosaic``: string fields, over the head dim's defaults."""
+    from ringattention.kernels import pallas_hopper as ph
+
+    got = bench("attention").block_sizes_for("pallas_hopper", "backward=mosaic,bwd_stages=3", 128)
+    assert got == dataclasses.replace(ph.default_block_sizes(128), backward="mosaic", bwd_stages=3)
+    assert got.registers == 240
