@@ -19,9 +19,10 @@
 #
 #   bash benchmarks/hopper_issue16.sh "$OUT"     # from the repository root
 #
-# HC_EXTRA (optional) is appended to every hopper_check.py call: a CPU dry run of the plumbing is
-#   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-#   HC_EXTRA="--interpret --cases causal-before-gqa-d256" bash benchmarks/hopper_issue16.sh /tmp/out
+# PYTHON (default python3) runs it; HC_EXTRA (optional) is appended to every hopper_check.py call.
+# A CPU dry run of the plumbing (interpret mode, one cheap case, no timing):
+#   XLA_FLAGS=--xla_force_host_platform_device_count=8 PYTHON=.venv/bin/python \
+#   HC_EXTRA="--interpret --cases causal-before-gqa-d64" bash benchmarks/hopper_issue16.sh /tmp/out
 # writes check.{json,txt}, check_log.txt, d256.{json,txt}, det.{json,txt} under $OUT (7 files).
 # Each part has a hard limit (150 + 170 + 160 s, a watchdog
 # writes what there is and moves on); each starts no new timing 40 s before its limit, so the whole
@@ -31,18 +32,19 @@ out=${1:?usage: hopper_issue16.sh OUT_DIR}
 mkdir -p "$out"
 export PYTHONPATH=.
 hc=benchmarks/hopper_check.py
+py=${PYTHON:-python3}
 
-MOSAIC_GPU_DUMP_PTXAS=1 python3 "$hc" --out "$out/check" --parts steps --hard-limit 150 \
+MOSAIC_GPU_DUMP_PTXAS=1 "$py" "$hc" --out "$out/check" --parts steps --hard-limit 150 \
   --cases causal-overlap-seg-gqa-d256,ragged-noncausal-gqa4-d256,long-causal-overlap-seg-gqa-d128 \
   --backwards default,mosaic,fused/dq_tile=cta,fused/dq_tile=cta/bwd_stages=3 ${HC_EXTRA:-} \
   > "$out/check_log.txt" 2>&1
 grep -E "^(PASS|FAIL|ERROR|SUMMARY|WATCHDOG)" "$out/check.txt"
 
-python3 "$hc" --out "$out/d256" --parts bench --reps 3 --hard-limit 170 \
+"$py" "$hc" --out "$out/d256" --parts bench --reps 3 --hard-limit 170 \
   --shapes 16:16:256,32:8:256 --seqs 16384,65536 --causal 1,0 --backwards default ${HC_EXTRA:-} \
   | grep -E "^(time|ERROR|SUMMARY|WATCHDOG)"
 
-python3 "$hc" --out "$out/det" --parts bench --reps 3 --hard-limit 160 \
+"$py" "$hc" --out "$out/det" --parts bench --reps 3 --hard-limit 160 \
   --shapes 32:8:128,32:8:64,32:32:64,32:32:128 --seqs 65536 --causal 1,0 \
   --backwards default,mosaic,fused/dq_tile=cta ${HC_EXTRA:-} \
   | grep -E "^(time|note|ERROR|SUMMARY|WATCHDOG)"
