@@ -103,7 +103,7 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
 
     monkeypatch.setattr(hc, "cudnn_fns", xla_fns)
     monkeypatch.setattr(hc, "step_fns", xla_fns)
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic"])
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused", "mosaic"])  # "fused" is "default"
     monkeypatch.setattr(hc, "REPS", {"n": 1})
     monkeypatch.setattr(hc, "RECORDS", [])
     monkeypatch.setattr(hc, "write_out", lambda: None)
@@ -111,7 +111,7 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
     times = [r for r in hc.RECORDS if r["kind"] == "time"]
     assert [(r["name"], r["mode"]) for r in times] == [
         ("cudnn", "fwd"), ("cudnn", "fwdbwd"), ("pallas_hopper backward=default", "fwd"),
-        ("pallas_hopper backward=default", "fwdbwd")]
+        ("pallas_hopper backward=default", "fwdbwd"), ("pallas_hopper backward=mosaic", "fwdbwd")]
     assert all((r["heads"], r["kv_heads"], r["head_dim"]) == (4, 2, 256) for r in times)
     assert times[0]["vs_cudnn"] == 1.0 and times[2]["vs_cudnn"] > 0
 
