@@ -162,16 +162,9 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
     h, wg = lax.axis_index("h"), lax.axis_index("wg")
     kvh = lax.div(h, jnp.int32(cfg.groups))
 
-    def issue(t, slot, bar):
-        cols = pl.ds((lo + t) * ROWS, ROWS)
-        for src, dst in ((k_ref.at[b, cols, kvh], k_s), (v_ref.at[b, cols, kvh], v_s),
-                         (kp_ref.at[cols] if cfg.causal else None, kp_s),
-                         (ks_ref.at[b, cols] if cfg.segments else None, ks_s)):
-            if dst is not None:
-                plgpu.copy_gmem_to_smem(src, dst.at[slot], bar)
-
     @pl.when(wg == WGS)
     def _():
+        issue = _key_issuer(cfg, b, kvh, lo, (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s))
         hbk._stream(cfg, hi - lo, issue, loaded, free)
 
     @pl.when(wg < WGS)
@@ -217,6 +210,21 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
         dq = lax.fori_loop(mid, hi, functools.partial(body, masked=cfg.causal or cfg.segments), dq)
         pl.when(hi > lo)(lambda: plgpu.barrier_wait(ds_free))  # observe the last phase
         dq_ref.at[b, h, rows, dw][...] = dq * cfg.scale
+
+
+def _key_issuer(cfg, b, kvh, lo, gmem, smem):
+    """Producer callback of ``dq_kernel``: stream t loads key block lo + t (k, v, positions, ids)."""
+    (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s) = gmem, smem
+
+    def issue(t, slot, bar):
+        cols = pl.ds((lo + t) * ROWS, ROWS)
+        for src, dst in ((k_ref.at[b, cols, kvh], k_s), (v_ref.at[b, cols, kvh], v_s),
+                         (kp_ref.at[cols] if cfg.causal else None, kp_s),
+                         (ks_ref.at[b, cols] if cfg.segments else None, ks_s)):
+            if dst is not None:
+                plgpu.copy_gmem_to_smem(src, dst.at[slot], bar)
+
+    return issue
 
 
 def _load_own_queries(cfg, ops, wg, gmem, smem, bar):
