@@ -15,6 +15,7 @@ convention: the backward does 2.5x the forward's matmul work).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import statistics
@@ -79,12 +80,19 @@ def _splash(causal):
     return fn
 
 
-def block_sizes_for(impl, spec):
-    """``spec`` like "q_chunk=2048,kv_chunk=1024" -> that implementation's BlockSizes (or None)."""
+def block_sizes_for(impl, spec, head_dim=None):
+    """``spec`` like "q_chunk=2048,kv_chunk=1024" (values that are not integers stay strings, e.g.
+    "backward=mosaic") -> that implementation's BlockSizes (or None): ``BlockSizes(**fields)``,
+    except for ``pallas_hopper``, whose per-head-dim defaults also pick the backward kernel and the
+    register split: there the fields replace those of ``default_block_sizes(head_dim)``."""
     if not spec:
         return None
     kv = dict(item.split("=") for item in spec.split(","))
-    return implementations.resolve(impl).load().BlockSizes(**{k: int(v) for k, v in kv.items()})
+    fields = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in kv.items()}
+    mod = implementations.resolve(impl).load()
+    if impl == "pallas_hopper" and head_dim is not None:
+        return dataclasses.replace(mod.default_block_sizes(head_dim), **fields)
+    return mod.BlockSizes(**fields)
 
 
 def ring_fn(impl, causal, block_sizes=None):
@@ -159,7 +167,7 @@ def bench_shape(args, impls, b, l, h, kvh, d, causal):
     base, base_name = baseline_fn(platform, causal)
     fns = {base_name: (base, fwdbwd(base))}
     for impl in impls:
-        bs = block_sizes_for(impl, args.block)
+        bs = block_sizes_for(impl, args.block, d)
         tag = f"{impl}" + (f" {args.block}" if args.block else "")
         if not args.sweep:
             f = ring_fn(impl, causal, bs)
@@ -167,7 +175,7 @@ def bench_shape(args, impls, b, l, h, kvh, d, causal):
         if args.bare:
             fns[f"bare[{tag}]"] = bare_fns(impl, causal, bs)
         for spec in filter(None, args.sweep.split(";")):  # bare step per BlockSizes candidate
-            fns[f"bare[{impl} {spec}]"] = bare_fns(impl, causal, block_sizes_for(impl, spec))
+            fns[f"bare[{impl} {spec}]"] = bare_fns(impl, causal, block_sizes_for(impl, spec, d))
     errs = check({n: f for n, (f, _) in fns.items()}, q, k, v, causal)
     base_out = jax.jit(base)(q, k, v)
     rows = []

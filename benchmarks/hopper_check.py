@@ -4,13 +4,18 @@ One run on an H100/H200 (no network needed), well under five minutes:
 
 1. kernel matrix: ``pallas_hopper.forward_step`` / ``backward_step`` on small ring-step problems
    (causal with the query block after / overlapping / before the key block, segment ids with random
-   boundaries, GQA and MHA, head dims 64 and 128, bf16 and fp16, shards that are not a multiple of
-   the block) against the float32 step reference; one PASS/FAIL line per case;
-2. ``ring_attention(implementation="pallas_hopper")`` on a one-device mesh against the reference;
+   boundaries, GQA and MHA, head dims 64, 80, 128, 192 and 256, bf16 and fp16, shards that are not a
+   multiple of the block) against the float32 step reference; one PASS/FAIL line per case;
+2. ``ring_attention(implementation="pallas_hopper")`` on a one-device mesh against the reference
+   (head dims ``--ring-dims``);
 3. timing of the bare step (forward, forward + backward with each backward: triton, mosaic and the
-   fused one) at B=1, H=32, D=128, causal bf16, 16K and 64K tokens, next to cuDNN and the
-   Triton step, with TFLOP/s and ratios;
+   fused one) at B=1, bf16, ``--shapes`` heads:kv_heads:head_dim (default 32:32:128), ``--seqs``
+   tokens, ``--causal`` 1 and/or 0, next to cuDNN and the Triton step, with TFLOP/s and ratios;
 4. a block-size sweep at 16K tokens (forward tiles, backward stages).
+
+A ``--backwards`` entry that resolves to the same BlockSizes as an earlier one at a head dim (e.g.
+"default" and "mosaic" at 64), or that does not apply there (``dq_tile=cta`` outside head dims
+65-128), is skipped with a "note" line.
 
 Every case catches its own exception (printed, traceback cut short) so one failure hides nothing;
 the output files are rewritten after every line, and a watchdog writes them and exits if the run
@@ -60,7 +65,7 @@ T0 = time.perf_counter()
 LINES: list[str] = []
 RECORDS: list[dict] = []
 OUT = {"prefix": "hopper_check"}
-DIM = {"d": 128}  # --dim: head dim of the timed problems
+REPS = {"n": 5}  # --reps: timed calls per measurement (after a compile call and a warm-up call)
 BACKWARDS = list(ph.BACKWARDS)  # --backwards: the variants to check and time
 
 
@@ -133,6 +138,13 @@ CASES = [
          sq=136, sk=72),
     Case("ragged-causal-striped-seg-d80-bf16", segments=True, dim=80, sq=190, sk=190, stride=4),
     Case("long-causal-overlap-seg-gqa-d128-bf16", segments=True, dim=128, sq=1024, sk=1536),
+    # head dims 129-256: the head-dim-split fused backward (hopper_split_bwd), forward at block_k=64
+    Case("causal-overlap-seg-gqa-d256-bf16", segments=True, dim=256),
+    Case("noncausal-mha-d256-fp16", causal=False, kv_heads=4, dim=256, dtype="float16"),
+    Case("causal-before-gqa-d256-bf16 (all hidden)", where="before", dim=256),
+    Case("ragged-causal-after-gqa-d192-bf16", where="after", dim=192, sq=200, sk=328),
+    Case("ragged-noncausal-gqa4-d256-bf16", causal=False, heads=8, dim=256, sq=200, sk=136),
+    Case("long-d256-causal-overlap-seg-gqa-bf16", segments=True, dim=256, sq=1024, sk=1536),
 ]
 
 
@@ -173,7 +185,7 @@ def run_case(c: Case):
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
     args = (q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg)
     want = jax.jit(lambda *a: pg.reference_backward_step(*a, **kw))(*args)
-    for backward in BACKWARDS:
+    for backward, _ in distinct_backwards(c.dim, f"{c.name} "):
         guarded(f"step-bwd[{backward}] {c.name}", check_backward, c, kw, tol, args, want, backward)
 
 
@@ -208,12 +220,13 @@ def check_backward(c: Case, kw, tol, args, want, backward: str):
         kind="step_bwd", backward=backward, case=dataclasses.asdict(c), passed=ok, **errs)
 
 
-def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, backward: str):
-    name = (f"ring N=1 causal={causal} seg={segments} {dtype} H=4 K={kv_heads} L=640 D=128 "
+def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, backward: str,
+                   D: int = 128):
+    name = (f"ring N=1 causal={causal} seg={segments} {dtype} H=4 K={kv_heads} L=640 D={D} "
             f"backward={backward}")
-    bs = block_sizes(backward, 128)
+    bs = block_sizes(backward, D)
     rng = np.random.default_rng(7)
-    B, L, H, D = 1, 640, 4, 128
+    B, L, H = 1, 640, 4
     f = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)  # noqa: E731
     q, k, v, do = f(B, L, H, D), f(B, L, kv_heads, D), f(B, L, kv_heads, D), f(B, L, H, D)
     seg = None
@@ -248,11 +261,11 @@ def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, back
         passed=ok, **errs)
 
 
-def time_fn(fn, args, reps=5):
+def time_fn(fn, args):
     jax.block_until_ready(fn(*args))  # compile + warm-up
     jax.block_until_ready(fn(*args))
     ts = []
-    for _ in range(reps):
+    for _ in range(REPS["n"]):
         t = time.perf_counter()
         jax.block_until_ready(fn(*args))
         ts.append(time.perf_counter() - t)
@@ -292,20 +305,45 @@ def cudnn_fns(causal):
     return jax.jit(fwd), jax.jit(jax.grad(loss, (0, 1, 2)))
 
 
-def bench(length: int, causal: bool, h=32, d=128, sweep: bool = False):
-    d = DIM["d"]
+def distinct_backwards(d: int, label: str = "") -> list[tuple[str, ph.BlockSizes]]:
+    """The --backwards entries at head dim ``d`` as (entry, BlockSizes); an entry that resolves to
+    the BlockSizes of an earlier one, or that does not apply at this head dim (``dq_tile="cta"``
+    outside 65-128), is left out with a line saying so."""
+    out, seen = [], {}
+    for backward in BACKWARDS:
+        bs = block_sizes(backward, d)
+        if bs in seen:
+            log(f"note {label}D={d}: backward={backward} is backward={seen[bs]} (same BlockSizes)")
+        elif bs.dq_tile == "cta" and (bs.backward != "fused" or -(-d // 64) * 64 != 128):
+            log(f"note {label}D={d}: backward={backward} (dq_tile=cta) applies to the fused "
+                "backward at head dims 65-128 only")
+        else:
+            seen[bs] = backward
+            out.append((backward, bs))
+    return out
+
+
+def timed_variants(d: int, causal: bool) -> dict:
+    """{name: (forward fn or None, forward+backward fn)} of ``distinct_backwards(d)``."""
+    fns, timed_fwd = {}, set()
+    for backward, bs in distinct_backwards(d, "bench "):
+        f, fb = step_fns(ph, causal, bs)
+        fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64,
+                                      dq_tile="warpgroup")
+        fns[f"pallas_hopper backward={backward}"] = (None if fwd_key in timed_fwd else f, fb)
+        timed_fwd.add(fwd_key)  # a forward is timed once per distinct forward configuration
+    return fns
+
+
+def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
+          sweep: bool = False):
     rng = jax.random.split(jax.random.PRNGKey(length), 4)
-    q, k, v, do = (jax.random.normal(r, (1, length, h, d), jnp.bfloat16) for r in rng)
+    q, do = (jax.random.normal(r, (1, length, h, d), jnp.bfloat16) for r in rng[:2])
+    k, v = (jax.random.normal(r, (1, length, kvh, d), jnp.bfloat16) for r in rng[2:])
     mosaic_bwd = dataclasses.replace(ph.default_block_sizes(d), backward="mosaic")
     fns = {"cudnn": cudnn_fns(causal)}
     if not sweep:
-        timed_fwd = set()
-        for backward in BACKWARDS:
-            bs = block_sizes(backward, d)
-            f, fb = step_fns(ph, causal, bs)
-            fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64)
-            fns[f"pallas_hopper backward={backward}"] = (None if fwd_key in timed_fwd else f, fb)
-            timed_fwd.add(fwd_key)  # a forward is timed once per distinct forward configuration
+        fns.update(timed_variants(d, causal))
         if "triton" in BACKWARDS:
             fns["pallas_gpu"] = step_fns(pg, causal)
     else:
@@ -317,6 +355,7 @@ def bench(length: int, causal: bool, h=32, d=128, sweep: bool = False):
             bs = dataclasses.replace(mosaic_bwd, bwd_stages=st)
             fns[f"pallas_hopper backward=mosaic bwd_stages={st}"] = step_fns(ph, causal, bs)
     base = {}
+    shape = f"{h}:{kvh}:{d}"
     for name, (f, fb) in fns.items():
         for mode, g, args in (("fwd", f, (q, k, v)), ("fwdbwd", fb, (q, k, v, do))):
             if g is None or time.perf_counter() - T0 > BUDGET_S:
@@ -324,16 +363,18 @@ def bench(length: int, causal: bool, h=32, d=128, sweep: bool = False):
             try:
                 t = time_fn(g, args)
             except Exception as e:  # noqa: BLE001 - report and go on
-                log(f"ERROR time {name} {mode} L={length}: {short_exc(e)}", kind="time_error",
-                    name=name, mode=mode, seq=length, error=short_exc(e))
+                log(f"ERROR time {name} {mode} L={length} {shape}: {short_exc(e)}",
+                    kind="time_error", name=name, mode=mode, seq=length, shape=shape,
+                    error=short_exc(e))
                 continue
             tf = flops(h, length, d, causal, mode) / t / 1e12
             if name == "cudnn":
                 base[mode] = tf
             ratio = tf / base[mode] if mode in base else float("nan")
-            log(f"time L={length} causal={causal} {mode:6s} {name}: {t * 1e3:8.2f} ms "
+            log(f"time L={length} {shape} causal={causal} {mode:6s} {name}: {t * 1e3:8.2f} ms "
                 f"{tf:6.1f} TFLOP/s  x{ratio:.2f} of cuDNN", kind="time", name=name, mode=mode,
-                seq=length, causal=causal, ms=t * 1e3, tflops=tf, vs_cudnn=ratio)
+                seq=length, heads=h, kv_heads=kvh, head_dim=d, causal=causal, ms=t * 1e3,
+                tflops=tf, vs_cudnn=ratio)
 
 
 def guarded(label, fn, *args):
@@ -348,6 +389,17 @@ def guarded(label, fn, *args):
         log(f"ERROR {label}: {short_exc(e)}", kind="error", name=label, error=short_exc(e))
 
 
+def parse_shapes(spec: str, seqs: list[int]) -> list[tuple[int, int, int, list[int]]]:
+    """--shapes "32:8:128@65536,16:16:256" -> [(32, 8, 128, [65536]), (16, 16, 256, seqs)]: each
+    heads:kv_heads:head_dim, optionally with its own "+"-separated token counts after "@"."""
+    out = []
+    for entry in spec.split(","):
+        shape, _, own = entry.partition("@")
+        h, kvh, d = (int(x) for x in shape.split(":"))
+        out.append((h, kvh, d, [int(x) for x in own.split("+")] if own else seqs))
+    return out
+
+
 def run_parts(args, parts: set[str]) -> None:
     """The selected parts, in the order steps, ring, bench, sweep."""
     if "steps" in parts:
@@ -358,16 +410,20 @@ def run_parts(args, parts: set[str]) -> None:
             if not (args.interpret and c.sq * c.sk > 300 * 300):
                 guarded(f"step {c.name}", run_case, c)
     if "ring" in parts:
-        for ring_args in ((True, True, "bfloat16", 2), (False, False, "float16", 4)):
-            for backward in BACKWARDS:
-                guarded(f"ring {ring_args} {backward}", run_ring_check, *ring_args, backward)
+        for d in (int(x) for x in args.ring_dims.split(",")):
+            for ring_args in ((True, True, "bfloat16", 2), (False, False, "float16", 4)):
+                for backward, _ in distinct_backwards(d, "ring "):
+                    guarded(f"ring {ring_args} D={d} {backward}", run_ring_check, *ring_args,
+                            backward, d)
     seqs = [int(s) for s in args.seqs.split(",")]
     if "bench" in parts and not args.interpret:
-        for causal in [c == "1" for c in args.causal.split(",")]:
-            for length in seqs:
-                guarded(f"bench L={length} causal={causal}", bench, length, causal)
+        for h, kvh, d, shape_seqs in parse_shapes(args.shapes, seqs):
+            for length in shape_seqs:
+                for causal in [c == "1" for c in args.causal.split(",")]:
+                    guarded(f"bench L={length} {h}:{kvh}:{d} causal={causal}", bench, length,
+                            causal, h, kvh, d)
     if "sweep" in parts and not args.interpret:
-        guarded("sweep", bench, seqs[0], True, 32, 128, True)
+        guarded("sweep", bench, seqs[0], True, 32, 32, 128, True)
 
 
 def main():
@@ -380,7 +436,13 @@ def main():
                     help="comma-separated backwards to check and time, each name[/field=value...] "
                          "(e.g. mosaic/bwd_block_k=128)")
     ap.add_argument("--causal", default="1", help="bench: comma-separated 1/0")
-    ap.add_argument("--dim", type=int, default=128, help="head dim of the timed problems (bench)")
+    ap.add_argument("--dim", type=int, default=128,
+                    help="head dim of the timed problems (bench), when --shapes is not given")
+    ap.add_argument("--shapes", default="",
+                    help="bench: comma-separated heads:kv_heads:head_dim[@seq+seq...] (default "
+                         "32:32:<--dim> at --seqs)")
+    ap.add_argument("--reps", type=int, default=5, help="bench: timed calls per measurement")
+    ap.add_argument("--ring-dims", default="128", help="ring: comma-separated head dims")
     ap.add_argument("--cases", default="",
                     help="comma-separated substrings: run only the step cases whose name has one")
     ap.add_argument("--interpret", action="store_true", help="CPU dry run (small cases, no timing)")
@@ -397,7 +459,8 @@ def main():
         except (ValueError, TypeError) as e:
             ap.error(f"--backwards entry {spec!r}: {e} (names: {ph.BACKWARDS})")
     OUT["prefix"] = args.out
-    DIM["d"] = args.dim
+    args.shapes = args.shapes or f"32:32:{args.dim}"
+    REPS["n"] = args.reps
     INTERPRET["on"] = args.interpret
     threading.Thread(target=watchdog, args=(args.hard_limit,), daemon=True).start()
     if args.interpret and jax.device_count() < 2:

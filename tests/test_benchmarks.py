@@ -88,3 +88,57 @@ def test_hopper_check_variants_become_block_sizes(bench):
         hc.block_sizes("cuda", 128)
     with pytest.raises(ValueError, match="registers"):
         hc.block_sizes("fused/registers=250", 128)
+
+
+def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
+    """``--backwards default,mosaic,fused``: at head dim 64 "default" is "mosaic" (timed once), at
+    128 and 256 "default" is "fused"; dq_tile=cta applies at 128 only: each skip is a note line."""
+    hc = bench("hopper_check")
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused"])
+    monkeypatch.setattr(hc, "write_out", lambda: None)
+    assert [name for name, _ in hc.distinct_backwards(64)] == ["default", "fused"]
+    assert [name for name, _ in hc.distinct_backwards(128)] == ["default", "mosaic"]
+    assert [bs.backward for _, bs in hc.distinct_backwards(256)] == ["fused", "mosaic"]
+    assert any("is backward=default" in line for line in hc.LINES)
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused/dq_tile=cta", "fused/dq_tile=cta/bwd_stages=3"])
+    assert len(hc.distinct_backwards(128)) == 3 and len(hc.distinct_backwards(256)) == 1
+    assert any("applies to the fused backward at head dims 65-128 only" in line for line in hc.LINES)
+    assert hc.parse_shapes("32:8:128@65536,16:16:256", [1, 2]) == [(32, 8, 128, [65536]),
+                                                                    (16, 16, 256, [1, 2])]
+
+
+def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
+    """The bench loop over a heads:kv_heads:head_dim shape, with XLA attention standing in for
+    cuDNN and the kernels (CPU): one record per function and mode, ratios against the first."""
+    import jax
+    import jax.numpy as jnp
+
+    hc = bench("hopper_check")
+
+    def xla_fns(*_, **__):
+        fwd = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))
+        return fwd, jax.jit(lambda q, k, v, do: jax.grad(
+            lambda q: jnp.sum(fwd(q, k, v).astype(jnp.float32) * do))(q))
+
+    monkeypatch.setattr(hc, "cudnn_fns", xla_fns)
+    monkeypatch.setattr(hc, "step_fns", xla_fns)
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused", "mosaic"])  # "fused" is "default"
+    monkeypatch.setattr(hc, "REPS", {"n": 1})
+    monkeypatch.setattr(hc, "RECORDS", [])
+    monkeypatch.setattr(hc, "write_out", lambda: None)
+    hc.bench(64, True, 4, 2, 256)
+    times = [r for r in hc.RECORDS if r["kind"] == "time"]
+    assert [(r["name"], r["mode"]) for r in times] == [
+        ("cudnn", "fwd"), ("cudnn", "fwdbwd"), ("pallas_hopper backward=default", "fwd"),
+        ("pallas_hopper backward=default", "fwdbwd"), ("pallas_hopper backward=mosaic", "fwdbwd")]
+    assert all((r["heads"], r["kv_heads"], r["head_dim"]) == (4, 2, 256) for r in times)
+    assert times[0]["vs_cudnn"] == 1.0 and times[2]["vs_cudnn"] > 0
+
+
+def test_attention_block_spec_keeps_pallas_hopper_defaults(bench):
+    """``attention.py --block backward=mosaic``: string fields, over the head dim's defaults."""
+    from ringattention.kernels import pallas_hopper as ph
+
+    got = bench("attention").block_sizes_for("pallas_hopper", "backward=mosaic,bwd_stages=3", 128)
+    assert got == dataclasses.replace(ph.default_block_sizes(128), backward="mosaic", bwd_stages=3)
+    assert got.registers == 240

@@ -7,7 +7,8 @@ plain ``jnp`` (``hopper_kernels.Ops``), so those are checked on the device only
 device; ring steps with other offsets are covered at the kernel level (query block after, overlapping
 and before the key block). All backwards are checked: the two-kernel Mosaic GPU one (the default
 for head dim 64), the fused Mosaic GPU one (``BlockSizes(backward="fused")``, the default at 128;
-its TMA reduce-add of dq becomes a read-modify-write in interpret mode, see ``hopper_fused_bwd``)
+its TMA reduce-add of dq becomes a read-modify-write in interpret mode, see ``hopper_fused_bwd``;
+above head dim 128 the head-dim-split one, ``hopper_split_bwd``, whose atomic adds do the same)
 and the Triton step's kernels (``BlockSizes(backward="triton")``). ``test_kernels_lower_for_cuda``
 also lowers every Mosaic GPU kernel for CUDA (wgmma, layouts, TMA, ``setmaxnreg``), which needs no
 GPU, so lowering errors show up here rather than on the device.
@@ -133,6 +134,30 @@ def test_mosaic_backward_with_128_key_blocks():
 
 
 @needs_interpret
+def test_head_dim_256_forward_and_split_backwards():
+    """Head dim 256 with its defaults: the forward, then the backwards whose warpgroups split the
+    head dim (``hopper_split_bwd``): the fused one (the default) and the deterministic dq + dk/dv
+    kernels ("mosaic"); causal, GQA, segment ids, ragged shards, two key and two query CTAs."""
+    rng = np.random.default_rng(12)
+    inputs = _inputs(rng, sq=72, sk=130, heads=2, kv_heads=1, dim=256, dtype="bfloat16",
+                     where="overlap", segments=True, batch=1)
+    _check_forward(inputs, True)
+    assert ph.default_block_sizes(256).backward == "fused"
+    _check_backward(inputs, True, None)
+    _check_backward(inputs, True, ph.BlockSizes(backward="mosaic", registers=240))
+
+
+@needs_interpret
+def test_fused_backward_with_one_dq_tile_per_cta():
+    """``dq_tile="cta"`` (``hopper_cta_dq_bwd``): the two warpgroups of a key CTA add one dq tile,
+    half its columns each; causal, GQA, segment ids, ragged, two key CTAs."""
+    rng = np.random.default_rng(13)
+    inputs = _inputs(rng, sq=72, sk=200, heads=2, kv_heads=1, dim=128, dtype="bfloat16",
+                     where="overlap", segments=True, batch=1)
+    _check_backward(inputs, True, ph.BlockSizes(backward="fused", dq_tile="cta", registers=240))
+
+
+@needs_interpret
 @pytest.mark.parametrize("backward", ["mosaic", "fused"])
 def test_ring_on_one_device(backward):
     check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=4,
@@ -181,6 +206,49 @@ def test_mosaic_backward_matrix(case, backward):
     _check_backward(inputs, causal, ph.BlockSizes(backward=backward, bwd_stages=stages))
 
 
+SPLIT_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, dim)
+    ("float16", False, "after", False, 2, 2, 64, 128, 200),  # MHA, head dim 200 padded to 256
+    ("bfloat16", True, "before", True, 2, 1, 64, 128, 256),  # all hidden: exact zeros
+    ("bfloat16", False, "after", False, 4, 1, 256, 192, 256),  # 4 heads per kv head, 3 rotated CTAs
+    ("bfloat16", True, "overlap", False, 2, 1, 200, 136, 256),  # ragged, causal diagonal blocks
+]
+
+
+@pytest.mark.slow
+@needs_interpret
+@pytest.mark.parametrize("backward", ["fused", "mosaic"])
+@pytest.mark.parametrize("case", SPLIT_SLOW_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_split_backward_matrix(case, backward):
+    """The head-dim-split backwards (head dims 129-256) over GQA groups, masks and shards."""
+    dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
+    rng = np.random.default_rng(sq * sk + dim)
+    inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
+                     where=where, segments=segments, batch=1)
+    _check_backward(inputs, causal, ph.BlockSizes(backward=backward, registers=240))
+
+
+@pytest.mark.slow
+@needs_interpret
+@pytest.mark.parametrize("case", BWD_SLOW_CASES[:2] + BWD_SLOW_CASES[3:],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_cta_dq_backward_matrix(case):
+    """``dq_tile="cta"`` over the fused backward's matrix (head dims padded to 128: 40 -> 64 is not
+    accepted, so those run at 80), with three stages, which only this variant fits at 128."""
+    dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
+    rng = np.random.default_rng(sq * sk + dim)
+    inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=max(dim, 80),
+                     dtype=dtype, where=where, segments=segments)
+    _check_backward(inputs, causal, ph.BlockSizes(backward="fused", dq_tile="cta", bwd_stages=3))
+
+
+@pytest.mark.slow
+@needs_interpret
+def test_ring_on_one_device_head_dim_256():
+    check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=2,
+                       kv_heads=1, head_dim=256, dtype="bfloat16"),
+               implementation="pallas_hopper", interpret=True)
+
+
 # ---- pure-JAX parts: always run ----------------------------------------------------------------
 
 
@@ -189,6 +257,10 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("mosaic", 128, False, False, 4, dict(bwd_block_k=128, registers=240)),
     ("fused", 128, True, False, 2, dict(registers=240)),
     ("fused", 80, False, True, 4, {}),
+    ("fused", 256, True, True, 2, dict(block_k=64, registers=240)),  # hopper_split_bwd
+    ("mosaic", 256, False, True, 1, dict(block_k=64, registers=240)),  # its dq + dk/dv kernels
+    ("fused", 192, False, False, 4, dict(block_k=64)),  # padded to 256 in the backward
+    ("fused", 128, True, True, 2, dict(dq_tile="cta", bwd_stages=3)),  # hopper_cta_dq_bwd
 ]
 
 
@@ -260,6 +332,8 @@ def test_block_sizes_are_validated():
         ph.BlockSizes(bwd_block_k=96)
     with pytest.raises(ValueError, match="backward"):
         ph.BlockSizes(backward="cuda")
+    with pytest.raises(ValueError, match="dq_tile"):
+        ph.BlockSizes(dq_tile="block")
     with pytest.raises(TypeError, match="triton"):
         ph.BlockSizes(triton=ph.BlockSizes())
     assert ph.default_block_sizes(64) != ph.default_block_sizes(128)
@@ -291,13 +365,22 @@ def test_shared_memory_budget_is_checked():
         ph.forward_step(q, q, q, pos, pos, None, None,
                         block_sizes=ph.BlockSizes(block_k=128, stages=3), **kw)
     lse = jnp.zeros((1, 2, 128), jnp.float32)
-    with pytest.raises(ValueError, match="shared memory"):
-        ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
-                         block_sizes=ph.BlockSizes(backward="mosaic"), **kw)
+    for backward in ("mosaic", "fused"):  # the head-dim-split backwards: 2 stages at most
+        with pytest.raises(ValueError, match="shared memory"):
+            ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
+                             block_sizes=ph.BlockSizes(backward=backward, bwd_stages=3), **kw)
     q = q[..., :128]
     with pytest.raises(ValueError, match="shared memory"):
         ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
                          block_sizes=ph.BlockSizes(backward="fused", bwd_stages=3), **kw)
+    with pytest.raises(ValueError, match="shared memory"):  # one dq tile per CTA: 3 stages fit
+        ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
+                         block_sizes=ph.BlockSizes(backward="fused", dq_tile="cta", bwd_stages=4),
+                         **kw)
+    with pytest.raises(ValueError, match="pad to 128"):
+        ph.backward_step(q[..., :64], q[..., :64], q[..., :64], q[..., :64], lse, lse, pos, pos,
+                         None, None, block_sizes=ph.BlockSizes(backward="fused", dq_tile="cta"),
+                         **kw)
 
 
 def test_registered_and_not_picked_on_cpu():

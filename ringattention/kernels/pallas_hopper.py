@@ -22,9 +22,15 @@ What runs where (stated plainly):
   a float32 buffer twice the size of the float32 dq: pick "mosaic" for determinism or memory).
   Both Mosaic backwards are checked on an H200 against the float32 step reference
   (``benchmarks/results/pallas_hopper_h200.md``).
-* backward, head dim 256 or float32, or ``BlockSizes(backward="triton")``: the Triton step
+* backward, 16-bit, head dims 129-256 (default; ``BlockSizes(backward="fused")``): the fused
+  kernel with the head dim split across the two compute warpgroups (``hopper_split_bwd.py``; FA3's
+  head-dim-256 scheme: 64 keys per CTA, dq by atomic adds, so again not bitwise deterministic).
+  ``BlockSizes(backward="mosaic")`` there: the deterministic split variant (a dq kernel and the
+  dk/dv kernel, no atomics). Interpret-mode and CUDA-lowering tests pass on CPU; not yet checked on
+  a device.
+* backward, float32, or ``BlockSizes(backward="triton")``: the Triton step
   ``pallas_gpu.backward_step`` (it needs only the global lse and delta, so it composes with this
-  forward unchanged).
+  forward unchanged; deterministic at every head dim).
 
 ``interpret=True`` runs the Mosaic GPU kernels in Mosaic GPU's interpret mode on CPU (the same
 kernels, barriers and TMA pipelines; wgmma and register layouts replaced by plain ``jnp``, see
@@ -44,8 +50,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
 from ringattention.kernels import hopper_backward as hb
+from ringattention.kernels import hopper_cta_dq_bwd as hcb
 from ringattention.kernels import hopper_fused_bwd as hfb
 from ringattention.kernels import hopper_kernels as hk
+from ringattention.kernels import hopper_split_bwd as hsb
 from ringattention.kernels import pallas_gpu as pg
 
 F32 = jnp.float32
@@ -53,6 +61,7 @@ ROWS = 64  # wgmma's M per warpgroup
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 BACKWARDS = ("triton", "mosaic", "fused")  # BlockSizes.backward: the Triton step's kernels, or our own
+DQ_TILES = ("warpgroup", "cta")  # BlockSizes.dq_tile: the fused backward's dq reduce-add tiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +72,17 @@ class BlockSizes:
     stage; ``stages``: shared-memory slots for keys/values; ``pingpong``: alternate the compute
     warpgroups on the tensor cores. ``backward``: "mosaic" (``hopper_bwd_kernels``: a dq and a dk/dv
     kernel, 64-row tiles, ``bwd_stages`` slots, the dq kernel streaming ``bwd_block_k`` keys per
-    block; deterministic; the default for head dim 64), "fused" (``hopper_fused_bwd``: one kernel,
-    dq by TMA reduce-add; the default for head dim 128) or "triton" (``pallas_gpu``'s kernels; the
-    default for head dim 256, which the Mosaic backwards do not fit in shared memory).
+    block; deterministic; the default for head dim 64; above 128 ``hopper_split_bwd``'s
+    deterministic dq and dk/dv kernels, which split the head dim), "fused" (one kernel, dq
+    added to a float32 buffer in a run-dependent order: ``hopper_fused_bwd`` with a TMA reduce-add,
+    the default for head dim 128; above 128 ``hopper_split_bwd``, whose warpgroups split the head
+    dim and add dq with atomics, the default for head dim 256) or "triton" (``pallas_gpu``'s
+    kernels, any head dim).
     ``registers``: per thread of a compute warpgroup in every Mosaic kernel (224, 232 or 240; the
-    producer keeps the rest of the launch allocation: 56, 40 or 24). Defaults:
+    producer keeps the rest of the launch allocation: 56, 40 or 24). ``dq_tile`` (fused backward,
+    head dims 65-128): "warpgroup" (each compute warpgroup reduce-adds its own [64, D] dq tile) or
+    "cta" (``hopper_cta_dq_bwd``: the two share one, each adding half its columns; half the
+    reduce-add traffic, a barrier between them per block; not yet timed on the device). Defaults:
     :func:`default_block_sizes`.
     """
 
@@ -80,6 +95,7 @@ class BlockSizes:
     bwd_block_k: int = 64
     registers: int = 232
     triton: pg.BlockSizes | None = None
+    dq_tile: str = "warpgroup"
 
     def __post_init__(self):
         if self.block_q != ROWS:
@@ -96,6 +112,8 @@ class BlockSizes:
                              f"{hk.REGISTER_CHOICES}")
         if self.backward not in BACKWARDS:
             raise ValueError(f"BlockSizes.backward={self.backward!r} must be one of {BACKWARDS}")
+        if self.dq_tile not in DQ_TILES:
+            raise ValueError(f"BlockSizes.dq_tile={self.dq_tile!r} must be one of {DQ_TILES}")
         if self.triton is not None and not isinstance(self.triton, pg.BlockSizes):
             raise TypeError(f"BlockSizes.triton={self.triton!r} must be a pallas_gpu.BlockSizes")
 
@@ -106,7 +124,9 @@ _DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md
     # D=128: the fused backward with 240 registers per compute thread (64K causal fwd+bwd 0.93x
     # cuDNN against 0.91x for the two-kernel Mosaic one and 0.77x for the Triton one).
     128: BlockSizes(block_k=128, stages=2, backward="fused", registers=240),
-    256: BlockSizes(block_k=64, stages=2, backward="triton"),  # the Mosaic backwards do not fit
+    # D=256: the fused backward with the head dim split across the warpgroups (hopper_split_bwd;
+    # the others do not fit in shared memory or registers there); not yet timed on the device.
+    256: BlockSizes(block_k=64, stages=2, backward="fused", registers=240),
 }
 
 
@@ -243,7 +263,13 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     if bs.backward == "triton" or jnp.dtype(q.dtype) not in HALF_DTYPES:
         return pg.backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
                                 block_sizes=bs.triton, **kw)
-    mosaic = hfb.backward if bs.backward == "fused" else hb.backward
+    mosaic = hb.backward
+    if bs.backward == "fused":  # head dims above 128: the warpgroups split the head dim
+        mosaic = hsb.backward if q.shape[3] > 128 else hfb.backward
+        if q.shape[3] <= 128 and bs.dq_tile == "cta":
+            mosaic = hcb.backward
+    elif q.shape[3] > 128:  # "mosaic": the head-dim-split dq and dk/dv kernels, no atomics
+        mosaic = functools.partial(hsb.backward, deterministic=True)
     return mosaic(q, k, v, do.astype(q.dtype), lse, delta, q_pos, k_pos, q_seg, k_seg, bs=bs, **kw)
 
 
