@@ -193,8 +193,6 @@ def _validate(q, k, v, segment_ids, layout, softmax_scale):
         raise ValueError(f"query heads must be a multiple of kv heads; got {q.shape[2]=} "
                          f"{k.shape[2]=}")
     layouts.check_layout(layout)
-    if layout == "zigzag" and q.shape[1] % 2:
-        raise ValueError(f"zigzag needs an even shard length; got {q.shape[1]=}")
     if segment_ids is not None:
         if getattr(segment_ids, "shape", None) != q.shape[:2]:
             raise ValueError(f"segment_ids must be [batch, shard] = {q.shape[:2]}; got "
@@ -239,9 +237,13 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     if not interpret and backend not in impl.platforms:
         raise ValueError(f"implementation={impl.name!r} runs on {impl.platforms}, not on this "
                          f"{backend=}; pass interpret=True to emulate it, or use 'auto'/'xla'")
+    ring_size = _axis_size(axis_name)
+    if layout == "zigzag" and ring_size > 1 and q.shape[1] % 2:
+        raise ValueError(f"zigzag needs an even shard length on a ring of {ring_size}; got "
+                         f"{q.shape[1]=}")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     cfg = _Config(axis_name, bool(causal), layout, scale, impl.name, block_sizes, bool(interpret),
-                  _axis_size(axis_name))
+                  ring_size)
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
     return _ring(q, k, v, segment_ids, cfg)
