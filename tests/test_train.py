@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import pathlib
 
+import chex
 import jax
 import numpy as np
 import pytest
 
+from models import llama
 from train import config as config_lib
+from train import generate as train_generate
 from train import train
 from train.checkpoint import Checkpointer, CheckpointError
 from train.metrics import read_metrics
@@ -49,6 +52,12 @@ def test_loss_decreases_and_run_dir_is_complete(tmp_path):
     assert Checkpointer(str(tmp_path / "checkpoints"), keep=2, async_save=False).steps() == [4, 6]
     assert list((tmp_path / "tensorboard").iterdir())
     assert (tmp_path / "config.yaml").exists()
+    # generation from the run directory (the training side's entry; models never imports train)
+    config, params, tok = train_generate.load_run(str(tmp_path))
+    assert config == llama.get_config("debug", **small(tmp_path).model.overrides)
+    chex.assert_trees_all_equal(params, jax.device_get(result.params))
+    texts = train_generate.main(["--run_dir", str(tmp_path), "--prompt", "And", "--max-new-tokens", "3"])
+    assert len(texts) == 1 and isinstance(texts[0], str)
 
 
 def test_resume_is_exact(tmp_path):

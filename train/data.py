@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from train.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 
 CORPUS = pathlib.Path(__file__).resolve().parent.parent / "data" / "corpus"
 FIELDS = ("input_ids", "targets", "positions", "segment_ids", "loss_mask")

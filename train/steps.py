@@ -29,6 +29,12 @@ from train.config import OptimSection, TrainConfig
 F32 = jnp.float32
 
 
+def model_config(config: TrainConfig, **overrides) -> llama.LlamaConfig:
+    """The model of a training config: ``model.preset`` with ``model.overrides`` (then
+    ``overrides``) applied."""
+    return llama.get_config(config.model.preset, **{**config.model.overrides, **overrides})
+
+
 def check_shapes(config: TrainConfig, model_cfg: llama.LlamaConfig, mesh: Mesh,
                  vocab_size: int) -> None:
     """Raises ValueError (naming the options) if batch, sequence, mesh and vocab don't fit."""

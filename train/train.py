@@ -20,12 +20,12 @@ import yaml
 
 from models import llama
 from models.sharding import MeshConfig, make_mesh
+from models.tokenizer import get_tokenizer
 from train import config as config_lib
 from train import data as data_lib
 from train import distributed, optim, sample, steps
 from train.checkpoint import Checkpointer, CheckpointError
 from train.metrics import MetricsWriter, mfu, peak_tflops
-from train.tokenizer import get_tokenizer
 
 
 @dataclasses.dataclass
@@ -75,7 +75,7 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) 
                          f"{jax.local_device_count()} devices; launch through `python -m train` "
                          "(it sets XLA_FLAGS before jax starts)")
     mesh = make_mesh(MeshConfig(**dataclasses.asdict(config.mesh)))
-    model_cfg = llama.get_config(config.model.preset, **config.model.overrides)
+    model_cfg = steps.model_config(config)
     tokenizer = get_tokenizer(config.data.tokenizer, config.data.tokenizer_path)
     steps.check_shapes(config, model_cfg, mesh, tokenizer.vocab_size)
     log0(f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} devices, "
