@@ -56,7 +56,7 @@ class LlamaConfig:
     param_dtype: str = "float32"
     attention: str = "auto"  # a ringattention implementation name, "reference" (naive, tests) or
     # "cudnn" (one GPU, no packing: jax.nn.dot_product_attention's cuDNN kernel, a speed baseline)
-    layout: str = "contiguous"  # ring layout of the sequence when the mesh has sp > 1
+    layout: str = "zigzag"  # ring layout when the mesh has sp > 1 (zigzag: balanced causal work)
     remat: str = "none"  # per-block rematerialisation policy, one of REMAT_POLICIES
     scan_layers: bool = True
     mlp_chunk: int | None = None  # tokens per blockwise_feedforward chunk (None: whole shard)

@@ -48,7 +48,7 @@ class KVCache:
     k: jax.Array
     v: jax.Array
     lengths: jax.Array
-    layout: str = "contiguous"
+    layout: str = "zigzag"
     ring: int = 1
 
     @property
