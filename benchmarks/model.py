@@ -27,6 +27,7 @@ import optax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from models import flops as flops_lib  # noqa: E402
 from models import llama  # noqa: E402
 from ringattention import implementations  # noqa: E402
 
@@ -54,7 +55,8 @@ def parse_args(argv=None):
                    help="pallas_hopper's backward kernels (overrides its default block sizes)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--peak-tflops", type=float, default=790.0)
+    p.add_argument("--peak-tflops", type=float, default=0.0,
+                   help="0: models.flops.peak_tflops of the device (H200: the measured 790)")
     p.add_argument("--tiny", action="store_true", help="debug preset, tiny contexts (CPU test)")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
@@ -195,9 +197,11 @@ def main(argv=None) -> dict:
         pallas_hopper.default_block_sizes = lambda d: dataclasses.replace(
             default(d), backward=args.hopper_backward)
     device = jax.devices()[0]
+    args.peak_tflops, peak_source = flops_lib.peak_tflops(device.device_kind, args.peak_tflops)
     result = {"preset": "debug" if args.tiny else args.preset, "config": dataclasses.asdict(config),
               "device": device.device_kind, "backend": jax.default_backend(),
               "jax": jax.__version__, "peak_tflops": args.peak_tflops,
+              "peak_source": peak_source,
               "num_params": llama.num_params(config), "throughput": [],
               "attention_resolved": resolved_attention(config),
               "hopper_backward": args.hopper_backward}

@@ -175,16 +175,3 @@ def num_params(config: LlamaConfig) -> int:
     block = attn + 3 * e * config.intermediate_size + 2 * e
     head = 0 if config.tie_embeddings else e * config.vocab_size
     return config.vocab_size * e + config.num_layers * block + e + head
-
-
-def flops_per_token(config: LlamaConfig, seq_len: int, *, causal: bool = True) -> float:
-    """Training FLOPs per token: 6 * matmul params + attention (halved when causal).
-
-    Matmul params exclude the embedding lookup but include the output projection (tied or not);
-    attention adds 12 * layers * heads * head_dim * seq_len for QK^T and PV, forward and backward.
-    """
-    e, d = config.hidden_size, config.head_dim
-    attn = e * d * (2 * config.num_heads + 2 * config.num_kv_heads)
-    matmul = config.num_layers * (attn + 3 * e * config.intermediate_size) + e * config.vocab_size
-    attention = 12 * config.num_layers * config.num_heads * d * seq_len
-    return 6.0 * matmul + (attention / 2 if causal else attention)

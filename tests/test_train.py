@@ -44,9 +44,16 @@ def test_loss_decreases_and_run_dir_is_complete(tmp_path):
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
     records = [r for r in read_metrics(str(tmp_path)) if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, 7))
-    for key in ("step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "seq_len"):
+    for key in ("step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "seq_len",
+                "flops_per_token", "model_flops", "peak_tflops", "peak_source"):
         assert all(key in r for r in records)
     assert all(r["seq_len"] == 64 for r in records)
+    # FLOPs counted from the packed documents (log.every=1: each record's window is its own step):
+    # never more than one 64-token document per row (packing: tests/test_flops.py)
+    model = llama.get_config("debug", **small(tmp_path).model.overrides)
+    assert all(r["model_flops"] == r["flops_per_token"] * 4 * 64 for r in records)
+    assert all(r["flops_per_token"] <= llama.flops_per_token(model, 64) for r in records)
+    assert {(r["peak_tflops"], r["peak_source"]) for r in records} == {(0.1, "nominal")}  # CPU
     assert result.eval_loss is not None and np.isfinite(result.eval_loss)
     assert isinstance(result.sample, str)
     assert Checkpointer(str(tmp_path / "checkpoints"), keep=2, async_save=False).steps() == [4, 6]

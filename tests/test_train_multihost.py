@@ -58,6 +58,9 @@ def test_two_processes_agree_with_one(tmp_path):
     one = train.main(small(tmp_path / "one", *STOP))
     two = {r["step"]: r["loss"] for r in read_metrics(str(tmp_path / "two")) if "loss" in r}
     assert sorted(two) == [1, 2, 3]
+    # every row's FLOPs counted once over the two processes, as one process counts them
+    flops = lambda d: [r["model_flops"] for r in read_metrics(str(d)) if "loss" in r]  # noqa: E731
+    assert flops(tmp_path / "two") == flops(tmp_path / "one")
     np.testing.assert_allclose([two[s] for s in (1, 2, 3)], [one.losses[s] for s in (1, 2, 3)],
                                rtol=MULTIHOST_RTOL)
     # the checkpoint the two processes wrote together restores here, sharded over 8 devices

@@ -5,9 +5,14 @@ Every process runs the same command and config; process 0 writes metrics and pri
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 
 from train.config import DistributedSection
+
+KV_TIMEOUT_MS = 300_000  # how long process 0 waits for the others' values (they run in lockstep)
+_SUMS = itertools.count()
 
 
 def _env_says_multi_process() -> bool:
@@ -48,3 +53,33 @@ def initialize(cfg: DistributedSection) -> bool:
                          "distributed.coordinator_address and distributed.process_id")
     jax.distributed.initialize(**kwargs)
     return True
+
+
+def _client():
+    """The coordination service client of ``jax.distributed`` (its key-value store)."""
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError("jax.distributed is not initialized")
+    return client
+
+
+def sum_to_primary(values: list[int]) -> list[int]:
+    """Sums integers over all processes onto process 0, through the coordination service's key-value
+    store (host only, no device work); other processes get their own values back. Every process
+    must call it the same number of times, in the same order."""
+    import jax
+
+    values = [int(v) for v in values]
+    if jax.process_count() == 1:
+        return values
+    client, key = _client(), f"ringattention/sum/{next(_SUMS)}"
+    if jax.process_index() != 0:
+        client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(values))
+        return values
+    for p in range(1, jax.process_count()):
+        other = json.loads(client.blocking_key_value_get(f"{key}/{p}", KV_TIMEOUT_MS))
+        values = [a + b for a, b in zip(values, other, strict=True)]
+        client.key_value_delete(f"{key}/{p}")
+    return values

@@ -103,10 +103,12 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) 
 
         # --- Train (the first step compiles), checkpoint, evaluate.
         stop = min(config.steps, config.stop_at or config.steps)
-        log = _Logger(config, model_cfg, start, stop)
+        log = _Logger(config, model_cfg, start, stop, data.maker.owned_rows())
         eval_loss = None
         for step in range(start + 1, stop + 1):
-            batch = data.maker.batch(data.packer.next_rows())
+            rows = data.packer.next_rows()  # this host's rows, natural order
+            log.count(rows)
+            batch = data.maker.batch(rows)
             params, opt_state, metrics = fns.train_step(params, opt_state, batch)
             log.train(step, metrics)
             if config.checkpoint.every and step % config.checkpoint.every == 0 or step == stop:
@@ -169,18 +171,28 @@ def _restore(ckpt, step, fns: steps.Functions, data: _Data, rng):
 
 
 class _Logger:
-    """Metrics JSONL + TensorBoard + progress bar; throughput excludes compilation and eval."""
+    """Metrics JSONL + TensorBoard + progress bar; throughput excludes compilation and eval.
 
-    def __init__(self, config, model_cfg, start: int, stop: int):
-        self.config, self.seq = config, config.data.seq_len
+    ``mfu`` and ``flops_per_token`` come from the FLOPs counted from every step's documents over
+    the window since the last record (``count``); ``model_flops`` is the logged step's own count.
+    """
+
+    def __init__(self, config, model_cfg, start: int, stop: int, owned_rows: np.ndarray):
+        self.config, self.seq, self.model_cfg = config, config.data.seq_len, model_cfg
         self.writer = MetricsWriter(config.run_dir, tensorboard=config.log.tensorboard,
                                     primary=jax.process_index() == 0)
-        self.flops = llama.flops_per_token(model_cfg, self.seq)
+        self.owned = owned_rows  # this host's rows that count towards the global FLOPs
         self.peak = peak_tflops(jax.devices()[0].device_kind, config.log.peak_tflops)
         self.lr_at = optim.schedule(config.optim, config.steps)
         self.start, self.stop, self.timer = start, stop, (time.perf_counter(), start)
+        self.window_flops = self.step_flops = 0  # this process's share; summed when written
         self.losses: dict[int, float] = {}
         self.bar = _progress(config, start, stop)
+
+    def count(self, rows: dict[str, np.ndarray]) -> None:
+        """Adds the model FLOPs of one step's host rows (any order) to the current window."""
+        self.step_flops = llama.batch_flops(self.model_cfg, rows["segment_ids"][self.owned])
+        self.window_flops += self.step_flops
 
     def train(self, step: int, metrics) -> None:
         self.bar.update(1)
@@ -188,14 +200,20 @@ class _Logger:
             return
         m = jax.device_get(metrics)
         now = time.perf_counter()
+        window, step_flops = distributed.sum_to_primary([self.window_flops, self.step_flops])
         tokens = (step - self.timer[1]) * self.config.data.batch_size * self.seq
-        tps = float("nan") if step == self.start + 1 else tokens / max(now - self.timer[0], 1e-9)
+        seconds = max(now - self.timer[0], 1e-9)
+        first = step == self.start + 1  # includes compilation
         record = {"step": step, "loss": float(m["loss"]), "lr": float(self.lr_at(step - 1)),
-                  "grad_norm": float(m["grad_norm"]), "tokens_per_sec": tps,
-                  "mfu": mfu(self.flops, tps, jax.device_count(), self.peak),
+                  "grad_norm": float(m["grad_norm"]),
+                  "tokens_per_sec": float("nan") if first else tokens / seconds,
+                  "mfu": float("nan") if first else mfu(window, seconds, jax.device_count(),
+                                                        self.peak.tflops),
+                  "flops_per_token": window / tokens, "model_flops": step_flops,
+                  "peak_tflops": self.peak.tflops, "peak_source": self.peak.source,
                   "seq_len": self.seq, "tokens": float(m["tokens"])}
         self.writer.write(record)
-        self.losses[step], self.timer = record["loss"], (now, step)
+        self.losses[step], self.timer, self.window_flops = record["loss"], (now, step), 0
         if not math.isfinite(record["loss"]):
             raise FloatingPointError(f"loss is {record['loss']} at {step=}")
         self.bar.set_postfix(loss=f"{record['loss']:.3f}")
@@ -205,7 +223,7 @@ class _Logger:
                            "eval_perplexity": math.exp(min(loss, 700.0))}, prefix="eval")
         if jax.process_index() == 0:
             self.bar.write(f"step {step}: eval loss {loss:.4f}")
-        self.timer = (time.perf_counter(), step)
+        self.timer, self.window_flops = (time.perf_counter(), step), 0
 
     def close(self) -> None:
         self.bar.close()
