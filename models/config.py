@@ -64,6 +64,8 @@ class LlamaConfig:
     q_chunk: int = 1024  # ring inner-loop block sizes
     kv_chunk: int = 1024
     interpret: bool = False  # Pallas kernels in interpret mode (CPU tests)
+    deterministic: bool = False  # ring attention kernels whose sums have a fixed order (bitwise
+    # reproducible runs; on GPU also start with XLA_FLAGS=--xla_gpu_deterministic_ops=true)
 
     def __post_init__(self):
         if isinstance(self.rope_scaling, dict):
@@ -97,6 +99,9 @@ class LlamaConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be None or a positive int")
+        for name in ("deterministic", "interpret", "tie_embeddings", "scan_layers"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ValueError(f"{self.rope_theta=} and {self.rms_norm_eps=} must be positive")
 

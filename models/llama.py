@@ -12,7 +12,8 @@ pytrees of arrays, ready for optax / orbax):
   layout ("zigzag" (default: balanced causal work) | "striped" | "contiguous"),
   remat ("none" | "full" | "save_dots" | "save_attn"),
   scan_layers, mlp_chunk (None | tokens per MLP chunk), loss_chunk (None = plain loss | tokens per
-  loss chunk), q_chunk, kv_chunk (ring inner-loop block sizes), interpret (Pallas interpret mode).
+  loss chunk), q_chunk, kv_chunk (ring inner-loop block sizes), interpret (Pallas interpret mode),
+  deterministic (ring attention kernels with a fixed summation order; see ``ring_attention``).
 - ``models.sharding.MeshConfig(dp=1, fsdp=1, tp=1, sp=1)`` (one may be -1) and
   ``make_mesh(mesh_config, devices=None) -> Mesh`` with axes ("dp", "fsdp", "tp", "sp").
 - ``init_params(config, rng, mesh=None) -> params`` (created sharded when ``mesh`` is given).

@@ -211,7 +211,8 @@ def _axis_size(axis_name) -> int:
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causal: bool = False,
                    segment_ids: jax.Array | None = None, layout: str = "contiguous",
                    softmax_scale: float | None = None, implementation: str = "auto",
-                   block_sizes=None, interpret: bool = False) -> jax.Array:
+                   block_sizes=None, interpret: bool = False,
+                   deterministic: bool = False) -> jax.Array:
     """Exact attention over a sequence sharded along mesh axis ``axis_name`` (inside ``shard_map``).
 
     Args:
@@ -227,6 +228,12 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
       implementation: "auto", "xla", or a registered kernel ("pallas_gpu", ...).
       block_sizes: the implementation's ``BlockSizes`` (None: its defaults).
       interpret: run Pallas kernels in interpret mode (CPU tests).
+      deterministic: run kernels whose sums have a fixed order, so that the output and gradients are
+        bitwise reproducible (``implementations.deterministic_block_sizes``; on pallas_hopper the
+        two-kernel backward instead of the fused one, slower at head dim 128). XLA's own GPU ops
+        (the scatter of an embedding gradient, autotuned GEMMs) also need the process started with
+        ``XLA_FLAGS=--xla_gpu_deterministic_ops=true``; ``python -m train`` sets it when the config
+        says ``deterministic: true``.
 
     Returns:
       [batch, q_shard, heads, head_dim] in ``q.dtype``.
@@ -237,6 +244,8 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     if not interpret and backend not in impl.platforms:
         raise ValueError(f"implementation={impl.name!r} runs on {impl.platforms}, not on this "
                          f"{backend=}; pass interpret=True to emulate it, or use 'auto'/'xla'")
+    if deterministic:
+        block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1])
     ring_size = _axis_size(axis_name)
     if layout == "zigzag" and ring_size > 1 and q.shape[1] % 2:
         raise ValueError(f"zigzag needs an even shard length on a ring of {ring_size}; got "
