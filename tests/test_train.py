@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from models import llama
+from train import __main__ as cli
 from train import config as config_lib
 from train import generate as train_generate
 from train import train
@@ -112,9 +113,9 @@ def _snapshot(directory: pathlib.Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def test_checkpoint_errors_change_nothing(tmp_path):
+def test_checkpoint_errors_change_nothing(tmp_path, capsys):
     run = tmp_path / "run"
-    train.main(small(run, "--stop_at=2"))
+    first = train.main(small(run, "--stop_at=4"))
     ckpts = run / "checkpoints"
     before = _snapshot(ckpts)
     with pytest.raises(CheckpointError, match="resume=never"):
@@ -122,15 +123,39 @@ def test_checkpoint_errors_change_nothing(tmp_path):
     assert _snapshot(ckpts) == before
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         train.main(small(tmp_path / "empty", "--stop_at=2", "--checkpoint.resume=required"))
-    # corrupt the newest checkpoint's array data: a clear error naming the step, files untouched
-    for p in (ckpts / "2" / "params").rglob("*"):
+    with pytest.raises(CheckpointError, match="resume=3: .* complete steps: \\[2, 4\\]"):
+        train.main(small(run, "--stop_at=4", "--checkpoint.resume=3"))
+    # corrupt the newest checkpoint's array data: a clear error naming the step and the older
+    # complete ones, files untouched
+    for p in (ckpts / "4" / "params").rglob("*"):
         if p.is_file() and "d" in p.parent.name:
             p.write_bytes(b"garbage")
     before = _snapshot(ckpts)
-    with pytest.raises(CheckpointError, match="step=2 .* corrupt"):
-        train.main(small(run, "--stop_at=4"))
+    with pytest.raises(CheckpointError, match="step=4 .* corrupt .* --checkpoint.resume=2"):
+        train.main(small(run, "--stop_at=6"))
     assert _snapshot(ckpts) == before
-    assert not (ckpts / "4").exists()
+    assert not (ckpts / "6").exists()
+    # the command line says it in one line
+    assert cli.main(["--config", DEBUG, *SMALL, f"--run_dir={run}", "--cpu_devices=0",
+                     "--stop_at=6"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("checkpoint error: checkpoint step=4") and "\n" not in err
+    # resume the older step by number: the damaged one is set aside (kept), training goes on
+    again = train.main(small(run, "--stop_at=4", "--checkpoint.resume=2"))
+    assert list(ckpts.glob("superseded.4.*/params"))
+    assert sorted(again.losses) == [3, 4]
+    np.testing.assert_array_equal([again.losses[s] for s in (3, 4)], [first.losses[s] for s in (3, 4)])
+
+
+@pytest.mark.parametrize("bad, error", [
+    ("--data.paths=[/nonexistent/*.jsonl]", "config error: data.paths entry '/nonexistent/*.jsonl' "
+                                            "matches no file"),
+    ("--data.seq_len=60", "config error: data.seq_len=60 does not fit the ring"),
+])
+def test_setup_mistakes_are_one_config_error_line(tmp_path, capsys, bad, error):
+    code = cli.main(["--config", DEBUG, *SMALL, f"--run_dir={tmp_path}", "--cpu_devices=0", bad])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(error) and "\n" not in err, err
 
 
 @pytest.mark.parametrize("overrides, match", [

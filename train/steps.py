@@ -31,8 +31,10 @@ F32 = jnp.float32
 
 def model_config(config: TrainConfig, **overrides) -> llama.LlamaConfig:
     """The model of a training config: ``model.preset`` with ``model.overrides`` (then
-    ``overrides``) applied."""
-    return llama.get_config(config.model.preset, **{**config.model.overrides, **overrides})
+    ``overrides``) applied, and the top-level ``deterministic``."""
+    return llama.get_config(config.model.preset, **{**config.model.overrides,
+                                                    "deterministic": config.deterministic,
+                                                    **overrides})
 
 
 def check_shapes(config: TrainConfig, model_cfg: llama.LlamaConfig, mesh: Mesh,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from typing import Any
 
@@ -25,6 +26,7 @@ from train import config as config_lib
 from train import data as data_lib
 from train import distributed, optim, sample, steps
 from train.checkpoint import Checkpointer, CheckpointError
+from train.config import ConfigError
 from train.metrics import MetricsWriter, mfu, peak_tflops
 
 
@@ -55,7 +57,15 @@ def main(config: config_lib.TrainConfig) -> Result:
     return result
 
 
-def _resume_step(ckpt: Checkpointer, mode: str) -> int | None:
+def _resume_step(ckpt: Checkpointer, mode: str | int) -> int | None:
+    if isinstance(mode, int):  # a step chosen by number (e.g. the newest one is damaged)
+        if mode not in ckpt.steps():
+            raise CheckpointError(f"checkpoint.resume={mode}: {ckpt.directory!r} holds no complete "
+                                  f"checkpoint for that step; complete steps: {ckpt.steps()}")
+        newer = ckpt.set_aside_after(mode)
+        if newer:
+            log0(f"resuming step {mode}: newer checkpoints {newer} set aside in {ckpt.directory}")
+        return mode
     latest = ckpt.latest()
     if mode == "never" and latest is not None:
         raise CheckpointError(f"checkpoint.resume=never but {ckpt.directory!r} already holds "
@@ -69,21 +79,9 @@ def _resume_step(ckpt: Checkpointer, mode: str) -> int | None:
 
 def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) -> Result:
     """Trains one stage: ``config.steps`` steps in ``config.run_dir``."""
-    # --- Devices, mesh and model.
-    if config.cpu_devices and jax.local_device_count() != config.cpu_devices:
-        raise ValueError(f"cpu_devices={config.cpu_devices} but this process has "
-                         f"{jax.local_device_count()} devices; launch through `python -m train` "
-                         "(it sets XLA_FLAGS before jax starts)")
-    mesh = make_mesh(MeshConfig(**dataclasses.asdict(config.mesh)))
-    model_cfg = steps.model_config(config)
-    tokenizer = get_tokenizer(config.data.tokenizer, config.data.tokenizer_path)
-    steps.check_shapes(config, model_cfg, mesh, tokenizer.vocab_size)
-    log0(f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} devices, "
-         f"{jax.process_count()} process(es); model {config.model.preset} "
-         f"({llama.num_params(model_cfg) / 1e6:.2f}M params), layout {model_cfg.layout}")
-
-    # --- Data: this host's streams of packed rows, and the held-out split.
-    data = _data(config, mesh, model_cfg, tokenizer)
+    # --- Devices, mesh, model, tokenizer; data: this host's streams of packed rows, the held-out
+    # split. A setting that cannot work raises ConfigError.
+    mesh, model_cfg, tokenizer, data = _setup(config)
 
     # --- Optimizer, shardings of the state, jitted steps (cached per model/mesh/optimizer).
     fns = steps.functions(model_cfg, mesh, config.optim, config.steps)
@@ -130,6 +128,31 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) 
     log0(f"done: step {stop}, run_dir {config.run_dir}"
          + (f", eval loss {eval_loss:.4f}" if eval_loss is not None else ""))
     return Result(config.run_dir, stop, log.losses, eval_loss, params, text)
+
+
+def _setup(config: config_lib.TrainConfig):
+    """(mesh, model config, tokenizer, data) of a stage, or ConfigError naming what cannot work."""
+    if config.cpu_devices and jax.local_device_count() != config.cpu_devices:
+        raise ConfigError(f"cpu_devices={config.cpu_devices} but this process has "
+                          f"{jax.local_device_count()} devices; launch through `python -m train` "
+                          "(it sets XLA_FLAGS before jax starts)")
+    if (config.deterministic and jax.default_backend() == "gpu"
+            and not config_lib.xla_deterministic(os.environ.get("XLA_FLAGS", ""))):
+        raise ConfigError(f"deterministic=true on GPU needs XLA_FLAGS={config_lib.XLA_DETERMINISTIC} "
+                          "before jax starts (python -m train sets it; in Python, set "
+                          "os.environ['XLA_FLAGS'] before the first jax call)")
+    try:
+        mesh = make_mesh(MeshConfig(**dataclasses.asdict(config.mesh)))
+        model_cfg = steps.model_config(config)
+        tokenizer = get_tokenizer(config.data.tokenizer, config.data.tokenizer_path)
+        steps.check_shapes(config, model_cfg, mesh, tokenizer.vocab_size)
+        log0(f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
+             f"devices, {jax.process_count()} process(es); model {config.model.preset} "
+             f"({llama.num_params(model_cfg) / 1e6:.2f}M params), layout {model_cfg.layout}"
+             + (", deterministic" if model_cfg.deterministic else ""))
+        return mesh, model_cfg, tokenizer, _data(config, mesh, model_cfg, tokenizer)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        raise ConfigError(str(e)) from e
 
 
 @dataclasses.dataclass
