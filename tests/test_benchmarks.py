@@ -69,3 +69,29 @@ def test_hopper_check_variants_become_block_sizes(bench):
         hc.block_sizes("cuda", 128)
     with pytest.raises(ValueError, match="registers"):
         hc.block_sizes("fused/registers=250", 128)
+
+
+@pytest.mark.slow
+def test_determinism_script_smoke(bench, tmp_path):
+    """``benchmarks/determinism.py --cpu``: four ``python -m train`` processes (two runs, a stop and a
+    resume) on a ring of two CPU devices compare bitwise equal, with XLA's deterministic flag set."""
+    out = str(tmp_path / "det")
+    result = bench("determinism").main(["--cpu", "--steps", "2", "--stop", "1", "--out", out])
+    assert result["passed"], result
+    assert all(r["returncode"] == 0 and r["xla_deterministic_ops"] for r in result["runs"].values())
+    assert result["steps_compared"] == [1, 2]
+    assert {"loss", "grad_norm", "model_flops"} <= set(result["fields_compared"])
+    assert json.load(open(out + ".json"))["passed"]
+
+
+@pytest.mark.slow
+def test_attention_deterministic_rows(bench, tmp_path):
+    """``benchmarks/attention.py --deterministic`` times each implementation both ways."""
+    out = str(tmp_path / "attn")
+    rows = bench("attention").main(["--impls", "xla", "--seqs", "128", "--causal", "1", "--shapes",
+                                    "2:1:64", "--reps", "1", "--dtype", "float32",
+                                    "--deterministic", "--out", out])
+    names = [r["name"] for r in rows]
+    assert names == ["xla_sdpa", "ring[xla]", "ring[xla deterministic]"]
+    assert all(r["fwdbwd_tflops"] > 0 and r["err_vs_f32_ref_prefix"] < 1e-5 for r in rows)
+    assert json.load(open(out + ".json"))["rows"][2]["name"] == "ring[xla deterministic]"

@@ -149,7 +149,9 @@ def _setup(config: config_lib.TrainConfig):
         log0(f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
              f"devices, {jax.process_count()} process(es); model {config.model.preset} "
              f"({llama.num_params(model_cfg) / 1e6:.2f}M params), layout {model_cfg.layout}"
-             + (", deterministic" if model_cfg.deterministic else ""))
+             + (", deterministic" if model_cfg.deterministic else "")
+             + (" (XLA deterministic ops)" if config_lib.xla_deterministic(os.environ.get("XLA_FLAGS", ""))
+                else ""))
         return mesh, model_cfg, tokenizer, _data(config, mesh, model_cfg, tokenizer)
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from e
