@@ -136,8 +136,8 @@ def _setup(config: config_lib.TrainConfig):
         raise ConfigError(f"cpu_devices={config.cpu_devices} but this process has "
                           f"{jax.local_device_count()} devices; launch through `python -m train` "
                           "(it sets XLA_FLAGS before jax starts)")
-    if (config.deterministic and jax.default_backend() == "gpu"
-            and not config_lib.xla_deterministic(os.environ.get("XLA_FLAGS", ""))):
+    xla_deterministic = config_lib.xla_deterministic(os.environ.get("XLA_FLAGS", ""))
+    if config.deterministic and jax.default_backend() == "gpu" and not xla_deterministic:
         raise ConfigError(f"deterministic=true on GPU needs XLA_FLAGS={config_lib.XLA_DETERMINISTIC} "
                           "before jax starts (python -m train sets it; in Python, set "
                           "os.environ['XLA_FLAGS'] before the first jax call)")
@@ -150,8 +150,7 @@ def _setup(config: config_lib.TrainConfig):
              f"devices, {jax.process_count()} process(es); model {config.model.preset} "
              f"({llama.num_params(model_cfg) / 1e6:.2f}M params), layout {model_cfg.layout}"
              + (", deterministic" if model_cfg.deterministic else "")
-             + (" (XLA deterministic ops)" if config_lib.xla_deterministic(os.environ.get("XLA_FLAGS", ""))
-                else ""))
+             + (" (XLA deterministic ops)" if xla_deterministic else ""))
         return mesh, model_cfg, tokenizer, _data(config, mesh, model_cfg, tokenizer)
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from e
