@@ -95,30 +95,37 @@ def block_sizes_for(impl, spec, head_dim=None):
     return mod.BlockSizes(**fields)
 
 
-def ring_fn(impl, causal, block_sizes=None):
+def ring_fn(impl, causal, block_sizes=None, deterministic=False):
     mesh = Mesh(np.array(jax.devices()[:1]), ("sp",))
     spec = P(None, "sp")
 
     def local(q, k, v):
         return ringattention.ring_attention(q, k, v, "sp", causal=causal, implementation=impl,
-                                            block_sizes=block_sizes)
+                                            block_sizes=block_sizes, deterministic=deterministic)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
                          check_vma=False)
 
 
-def bare_fns(impl, causal, block_sizes=None):
+def bare_fns(impl, causal, block_sizes=None, deterministic=False):
     """The implementation's forward step, and forward + backward steps, without the ring."""
-    mod = implementations.resolve(impl).load()
-    kw = dict(causal=causal, block_sizes=block_sizes)
+    resolved = implementations.resolve(impl)
+    mod = resolved.load()
+
+    def kw_for(q):  # deterministic: the block sizes ring_attention(deterministic=True) would use
+        bs = (implementations.deterministic_block_sizes(resolved, block_sizes, q.shape[-1])
+              if deterministic else block_sizes)
+        return dict(causal=causal, block_sizes=bs)
 
     def fwd(q, k, v):
+        kw = kw_for(q)
         pos = jnp.arange(q.shape[1], dtype=jnp.int32)
         o, lse = mod.forward_step(q, k, v, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5,
                                   **kw)
         return o.astype(q.dtype), lse
 
     def fwdbwd(q, k, v, do):
+        kw = kw_for(q)
         pos = jnp.arange(q.shape[1], dtype=jnp.int32)
         o, lse = fwd(q, k, v)
         delta = jnp.einsum("bshd,bshd->bhs", o.astype(jnp.float32), do)
@@ -168,12 +175,14 @@ def bench_shape(args, impls, b, l, h, kvh, d, causal):
     fns = {base_name: (base, fwdbwd(base))}
     for impl in impls:
         bs = block_sizes_for(impl, args.block, d)
-        tag = f"{impl}" + (f" {args.block}" if args.block else "")
-        if not args.sweep:
-            f = ring_fn(impl, causal, bs)
-            fns[f"ring[{tag}]"] = (f, fwdbwd(f))
-        if args.bare:
-            fns[f"bare[{tag}]"] = bare_fns(impl, causal, bs)
+        for det in (False, True) if args.deterministic else (False,):
+            tag = f"{impl}" + (f" {args.block}" if args.block else "") + (" deterministic" if det
+                                                                           else "")
+            if not args.sweep:
+                f = ring_fn(impl, causal, bs, det)
+                fns[f"ring[{tag}]"] = (f, fwdbwd(f))
+            if args.bare:
+                fns[f"bare[{tag}]"] = bare_fns(impl, causal, bs, det)
         for spec in filter(None, args.sweep.split(";")):  # bare step per BlockSizes candidate
             fns[f"bare[{impl} {spec}]"] = bare_fns(impl, causal, block_sizes_for(impl, spec, d))
     errs = check({n: f for n, (f, _) in fns.items()}, q, k, v, causal)
@@ -212,7 +221,7 @@ def table(rows):
     return "\n".join(lines)
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--impls", default="xla", help="comma-separated implementations")
     ap.add_argument("--seqs", default="16384,65536")
@@ -225,8 +234,11 @@ def main():
     ap.add_argument("--block", default="", help='BlockSizes fields, e.g. "q_chunk=2048,kv_chunk=1024"')
     ap.add_argument("--sweep", default="", help='";"-separated --block specs, timed as bare steps '
                     "(no ring)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="also time every implementation with deterministic=True (rows tagged "
+                         '"deterministic"): the speed cost of kernels whose sums have a fixed order')
     ap.add_argument("--out", default=None, help="path prefix for .json and .md")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     impls = args.impls.split(",")
     meta = dict(date=datetime.date.today().isoformat(), jax=jax.__version__,
                 device=str(jax.devices()[0].device_kind), platform=jax.default_backend(),
@@ -239,6 +251,7 @@ def main():
                 rows += bench_shape(args, impls, args.batch, l, h, kvh, d, causal)
                 write(args.out, meta, rows)  # after every shape: a cut-off run keeps its rows
     print(f"{meta['date']}, jax {meta['jax']}, {meta['device']}\n\n{table(rows)}\n")
+    return rows
 
 
 def write(out, meta, rows):

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from models import flops as flops_lib  # noqa: E402
 from models import llama  # noqa: E402
 from models.sharding import BATCH, MeshConfig, make_mesh  # noqa: E402
 from ringattention import implementations, layouts  # noqa: E402
@@ -66,8 +67,9 @@ def parse_args(argv=None):
                    help="pallas_hopper's backward kernels (overrides its default block sizes)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--peak-tflops", type=float, default=790.0,
-                   help="per-device peak the MFU divides by (790: measured H200 bf16 matmul rate)")
+    p.add_argument("--peak-tflops", type=float, default=0.0,
+                   help="per-device peak the MFU divides by; 0: models.flops.peak_tflops of the "
+                        "device (H200: the measured 790 TFLOP/s bf16 matmul rate)")
     p.add_argument("--tiny", action="store_true", help="debug preset, tiny contexts (CPU test)")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
@@ -298,10 +300,11 @@ def main(argv=None) -> dict:
     if args.hopper_backward:
         _use_hopper_backward(args.hopper_backward)
     device = jax.devices()[0]
+    args.peak_tflops, peak_source = flops_lib.peak_tflops(device.device_kind, args.peak_tflops)
     result = {"preset": "debug" if args.tiny else args.preset, "config": dataclasses.asdict(config),
               "devices": args.sp, "device": device.device_kind, "backend": jax.default_backend(),
               "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
-              "peak_tflops": args.peak_tflops,
+              "peak_tflops": args.peak_tflops, "peak_source": peak_source,
               "mfu_definition": "model FLOPs (6N + causal attention, one document per row) / step "
                                 "seconds / (devices x peak_tflops)",
               "command": " ".join(sys.argv[1:] if argv is None else argv),

@@ -56,7 +56,7 @@ class LlamaConfig:
     param_dtype: str = "float32"
     attention: str = "auto"  # a ringattention implementation name, "reference" (naive, tests) or
     # "cudnn" (one GPU, no packing: jax.nn.dot_product_attention's cuDNN kernel, a speed baseline)
-    layout: str = "contiguous"  # ring layout of the sequence when the mesh has sp > 1
+    layout: str = "zigzag"  # ring layout when the mesh has sp > 1 (zigzag: balanced causal work)
     remat: str = "none"  # per-block rematerialisation policy, one of REMAT_POLICIES
     scan_layers: bool = True
     mlp_chunk: int | None = None  # tokens per blockwise_feedforward chunk (None: whole shard)
@@ -64,6 +64,8 @@ class LlamaConfig:
     q_chunk: int = 1024  # ring inner-loop block sizes
     kv_chunk: int = 1024
     interpret: bool = False  # Pallas kernels in interpret mode (CPU tests)
+    deterministic: bool = False  # ring attention kernels whose sums have a fixed order (bitwise
+    # reproducible runs; on GPU also start with XLA_FLAGS=--xla_gpu_deterministic_ops=true)
 
     def __post_init__(self):
         if isinstance(self.rope_scaling, dict):
@@ -97,6 +99,9 @@ class LlamaConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be None or a positive int")
+        for name in ("deterministic", "interpret", "tie_embeddings", "scan_layers"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ValueError(f"{self.rope_theta=} and {self.rms_norm_eps=} must be positive")
 
@@ -175,16 +180,3 @@ def num_params(config: LlamaConfig) -> int:
     block = attn + 3 * e * config.intermediate_size + 2 * e
     head = 0 if config.tie_embeddings else e * config.vocab_size
     return config.vocab_size * e + config.num_layers * block + e + head
-
-
-def flops_per_token(config: LlamaConfig, seq_len: int, *, causal: bool = True) -> float:
-    """Training FLOPs per token: 6 * matmul params + attention (halved when causal).
-
-    Matmul params exclude the embedding lookup but include the output projection (tied or not);
-    attention adds 12 * layers * heads * head_dim * seq_len for QK^T and PV, forward and backward.
-    """
-    e, d = config.hidden_size, config.head_dim
-    attn = e * d * (2 * config.num_heads + 2 * config.num_kv_heads)
-    matmul = config.num_layers * (attn + 3 * e * config.intermediate_size) + e * config.vocab_size
-    attention = 12 * config.num_layers * config.num_heads * d * seq_len
-    return 6.0 * matmul + (attention / 2 if causal else attention)

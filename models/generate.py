@@ -342,30 +342,28 @@ def generate(config: LlamaConfig, params, prompts: Sequence[Sequence[int]], *,
     return Generation(out[:rows], finish, np.stack(kept) if return_logits else None, T, shared)
 
 
-def load_model(*, hf: str | None = None, checkpoint: str | None = None, preset: str | None = None,
-               mesh: Mesh | None = None, **overrides):
-    """(config, params, tokenizer) from a Hugging Face directory, a training run directory (its
-    newest complete checkpoint and ``config.yaml``), or a preset with random weights."""
-    from train.tokenizer import ByteTokenizer, HFTokenizer
+def load_model(*, hf: str | None = None, preset: str | None = None, mesh: Mesh | None = None,
+               **overrides):
+    """(config, params, tokenizer) from a Hugging Face directory or a preset with random weights.
 
-    if sum(x is not None for x in (hf, checkpoint, preset)) != 1:
-        raise ValueError(f"give exactly one of hf / checkpoint / preset; got {hf=} {checkpoint=} "
-                         f"{preset=}")
+    A training run directory is read on the training side: ``train.generate.load_run`` (CLI:
+    ``python -m train.generate --run_dir DIR``), so that this package never imports ``train``.
+    """
+    import os
+
     from models import llama
+    from models.tokenizer import ByteTokenizer, HFTokenizer
 
+    if (hf is None) == (preset is None):
+        raise ValueError(f"give exactly one of hf / preset; got {hf=} {preset=}")
     if hf is not None:
         config, params = llama.load_hf(hf, **overrides)
         tok_file = f"{hf.rstrip('/')}/tokenizer.json"
-        import os
-
         tok = HFTokenizer(tok_file) if os.path.exists(tok_file) else ByteTokenizer()
-    elif preset is not None:
+    else:
         config = llama.get_config(preset, **overrides)
         params = llama.init_params(config, jax.random.key(0), mesh)
         tok = ByteTokenizer()
-    else:
-        config, params, tok = _load_checkpoint(checkpoint, mesh, overrides)
-        return config, params, tok
     if mesh is not None:
         params = jax.device_put(params, llama.param_shardings(config, mesh))
     if config.vocab_size < tok.vocab_size:
@@ -373,43 +371,31 @@ def load_model(*, hf: str | None = None, checkpoint: str | None = None, preset: 
     return config, params, tok
 
 
-def _load_checkpoint(run_dir: str, mesh: Mesh | None, overrides: dict):
-    import os
-
-    from models import llama
-    from train import config as train_config
-    from train.checkpoint import Checkpointer
-    from train.tokenizer import get_tokenizer
-
-    run_dir = run_dir.rstrip("/")
-    if os.path.basename(run_dir) == "checkpoints":
-        run_dir = os.path.dirname(run_dir)
-    cfg = train_config.load(f"{run_dir}/config.yaml")
-    config = llama.get_config(cfg.model.preset, **{**cfg.model.overrides, **overrides})
-    ckpt = Checkpointer(f"{run_dir}/checkpoints", keep=1, async_save=False, read_only=True)
-    step = ckpt.latest()
-    if step is None:
-        raise FileNotFoundError(f"no complete checkpoint under {run_dir}/checkpoints")
-    if mesh is None:
-        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev),
-                            llama.abstract_params(config))
-    else:
-        like = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                            llama.abstract_params(config), llama.param_shardings(config, mesh))
-    params = ckpt.restore(step, like)["params"]
-    ckpt.close()
-    return config, params, get_tokenizer(cfg.data.tokenizer, cfg.data.tokenizer_path)
+# (run_dir, mesh, **LlamaConfig overrides) -> (config, params, tokenizer); see train.generate
+RunLoader = Callable[..., tuple]
 
 
-def _parser():
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m models.generate", description=__doc__.split("\n")[0])
+def add_source_args(ap, load_run: RunLoader | None) -> None:
+    """The model source options of the CLIs here: --hf, --preset (and --run_dir with a loader)."""
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--hf", help="Hugging Face LLaMA directory (config.json, safetensors)")
-    src.add_argument("--checkpoint", help="training run directory (config.yaml + checkpoints/)")
     src.add_argument("--preset", help="a models.PRESETS name with random weights (smoke tests)")
+    if load_run is not None:
+        src.add_argument("--run_dir", help="training run directory (config.yaml + checkpoints/)")
+
+
+def load_from_args(args, mesh: Mesh | None, load_run: RunLoader | None, **overrides):
+    """(config, params, tokenizer) from the options of :func:`add_source_args`."""
+    if getattr(args, "run_dir", None):
+        return load_run(args.run_dir, mesh=mesh, **overrides)
+    return load_model(hf=args.hf, preset=args.preset, mesh=mesh, **overrides)
+
+
+def _parser(prog: str, load_run: RunLoader | None):
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    add_source_args(ap, load_run)
     ap.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     ap.add_argument("--prompt-file", action="append", default=[], help="a file holding a prompt")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -430,13 +416,15 @@ def _parser():
     return ap
 
 
-def main(argv: Sequence[str] | None = None) -> list[str]:
-    """The CLI; returns the generated texts (stop strings cut off)."""
+def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None,
+         prog: str = "python -m models.generate") -> list[str]:
+    """The CLI; returns the generated texts (stop strings cut off). ``load_run`` adds ``--run_dir``
+    (``python -m train.generate`` passes the training side's loader)."""
     import sys
 
     from models.sharding import MeshConfig, make_mesh
 
-    args = _parser().parse_args(argv)
+    args = _parser(prog, load_run).parse_args(argv)
     prompts = list(args.prompt)
     for path in args.prompt_file:
         with open(path, encoding="utf-8") as f:
@@ -449,8 +437,7 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
         mesh = make_mesh(MeshConfig(dp=1, fsdp=1, tp=args.tp, sp=args.sp), devices)
     overrides = {k: getattr(args, k) for k in ("dtype", "layout", "attention")
                  if getattr(args, k) is not None}
-    config, params, tok = load_model(hf=args.hf, checkpoint=args.checkpoint, preset=args.preset,
-                                     mesh=mesh, **overrides)
+    config, params, tok = load_from_args(args, mesh, load_run, **overrides)
     stop_ids = list(args.stop_id) + ([tok.eos_id] if tok.eos_id is not None else [])
     stop_check = None
     if args.stop:

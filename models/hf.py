@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from einops import rearrange
 
 from models.config import LlamaConfig, RopeScaling
 
@@ -120,17 +121,17 @@ def config_to_hf(config: LlamaConfig, torch_dtype: str) -> dict:
 
 def _layer_map(config: LlamaConfig):
     """(hf suffix, our name, to_ours(w), to_hf(w)) for the tensors of one decoder layer."""
-    E, H, K, D = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+    H, K = config.num_heads, config.num_kv_heads
     t = lambda w: w.T
+    # Hugging Face stores [out, in] matrices; ours are [embed, heads, head_dim] / [heads, head_dim, embed]
+    proj_in = lambda n: (lambda w: rearrange(w, "(h d) e -> e h d", h=n),  # noqa: E731
+                         lambda w: rearrange(w, "e h d -> (h d) e"))
     return [
-        ("self_attn.q_proj.weight", ("attn", "wq"), lambda w: w.T.reshape(E, H, D),
-         lambda w: w.reshape(E, H * D).T),
-        ("self_attn.k_proj.weight", ("attn", "wk"), lambda w: w.T.reshape(E, K, D),
-         lambda w: w.reshape(E, K * D).T),
-        ("self_attn.v_proj.weight", ("attn", "wv"), lambda w: w.T.reshape(E, K, D),
-         lambda w: w.reshape(E, K * D).T),
-        ("self_attn.o_proj.weight", ("attn", "wo"), lambda w: w.T.reshape(H, D, E),
-         lambda w: w.reshape(H * D, E).T),
+        ("self_attn.q_proj.weight", ("attn", "wq"), *proj_in(H)),
+        ("self_attn.k_proj.weight", ("attn", "wk"), *proj_in(K)),
+        ("self_attn.v_proj.weight", ("attn", "wv"), *proj_in(K)),
+        ("self_attn.o_proj.weight", ("attn", "wo"), lambda w: rearrange(w, "e (h d) -> h d e", h=H),
+         lambda w: rearrange(w, "h d e -> e (h d)")),
         ("mlp.gate_proj.weight", ("mlp", "w_gate"), t, t),
         ("mlp.up_proj.weight", ("mlp", "w_up"), t, t),
         ("mlp.down_proj.weight", ("mlp", "w_down"), t, t),

@@ -22,6 +22,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from einops import rearrange
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -47,7 +48,7 @@ class KVCache:
     k: jax.Array
     v: jax.Array
     lengths: jax.Array
-    layout: str = "contiguous"
+    layout: str = "zigzag"
     ring: int = 1
 
     @property
@@ -69,14 +70,13 @@ jax.tree_util.register_dataclass(KVCache, data_fields=["k", "v", "lengths"],
 
 def granularity(layout: str, ring: int) -> int:
     """Cache lengths must be multiples of this (the layout's number of chunks)."""
-    layouts.check_layout(layout)
-    return 2 * ring if layout == "zigzag" else ring
+    return layouts.parts(layout, ring)
 
 
 def slot(pos: jax.Array, layout: str, shard_len: int, ring: int):
     """(owner device, index within its shard) of global positions ``pos`` (int32, any shape)."""
     pos = pos.astype(jnp.int32)
-    if layout == "contiguous":
+    if layout == "contiguous" or ring == 1:  # a ring of one: natural order under every layout
         return pos // shard_len, pos % shard_len
     if layout == "striped":
         return pos % ring, pos // ring
@@ -123,9 +123,8 @@ def dense_partial(q, k, v, mask, scale: float):
 
     Returns o float32 [B, C, H, D] (0 where nothing is visible) and lse float32 [B, H, C] (-inf).
     """
-    B, C, H, D = q.shape
     K = k.shape[2]
-    qg = q.reshape(B, C, K, H // K, D)  # [B, C, K, G, D]
+    qg = rearrange(q, "b c (k g) d -> b c k g d", k=K)
     s = jnp.einsum("bckgd,bskd->bkgcs", qg, k, preferred_element_type=F32) * scale  # [B,K,G,C,S]
     s = jnp.where(mask[:, None, None], s, -jnp.inf)
     m = s.max(-1, keepdims=True)
@@ -137,7 +136,7 @@ def dense_partial(q, k, v, mask, scale: float):
     o = o * jnp.moveaxis(inv[..., 0], 3, 1)[..., None]  # [B, C, K, G, D]
     lse = jnp.where(l[..., 0] > 0, m_safe[..., 0] + jnp.log(jnp.where(l > 0, l, 1.0)[..., 0]),
                     -jnp.inf)  # [B, K, G, C]
-    return o.reshape(B, C, H, D), lse.reshape(B, H, C)
+    return rearrange(o, "b c k g d -> b c (k g) d"), rearrange(lse, "b k g c -> b (k g) c")
 
 
 def _allreduce_merge(o, lse, axis_name):

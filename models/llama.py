@@ -9,10 +9,11 @@ pytrees of arrays, ready for optax / orbax):
   num_heads, num_kv_heads, head_dim, rope_theta, rope_scaling (None | RopeScaling), rms_norm_eps,
   tie_embeddings, max_position_embeddings, dtype / param_dtype ("bfloat16" | "float32"),
   attention ("auto" | "xla" | registered kernel | "reference" | "cudnn" (one GPU, no packing)),
-  layout ("contiguous" | "striped" | "zigzag"), remat ("none" | "full" | "save_dots" | "save_attn" |
-  "offload_attn"),
+  layout ("zigzag" (default: balanced causal work) | "striped" | "contiguous"),
+  remat ("none" | "full" | "save_dots" | "save_attn" | "offload_attn"),
   scan_layers, mlp_chunk (None | tokens per MLP chunk), loss_chunk (None = plain loss | tokens per
-  loss chunk), q_chunk, kv_chunk (ring inner-loop block sizes), interpret (Pallas interpret mode).
+  loss chunk), q_chunk, kv_chunk (ring inner-loop block sizes), interpret (Pallas interpret mode),
+  deterministic (ring attention kernels with a fixed summation order; see ``ring_attention``).
 - ``models.sharding.MeshConfig(dp=1, fsdp=1, tp=1, sp=1)`` (one may be -1) and
   ``make_mesh(mesh_config, devices=None) -> Mesh`` with axes ("dp", "fsdp", "tp", "sp").
 - ``init_params(config, rng, mesh=None) -> params`` (created sharded when ``mesh`` is given).
@@ -23,7 +24,9 @@ pytrees of arrays, ready for optax / orbax):
   order (``ringattention.layouts.to_layout(x, config.layout, mesh.shape["sp"])``). Mean loss over
   ``loss_mask``; aux: "tokens", "loss_sum". Chunked cross-entropy, never [seq, vocab] logits.
 - ``load_hf(path) -> (config, params)``, ``save_hf(config, params, path)`` (no torch needed).
-- ``num_params(config)``, ``flops_per_token(config, seq_len)`` (6N + causal attention term).
+- ``num_params(config)``; ``flops_per_token(config, seq_len)`` (6N + causal attention, one document
+  per row) and ``batch_flops(config, segment_ids)`` (counted from a batch's documents on the host,
+  any layout order; ``models.flops`` also holds the peak rates MFU divides by).
 - Extras: ``abstract_params(config)``, ``param_specs(config, mesh)``, ``param_shardings(config,
   mesh)`` (e.g. to shard optimizer state), ``validate(config, mesh, shape)``.
 
@@ -44,14 +47,15 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding
 
-from models.config import PRESETS, LlamaConfig, RopeScaling, flops_per_token, get_config, num_params
+from models.config import PRESETS, LlamaConfig, RopeScaling, get_config, num_params
+from models.flops import batch_flops, flops_per_token
 from models.hf import load_hf, save_hf
 from models.loss import chunked_cross_entropy_sum, cross_entropy_sum
 from models.modules import Llama, default_positions, head_weight
 from models.sharding import axis_size, check_mesh, constrain, logical_spec
 from ringattention import layouts
 
-__all__ = ["PRESETS", "LlamaConfig", "RopeScaling", "abstract_params", "flops_per_token",
+__all__ = ["PRESETS", "LlamaConfig", "RopeScaling", "abstract_params", "batch_flops", "flops_per_token",
            "forward", "get_config", "init_params", "load_hf", "loss_fn", "num_params",
            "param_shardings", "param_specs", "save_hf", "validate"]
 

@@ -84,7 +84,7 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids):
     impl = ra_impl.resolve(config.attention).name
     blocks = BlockSizes(config.q_chunk, config.kv_chunk) if impl == "xla" else None
     kw = dict(causal=True, layout=config.layout, implementation=impl, block_sizes=blocks,
-              interpret=config.interpret)
+              interpret=config.interpret, deterministic=config.deterministic)
     local = lambda q, k, v, s: ring_attention(q, k, v, "sp", segment_ids=s, **kw)
     if mesh is None:  # a ring of one: the blockwise step with its O(S) memory, no mesh needed
         one = jax.vmap(local, axis_name="sp", axis_size=1)

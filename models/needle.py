@@ -148,19 +148,18 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    """CLI: writes ``needle.json`` and ``needle.png`` into ``--out``; returns the result."""
+def main(argv: Sequence[str] | None = None, *, load_run: gen.RunLoader | None = None,
+         prog: str = "python -m models.needle") -> dict:
+    """CLI: writes ``needle.json`` and ``needle.png`` into ``--out``; returns the result.
+    ``load_run`` adds ``--run_dir`` (``python -m train.generate needle`` passes it)."""
     import argparse
 
     import jax
 
     from models.sharding import MeshConfig, make_mesh
 
-    ap = argparse.ArgumentParser(prog="python -m models.needle", description=__doc__.split("\n")[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--hf")
-    src.add_argument("--checkpoint")
-    src.add_argument("--preset")
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    gen.add_source_args(ap, load_run)
     ap.add_argument("--lengths", default="1024,2048,4096", help="context lengths in tokens")
     ap.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]")
     ap.add_argument("--needles", type=int, default=1, help="needles per prompt (multi-needle > 1)")
@@ -176,8 +175,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         devices = jax.devices() if args.sp == -1 else jax.devices()[: args.sp]
         mesh = make_mesh(MeshConfig(sp=args.sp), devices)
     overrides = {} if args.dtype is None else {"dtype": args.dtype}
-    config, params, tok = gen.load_model(hf=args.hf, checkpoint=args.checkpoint,
-                                         preset=args.preset, mesh=mesh, **overrides)
+    config, params, tok = gen.load_from_args(args, mesh, load_run, **overrides)
     result = run(config, params, tok, lengths=[int(x) for x in _floats(args.lengths)],
                  depths=_floats(args.depths), num_needles=args.needles, trials=args.trials,
                  max_new_tokens=args.max_new_tokens, mesh=mesh, seed=args.seed)

@@ -17,6 +17,16 @@ block_sizes, interpret)``
     dk [B, Sk, K, D], dv [B, Sk, K, D]: this step's contributions.
 
 Query head ``h`` reads kv head ``h // (H // K)``; kv heads are never repeated in memory.
+
+``deterministic_block_sizes(block_sizes, head_dim) -> block_sizes`` (optional)
+    What ``ring_attention(..., deterministic=True)`` runs with: block sizes (None: the defaults) whose
+    forward and backward steps add up their sums in a fixed order, so that two runs on the same
+    inputs give the same bits. Raises ValueError if the given block sizes cannot. An implementation
+    without it is deterministic as it is: "xla" (plain XLA ops; on GPU XLA's own scatters, reductions
+    and autotuning need ``--xla_gpu_deterministic_ops=true`` in ``XLA_FLAGS``), "pallas_gpu" (a dq
+    kernel per query block and a dk/dv kernel per key block, each summing over the other side in a
+    sequential loop and writing once; no atomics), "pallas_tpu" (the reduction axes of its grids are
+    "arbitrary", i.e. sequential). "pallas_hopper" defines it: its fused backward reduce-adds dq.
 """
 
 from __future__ import annotations
@@ -69,6 +79,12 @@ def resolve(name: str) -> Implementation:
     if name not in _REGISTRY:
         raise ValueError(f"implementation={name!r} is not known; choose one of {names()}")
     return _REGISTRY[name]
+
+
+def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int):
+    """``block_sizes`` for ``deterministic=True``: the module's hook (contract above) if it has one."""
+    hook = getattr(impl.load(), "deterministic_block_sizes", None)
+    return block_sizes if hook is None else hook(block_sizes, head_dim)
 
 
 register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu")))

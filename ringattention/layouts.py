@@ -8,6 +8,8 @@ Three layouts, all of which keep positions increasing within a shard:
 * ``"zigzag"``: the sequence is cut into ``2N`` chunks; shard ``r`` holds chunk ``r`` then chunk
   ``2N-1-r``, which balances causal work over the whole ring pass.
 
+On a ring of one device every layout is the natural order, for any sequence length.
+
 ``to_layout`` / ``from_layout`` reorder a global array into the order in which the ring's shards are
 concatenated (shard 0 first) and back; ``positions`` gives the global position of every element of that
 order (what RoPE needs); ``shard_positions`` gives one shard's positions and accepts a traced ring index.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+from einops import rearrange
 
 LAYOUTS = ("contiguous", "striped", "zigzag")
 
@@ -26,31 +29,38 @@ def check_layout(layout: str) -> None:
         raise ValueError(f"{layout=} is not a known layout; choose one of {LAYOUTS}")
 
 
-def check_divisible(seq_len: int, layout: str, ring_size: int) -> None:
-    """Raises ValueError unless a global ``seq_len`` can be dealt to ``ring_size`` shards."""
+def parts(layout: str, ring_size: int) -> int:
+    """The number of chunks a layout cuts a sequence into: ``seq_len`` must be a multiple of it.
+
+    A ring of one holds the whole sequence in natural order under every layout, so it takes any
+    length; otherwise zigzag needs ``2 * ring_size`` chunks and the others ``ring_size``.
+    """
     check_layout(layout)
     if ring_size < 1:
         raise ValueError(f"{ring_size=} must be >= 1")
-    parts = 2 * ring_size if layout == "zigzag" else ring_size
-    if seq_len % parts:
-        raise ValueError(
-            f"{seq_len=} must be divisible by {parts} for {layout=} with {ring_size=}"
-        )
+    return 2 * ring_size if layout == "zigzag" and ring_size > 1 else ring_size
+
+
+def check_divisible(seq_len: int, layout: str, ring_size: int) -> None:
+    """Raises ValueError unless a global ``seq_len`` can be dealt to ``ring_size`` shards."""
+    n = parts(layout, ring_size)
+    if seq_len % n:
+        hint = (f"; layout='striped' (as balanced for causal attention) needs only a multiple of "
+                f"{ring_size}" if layout == "zigzag" and seq_len % ring_size == 0 else "")
+        raise ValueError(f"{seq_len=} must be divisible by {n} for {layout=} with {ring_size=}{hint}")
 
 
 def permutation(seq_len: int, layout: str, ring_size: int) -> np.ndarray:
     """Global positions in layout order: ``x_layout = x[..., permutation, ...]``. int32 [seq_len]."""
     check_divisible(seq_len, layout, ring_size)
-    shard = seq_len // ring_size
-    idx = np.arange(seq_len)
-    if layout == "contiguous":
-        return idx.astype(np.int32)
-    if layout == "striped":
-        # element i of shard r holds position i*N + r
-        return idx.reshape(shard, ring_size).T.reshape(-1).astype(np.int32)
-    chunks = idx.reshape(2 * ring_size, shard // 2)
-    order = [c for r in range(ring_size) for c in (r, 2 * ring_size - 1 - r)]
-    return chunks[order].reshape(-1).astype(np.int32)
+    idx = np.arange(seq_len, dtype=np.int32)
+    if layout == "contiguous" or ring_size == 1:
+        return idx
+    if layout == "striped":  # element i of shard r holds position i*N + r
+        return rearrange(idx, "(i r) -> (r i)", r=ring_size)
+    # zigzag: chunk r of the first half, then chunk N-1-r of the second half reversed (= 2N-1-r)
+    halves = rearrange(idx, "(two r c) -> two r c", two=2, r=ring_size)
+    return rearrange(np.stack([halves[0], halves[1, ::-1]]), "two r c -> (r two c)")
 
 
 def positions(seq_len: int, layout: str, ring_size: int) -> np.ndarray:
@@ -75,6 +85,8 @@ def shard_positions(layout: str, shard_len: int, ring_size: int, ring_index) -> 
     check_layout(layout)
     i = jnp.arange(shard_len, dtype=jnp.int32)
     r = jnp.asarray(ring_index, jnp.int32)
+    if ring_size == 1:  # the whole sequence, in natural order, under every layout
+        return i
     if layout == "contiguous":
         return r * shard_len + i
     if layout == "striped":

@@ -10,6 +10,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from einops import rearrange
 
 
 def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
@@ -29,7 +30,7 @@ def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: boo
         raise ValueError(f"query heads must be a multiple of kv heads; got {q.shape=} {k.shape=}")
     dtype = jnp.promote_types(q.dtype, jnp.float32)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
-    qg = q.astype(dtype).reshape(B, Sq, K, H // K, D)  # [batch, q_len, kv_heads, group, dim]
+    qg = rearrange(q.astype(dtype), "b s (k g) d -> b s k g d", k=K)  # g: query heads per kv head
     s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k.astype(dtype)) * scale  # [B, K, G, Sq, Sk]
     mask = jnp.ones((1, Sq, Sk), bool)
     if causal:
@@ -45,4 +46,4 @@ def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: boo
     l = p.sum(-1, keepdims=True)
     p = p / jnp.where(l > 0, l, 1.0)
     o = jnp.einsum("bhgqk,bkhd->bqhgd", p, v.astype(dtype))
-    return o.reshape(B, Sq, H, D).astype(q.dtype)
+    return rearrange(o, "b s k g d -> b s (k g) d").astype(q.dtype)

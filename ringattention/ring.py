@@ -198,8 +198,6 @@ def _validate(q, k, v, segment_ids, layout, softmax_scale):
         raise ValueError(f"query heads must be a multiple of kv heads; got {q.shape[2]=} "
                          f"{k.shape[2]=}")
     layouts.check_layout(layout)
-    if layout == "zigzag" and q.shape[1] % 2:
-        raise ValueError(f"zigzag needs an even shard length; got {q.shape[1]=}")
     if segment_ids is not None:
         if getattr(segment_ids, "shape", None) != q.shape[:2]:
             raise ValueError(f"segment_ids must be [batch, shard] = {q.shape[:2]}; got "
@@ -218,7 +216,8 @@ def _axis_size(axis_name) -> int:
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causal: bool = False,
                    segment_ids: jax.Array | None = None, layout: str = "contiguous",
                    softmax_scale: float | None = None, implementation: str = "auto",
-                   block_sizes=None, interpret: bool = False) -> jax.Array:
+                   block_sizes=None, interpret: bool = False,
+                   deterministic: bool = False) -> jax.Array:
     """Exact attention over a sequence sharded along mesh axis ``axis_name`` (inside ``shard_map``).
 
     Args:
@@ -234,6 +233,12 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
       implementation: "auto", "xla", or a registered kernel ("pallas_gpu", ...).
       block_sizes: the implementation's ``BlockSizes`` (None: its defaults).
       interpret: run Pallas kernels in interpret mode (CPU tests).
+      deterministic: run kernels whose sums have a fixed order, so that the output and gradients are
+        bitwise reproducible (``implementations.deterministic_block_sizes``; on pallas_hopper the
+        two-kernel backward instead of the fused one, slower at head dim 128). XLA's own GPU ops
+        (the scatter of an embedding gradient, autotuned GEMMs) also need the process started with
+        ``XLA_FLAGS=--xla_gpu_deterministic_ops=true``; ``python -m train`` sets it when the config
+        says ``deterministic: true``.
 
     Returns:
       [batch, q_shard, heads, head_dim] in ``q.dtype``.
@@ -244,9 +249,15 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     if not interpret and backend not in impl.platforms:
         raise ValueError(f"implementation={impl.name!r} runs on {impl.platforms}, not on this "
                          f"{backend=}; pass interpret=True to emulate it, or use 'auto'/'xla'")
+    if deterministic:
+        block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1])
+    ring_size = _axis_size(axis_name)
+    if layout == "zigzag" and ring_size > 1 and q.shape[1] % 2:
+        raise ValueError(f"zigzag needs an even shard length on a ring of {ring_size}; got "
+                         f"{q.shape[1]=}")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     cfg = _Config(axis_name, bool(causal), layout, scale, impl.name, block_sizes, bool(interpret),
-                  _axis_size(axis_name))
+                  ring_size)
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
     return _ring(q, k, v, segment_ids, cfg)

@@ -58,7 +58,8 @@ def test_model_on_a_ring_of_two_reports_per_device_rates(bench, tmp_path):
     for r in rows:
         assert r["devices"] == 2 and r["step_seconds"] > 0
         assert r["tokens_per_s_per_device"] == pytest.approx(r["tokens_per_s"] / 2)
-        assert r["mfu"] == pytest.approx(r["model_flops"] / r["step_seconds"] / (2 * 790e12))
+        peak = result["peak_tflops"] * 1e12
+        assert r["mfu"] == pytest.approx(r["model_flops"] / r["step_seconds"] / (2 * peak))
     assert result["fit"]["longest"]["train_step"] == "fwd+bwd+AdamW"
     assert np.isfinite(result["fit"]["longest"]["loss"])
     saved = json.load(open(out))
@@ -142,3 +143,29 @@ def test_attention_block_spec_keeps_pallas_hopper_defaults(bench):
     got = bench("attention").block_sizes_for("pallas_hopper", "backward=mosaic,bwd_stages=3", 128)
     assert got == dataclasses.replace(ph.default_block_sizes(128), backward="mosaic", bwd_stages=3)
     assert got.registers == 240
+
+
+@pytest.mark.slow
+def test_determinism_script_smoke(bench, tmp_path):
+    """``benchmarks/determinism.py --cpu``: four ``python -m train`` processes (two runs, a stop and a
+    resume) on a ring of two CPU devices compare bitwise equal, with XLA's deterministic flag set."""
+    out = str(tmp_path / "det")
+    result = bench("determinism").main(["--cpu", "--steps", "2", "--stop", "1", "--out", out])
+    assert result["passed"], result
+    assert all(r["returncode"] == 0 and r["xla_deterministic_ops"] for r in result["runs"].values())
+    assert result["steps_compared"] == [1, 2]
+    assert {"loss", "grad_norm", "model_flops"} <= set(result["fields_compared"])
+    assert json.load(open(out + ".json"))["passed"]
+
+
+@pytest.mark.slow
+def test_attention_deterministic_rows(bench, tmp_path):
+    """``benchmarks/attention.py --deterministic`` times each implementation both ways."""
+    out = str(tmp_path / "attn")
+    rows = bench("attention").main(["--impls", "xla", "--seqs", "128", "--causal", "1", "--shapes",
+                                    "2:1:64", "--reps", "1", "--dtype", "float32",
+                                    "--deterministic", "--out", out])
+    names = [r["name"] for r in rows]
+    assert names == ["xla_sdpa", "ring[xla]", "ring[xla deterministic]"]
+    assert all(r["fwdbwd_tflops"] > 0 and r["err_vs_f32_ref_prefix"] < 1e-5 for r in rows)
+    assert json.load(open(out + ".json"))["rows"][2]["name"] == "ring[xla deterministic]"

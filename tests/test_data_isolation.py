@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from models.tokenizer import ByteTokenizer
 from tests.ringcheck import F32_RTOL
 from train import data
-from train.tokenizer import ByteTokenizer
 
 DOCS = ["In the beginning God created", "And the earth was without form, and void;",
         "Let there be light: and there was light."]

@@ -183,3 +183,22 @@ def test_cli_streams_and_cuts_stop_strings(capsys):
     streamed = capsys.readouterr().out
     assert len(texts) == 1 and "e" not in texts[0]
     assert streamed.startswith(texts[0])
+
+
+def test_causal_paths_default_to_zigzag(params):
+    """No layout given: the prefill and its KV cache run a zigzag ring (balanced causal work) and match
+    one device; a cache length that zigzag cannot split is a clear error naming the alternative."""
+    cfg = llama.get_config("debug", attention="xla")
+    assert cfg.layout == "zigzag" and gen.load_model(preset="debug")[0].layout == "zigzag"
+    rows = prompts([21, 10], seed=5)
+    T = gen.cache_length(24, cfg.layout, 4)
+    buf = np.zeros((2, T), np.int32)
+    for i, r in enumerate(rows):
+        buf[i, : len(r)] = r
+    logits, cache = gen.prefill(cfg, params, buf, [21, 10], mesh=mesh_of(4))
+    logits1, _ = gen.prefill(cfg, params, buf, [21, 10])
+    assert (cache.layout, cache.ring) == ("zigzag", 4)
+    assert rel_err(logits, logits1) < F32_RTOL
+    # decoding from a zigzag cache: test_decode_steps_match_full_forward
+    with pytest.raises(ValueError, match="seq_len=36 must be divisible by 8 .*'striped'"):
+        gen.prefill(cfg, params, np.zeros((1, 36), np.int32), [3], mesh=mesh_of(4))

@@ -31,10 +31,19 @@ def test_layout_definitions():
     np.testing.assert_array_equal(layouts.positions(8, "contiguous", 2), np.arange(8))
 
 
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+def test_a_ring_of_one_is_natural_order_for_any_length(layout):
+    for length in (1, 7, 10):
+        np.testing.assert_array_equal(layouts.permutation(length, layout, 1), np.arange(length))
+        np.testing.assert_array_equal(layouts.shard_positions(layout, length, 1, 0), np.arange(length))
+    assert layouts.parts(layout, 1) == 1
+    assert layouts.parts(layout, 4) == (8 if layout == "zigzag" else 4)
+
+
 def test_layout_errors():
     with pytest.raises(ValueError, match="layout="):
         layouts.positions(8, "spiral", 2)
-    with pytest.raises(ValueError, match="seq_len=6"):
+    with pytest.raises(ValueError, match="seq_len=6 .* layout='striped'"):
         layouts.positions(6, "zigzag", 2)
     with pytest.raises(ValueError, match="seq_len=7"):
         layouts.to_layout(jnp.zeros((1, 7)), "striped", 2)

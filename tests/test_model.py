@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import llama
+from models import flops, llama
 from models.sharding import MeshConfig, make_mesh
 from ringattention import layouts
 
@@ -159,10 +159,10 @@ def test_num_params_and_flops_of_presets():
         dense = llama.num_params(config) - embed - config.hidden_size * (2 * config.num_layers + 1)
         if config.tie_embeddings:
             dense += embed  # the tied head is still a matmul
-        short, long = llama.flops_per_token(config, 0), llama.flops_per_token(config, 2 ** 17)
-        assert short == 6 * dense
-        per_token_attn = 6 * config.num_layers * config.num_heads * config.head_dim  # causal
-        assert long - short == per_token_attn * 2 ** 17
+        assert flops.matmul_params(config) == dense
+        per_pair = 12 * config.num_layers * config.num_heads * config.head_dim
+        for seq in (1, 2 ** 17):  # causal: (seq + 1) / 2 visible keys per query on average
+            assert llama.flops_per_token(config, seq) == 6 * dense + per_pair * (seq + 1) / 2
 
 
 def test_bad_configs_fail_before_compile():

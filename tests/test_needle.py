@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from models import needle
-from train.tokenizer import ByteTokenizer
+from models.tokenizer import ByteTokenizer
 
 
 @pytest.mark.parametrize("num_needles", [1, 3])

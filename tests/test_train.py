@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 import pathlib
 
+import chex
 import jax
 import numpy as np
 import pytest
 
+from models import llama
+from train import __main__ as cli
 from train import config as config_lib
+from train import generate as train_generate
 from train import train
 from train.checkpoint import Checkpointer, CheckpointError
 from train.metrics import read_metrics
@@ -41,14 +45,27 @@ def test_loss_decreases_and_run_dir_is_complete(tmp_path):
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
     records = [r for r in read_metrics(str(tmp_path)) if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, 7))
-    for key in ("step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "seq_len"):
+    for key in ("step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "seq_len",
+                "flops_per_token", "model_flops", "peak_tflops", "peak_source"):
         assert all(key in r for r in records)
     assert all(r["seq_len"] == 64 for r in records)
+    # FLOPs counted from the packed documents (log.every=1: each record's window is its own step):
+    # never more than one 64-token document per row (packing: tests/test_flops.py)
+    model = llama.get_config("debug", **small(tmp_path).model.overrides)
+    assert all(r["model_flops"] == r["flops_per_token"] * 4 * 64 for r in records)
+    assert all(r["flops_per_token"] <= llama.flops_per_token(model, 64) for r in records)
+    assert {(r["peak_tflops"], r["peak_source"]) for r in records} == {(0.1, "nominal")}  # CPU
     assert result.eval_loss is not None and np.isfinite(result.eval_loss)
     assert isinstance(result.sample, str)
     assert Checkpointer(str(tmp_path / "checkpoints"), keep=2, async_save=False).steps() == [4, 6]
     assert list((tmp_path / "tensorboard").iterdir())
     assert (tmp_path / "config.yaml").exists()
+    # generation from the run directory (the training side's entry; models never imports train)
+    config, params, tok = train_generate.load_run(str(tmp_path))
+    assert config == llama.get_config("debug", **small(tmp_path).model.overrides)
+    chex.assert_trees_all_equal(params, jax.device_get(result.params))
+    texts = train_generate.main(["--run_dir", str(tmp_path), "--prompt", "And", "--max-new-tokens", "3"])
+    assert len(texts) == 1 and isinstance(texts[0], str)
 
 
 def test_resume_is_exact(tmp_path):
@@ -96,9 +113,9 @@ def _snapshot(directory: pathlib.Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def test_checkpoint_errors_change_nothing(tmp_path):
+def test_checkpoint_errors_change_nothing(tmp_path, capsys):
     run = tmp_path / "run"
-    train.main(small(run, "--stop_at=2"))
+    first = train.main(small(run, "--stop_at=4"))
     ckpts = run / "checkpoints"
     before = _snapshot(ckpts)
     with pytest.raises(CheckpointError, match="resume=never"):
@@ -106,15 +123,39 @@ def test_checkpoint_errors_change_nothing(tmp_path):
     assert _snapshot(ckpts) == before
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         train.main(small(tmp_path / "empty", "--stop_at=2", "--checkpoint.resume=required"))
-    # corrupt the newest checkpoint's array data: a clear error naming the step, files untouched
-    for p in (ckpts / "2" / "params").rglob("*"):
+    with pytest.raises(CheckpointError, match="resume=3: .* complete steps: \\[2, 4\\]"):
+        train.main(small(run, "--stop_at=4", "--checkpoint.resume=3"))
+    # corrupt the newest checkpoint's array data: a clear error naming the step and the older
+    # complete ones, files untouched
+    for p in (ckpts / "4" / "params").rglob("*"):
         if p.is_file() and "d" in p.parent.name:
             p.write_bytes(b"garbage")
     before = _snapshot(ckpts)
-    with pytest.raises(CheckpointError, match="step=2 .* corrupt"):
-        train.main(small(run, "--stop_at=4"))
+    with pytest.raises(CheckpointError, match="step=4 .* corrupt .* --checkpoint.resume=2"):
+        train.main(small(run, "--stop_at=6"))
     assert _snapshot(ckpts) == before
-    assert not (ckpts / "4").exists()
+    assert not (ckpts / "6").exists()
+    # the command line says it in one line
+    assert cli.main(["--config", DEBUG, *SMALL, f"--run_dir={run}", "--cpu_devices=0",
+                     "--stop_at=6"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("checkpoint error: checkpoint step=4") and "\n" not in err
+    # resume the older step by number: the damaged one is set aside (kept), training goes on
+    again = train.main(small(run, "--stop_at=4", "--checkpoint.resume=2"))
+    assert list(ckpts.glob("superseded.4.*/params"))
+    assert sorted(again.losses) == [3, 4]
+    np.testing.assert_array_equal([again.losses[s] for s in (3, 4)], [first.losses[s] for s in (3, 4)])
+
+
+@pytest.mark.parametrize("bad, error", [
+    ("--data.paths=[/nonexistent/*.jsonl]", "config error: data.paths entry '/nonexistent/*.jsonl' "
+                                            "matches no file"),
+    ("--data.seq_len=60", "config error: data.seq_len=60 does not fit the ring"),
+])
+def test_setup_mistakes_are_one_config_error_line(tmp_path, capsys, bad, error):
+    code = cli.main(["--config", DEBUG, *SMALL, f"--run_dir={tmp_path}", "--cpu_devices=0", bad])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(error) and "\n" not in err, err
 
 
 @pytest.mark.parametrize("overrides, match", [

@@ -1,7 +1,12 @@
 """``python -m train --config configs/X.yaml [--a.b=c ...]``; ``--help`` lists every option.
 
 The config is read before jax is imported: ``cpu_devices: N`` sets
-``--xla_force_host_platform_device_count=N`` (and the CPU platform) so N virtual devices exist.
+``--xla_force_host_platform_device_count=N`` (and the CPU platform) so N virtual devices exist, and
+``deterministic: true`` sets ``--xla_gpu_deterministic_ops=true``. Mistakes in the config, and
+settings found not to work while setting up (data paths, a sequence the ring cannot split, a
+damaged checkpoint), end with one ``config error: ...`` / ``checkpoint error: ...`` line and exit
+status 2. In a multi-process job a failing process tells the others, which exit at once naming it
+(``train.distributed.Watchdog``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ USAGE = """usage: python -m train --config CONFIG.yaml [--section.key=value ...]
 Trains a LLaMA with ring attention. Options (YAML keys; override any with --dotted.key=value,
 values are parsed as YAML, e.g. --data.paths='[a.jsonl, b.txt]'):
 """
+EXIT_SETUP = 2  # a config, data or checkpoint mistake
+EXIT_ERROR = 1  # any other failure
 
 
 def split_args(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -36,14 +43,44 @@ def split_args(argv: list[str]) -> tuple[str | None, list[str]]:
     return path, rest
 
 
+def _set_xla_flag(prefix: str, flag: str) -> None:
+    if "jax" in sys.modules:
+        raise RuntimeError(f"{flag} must be set before jax is imported")
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(prefix)]
+    os.environ["XLA_FLAGS"] = " ".join([*flags, flag])
+
+
 def use_cpu_devices(count: int) -> None:
     """Forces ``count`` virtual CPU devices; must run before jax is imported."""
-    if "jax" in sys.modules:
-        raise RuntimeError("cpu_devices must be set before jax is imported")
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
-    os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
+    _set_xla_flag("--xla_force_host_platform_device_count",
+                  f"--xla_force_host_platform_device_count={count}")
     os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def use_deterministic_ops() -> None:
+    """Makes XLA's own GPU ops deterministic (a no-op elsewhere); must run before jax is imported."""
+    _set_xla_flag("--xla_gpu_deterministic_ops", config_lib.XLA_DETERMINISTIC)
+
+
+def _fail_before_start(path: str | None, overrides: list[str], message: str) -> int:
+    """A config that does not load: print it; in a multi-process job, still join the others (from
+    the ``distributed`` options alone) so that they exit too instead of waiting for this one."""
+    print(message, file=sys.stderr, flush=True)
+    try:
+        dist, cpu_devices = config_lib.load_launch(path, overrides)
+        from train import distributed
+
+        if not distributed.wants_initialize(dist):
+            return EXIT_SETUP
+        if cpu_devices:
+            use_cpu_devices(cpu_devices)
+        watchdog = distributed.start(dist)
+    except Exception as e:  # noqa: BLE001 - cannot reach the others: this process's error stands
+        print(f"(could not tell the other processes: {type(e).__name__}: {e})", file=sys.stderr)
+        return EXIT_SETUP
+    if watchdog is not None:
+        watchdog.fail(message, EXIT_SETUP)  # does not return
+    return EXIT_SETUP
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,15 +93,36 @@ def main(argv: list[str] | None = None) -> int:
         config = config_lib.load(path, overrides)
         config_lib.check(config)
     except (ValueError, TypeError, FileNotFoundError) as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+        return _fail_before_start(path, overrides, f"config error: {e}")
     if config.cpu_devices:
         use_cpu_devices(config.cpu_devices)
+    if config.deterministic:
+        use_deterministic_ops()
     import jax
 
-    from train import train
+    from train import distributed, train
+    from train.checkpoint import CheckpointError
 
-    train.main(config)
+    watchdog = None
+    try:
+        watchdog = distributed.start(config.distributed)
+        train.main(config)
+    except (config_lib.ConfigError, CheckpointError) as e:
+        kind = "config" if isinstance(e, config_lib.ConfigError) else "checkpoint"
+        message = f"{kind} error: {' '.join(str(e).split())}"
+        print(message, file=sys.stderr, flush=True)
+        if watchdog is not None:
+            watchdog.fail(message, EXIT_SETUP)  # does not return
+        return EXIT_SETUP
+    except BaseException as e:
+        if watchdog is None:
+            raise
+        import traceback
+
+        traceback.print_exc()
+        watchdog.fail(f"{type(e).__name__}: {' '.join(str(e).split())[:1000]}", EXIT_ERROR)
+    if watchdog is not None:
+        watchdog.stop()
     if jax.process_count() > 1:
         jax.distributed.shutdown()  # a barrier: no process exits while others still talk to it
     return 0

@@ -98,11 +98,33 @@ class Checkpointer:
         try:
             out = self._manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # orbax/tensorstore raise many types for damaged files
+            older = [s for s in self.steps() if s < step]
+            options = (f"resume an older complete step {older} with checkpoint.resume=STEP (e.g. "
+                       f"--checkpoint.resume={older[-1]}; newer steps are then set aside, not "
+                       "deleted)" if older else "there is no older complete step")
+            cause = " ".join(str(e).split())[:300]
             raise CheckpointError(
                 f"checkpoint {step=} in {self.directory!r} is corrupt or does not match this "
-                f"config ({type(e).__name__}: {str(e)[:500]}). It was left untouched; fix the "
-                "config, or start a new run_dir.") from e
+                f"config ({type(e).__name__}: {cause}). It was left untouched; fix the config, "
+                f"{options}, or start a new run_dir.") from e
         return {k: out[k] for k in items}
+
+    def set_aside_after(self, step: int) -> list[int]:
+        """Renames the directories of complete steps newer than ``step`` to
+        ``superseded.<step>.<time>`` (files kept), so that training can go on from ``step``."""
+        newer = [s for s in self.steps() if s > step]
+        root = self._manager.directory
+        if newer and jax.process_index() == 0:
+            for s in newer:
+                target = root / f"superseded.{s}.{int(time.time())}"
+                logging.warning("checkpoint step %d in %s is newer than the resumed step %d; "
+                                "moved to %s", s, root, step, target)
+                (root / str(s)).rename(target)
+        if newer:
+            if jax.process_count() > 1:
+                multihost_utils.sync_global_devices("train.checkpoint.set_aside_after")
+            self._manager.reload()
+        return newer
 
     def wait(self) -> None:
         """Blocks until pending async saves are written and committed."""

@@ -18,6 +18,24 @@ from typing import Any
 
 import yaml
 
+XLA_DETERMINISTIC = "--xla_gpu_deterministic_ops=true"  # XLA's GPU scatters, reductions, GEMMs
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work, found while setting up a run (mesh, data, shapes). ``python -m
+    train`` prints it as one ``config error: ...`` line, like the mistakes found while loading."""
+
+
+def xla_deterministic(flags: str) -> bool:
+    """Whether the XLA_FLAGS string ``flags`` makes XLA's GPU ops deterministic (the last setting of
+    --xla_gpu_deterministic_ops or --xla_gpu_exclude_nondeterministic_ops wins)."""
+    on = False
+    for token in flags.split():
+        name, _, value = token.partition("=")
+        if name in ("--xla_gpu_deterministic_ops", "--xla_gpu_exclude_nondeterministic_ops"):
+            on = value.lower() in ("", "true", "1")
+    return on
+
 
 class _Loader(yaml.SafeLoader):
     """YAML loader that also reads ``1e6`` (no dot) as a float, as Python does."""
@@ -95,8 +113,10 @@ class CheckpointSection:
     every: int = opt(100, "Save every this many steps (and always at the last step; 0: only last).")
     keep: int = opt(3, "Keep the newest this many checkpoints.")
     async_save: bool = opt(True, "Write checkpoints in the background while training goes on.")
-    resume: str = opt("auto", "auto (resume the newest complete checkpoint in run_dir if any), "
-                              "never (refuse to start if run_dir has checkpoints) or required.")
+    resume: str | int = opt("auto", "auto (resume the newest complete checkpoint in run_dir if "
+                                    "any), never (refuse to start if run_dir has checkpoints), "
+                                    "required, or a step number: resume that complete checkpoint "
+                                    "(e.g. when the newest is damaged); newer ones are set aside.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +148,10 @@ class DistributedSection:
     num_processes: int = opt(0, "Number of processes (0: from the environment).")
     process_id: int = opt(-1, "This process's id (-1: from the environment).")
     local_device_ids: list = opt([], "Devices this process uses (empty: all visible).")
+    heartbeat_timeout: int = opt(30, "Seconds without a heartbeat after which the coordination "
+                                     "service declares a process dead and ends the job.")
+    shutdown_timeout: int = opt(60, "Seconds a finishing process waits at the shutdown barrier for "
+                                    "the others.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +171,11 @@ class TrainConfig:
     stop_at: int = opt(0, "Stop after this step (checkpoint included) though the schedule runs to "
                           "steps, e.g. to fit a job's time limit; a later launch resumes (0: off).")
     cpu_devices: int = opt(0, "Run on this many virtual CPU devices (0: the real devices).")
+    deterministic: bool = opt(False, "Bitwise-reproducible runs (two runs, or a run stopped and "
+                                     "resumed, give the same metrics): ring attention kernels whose "
+                                     "sums have a fixed order (LlamaConfig.deterministic) and, on GPU, "
+                                     f"XLA_FLAGS {XLA_DETERMINISTIC} (python -m train sets it before "
+                                     "jax starts; a library caller must). Slower.")
     model: ModelSection = opt(None, "Model.")
     mesh: MeshSection = opt(None, "Device mesh.")
     data: DataSection = opt(None, "Data.")
@@ -269,6 +298,27 @@ def load(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
     return build(TrainConfig, values)
 
 
+def load_launch(path: str | None, overrides: Sequence[str] = ()) -> tuple[DistributedSection, int]:
+    """``(distributed section, cpu_devices)`` of a config whose other options may be wrong: what a
+    process of a multi-process job needs to join the others and tell them its error."""
+    values: dict = {}
+    if path is not None:
+        import fsspec
+
+        with fsspec.open(path, "r") as f:
+            values = yaml_load(f) or {}
+    try:
+        pairs = parse_overrides(overrides)
+    except ValueError:  # keep the --key=value ones that parse
+        pairs = [p for a in overrides if "=" in a for p in parse_overrides([a])]
+    for key, value in pairs:
+        if key.startswith("distributed.") or key == "cpu_devices":
+            _set_dotted(values, key, value)
+    section = build(DistributedSection, values.get("distributed") or {}, prefix="distributed.")
+    cpu = values.get("cpu_devices", 0)
+    return section, cpu if isinstance(cpu, int) and cpu > 0 else 0
+
+
 def _check_key(key: str) -> None:
     # Fail on a misspelt override with the list of valid keys (model.overrides.* is free-form).
     cls, prefix = TrainConfig, ""
@@ -296,7 +346,7 @@ def help_text(cls=TrainConfig, prefix: str = "", indent: str = "  ") -> str:
         name = getattr(tp, "__name__", str(tp))
         lines.append(f"{indent}--{prefix}{f.name} ({name}, default {default!r}): "
                      f"{f.metadata['doc']}")
-        (item,) = typing.get_args(tp) or (None,)
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
         if dataclasses.is_dataclass(item):
             lines.append(f"{indent}  keys of each {prefix}{f.name} item:")
             lines.append(help_text(item, "", indent + "    "))
@@ -310,7 +360,8 @@ _CHOICES = {
     "distributed.initialize": ("auto", "always", "never"),
 }
 _POSITIVE = ("data.seq_len", "data.batch_size", "optim.accum_steps", "checkpoint.keep",
-             "log.every", "eval.batches")
+             "log.every", "eval.batches", "distributed.heartbeat_timeout",
+             "distributed.shutdown_timeout")
 _NON_NEGATIVE = ("steps", "stop_at", "cpu_devices", "optim.warmup_steps", "checkpoint.every",
                  "eval.every",
                  "sample.tokens", "optim.lr", "optim.weight_decay", "optim.clip_norm")
@@ -325,6 +376,11 @@ def get(config: Any, key: str) -> Any:
 def check(config: TrainConfig) -> None:
     """Raises ValueError on out-of-range or inconsistent options (before jax is touched)."""
     for key, choices in _CHOICES.items():
+        if key == "checkpoint.resume" and isinstance(config.checkpoint.resume, int):
+            if config.checkpoint.resume < 1:
+                raise ValueError(f"checkpoint.resume={config.checkpoint.resume} must be a step "
+                                 f">= 1 or one of {choices}")
+            continue
         if get(config, key) not in choices:
             raise ValueError(f"{key}={get(config, key)!r}; choose one of {choices}")
     for key in _POSITIVE:
@@ -338,6 +394,9 @@ def check(config: TrainConfig) -> None:
     if config.data.batch_size % config.optim.accum_steps:
         raise ValueError(f"data.batch_size={config.data.batch_size} is not divisible by "
                          f"optim.accum_steps={config.optim.accum_steps}")
+    if "deterministic" in config.model.overrides:
+        raise ValueError("model.overrides.deterministic: set the top-level option deterministic "
+                         "instead (it also makes XLA's own GPU ops deterministic)")
     if config.data.tokenizer != "byte" and not config.data.tokenizer_path:
         raise ValueError(f"data.tokenizer={config.data.tokenizer!r} needs data.tokenizer_path")
     for i, stage in enumerate(config.stages):

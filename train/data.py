@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from train.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 
 CORPUS = pathlib.Path(__file__).resolve().parent.parent / "data" / "corpus"
 FIELDS = ("input_ids", "targets", "positions", "segment_ids", "loss_mask")
@@ -48,9 +48,15 @@ def read_documents(paths: Sequence[str], fmt: str = "auto", text_key: str = "tex
     """Non-empty documents of text files (one per file) or JSONL files (one per line), in order."""
     import fsspec
 
-    files = fsspec.open_files(list(paths), mode="rt", compression="infer", encoding="utf-8")
+    files = []
+    for path in paths:
+        found = fsspec.open_files(path, mode="rt", compression="infer", encoding="utf-8")
+        found = [f for f in found if f.fs.isfile(f.path)]
+        if not found:
+            raise ValueError(f"data.paths entry {path!r} matches no file")
+        files += found
     if not files:
-        raise ValueError(f"data.paths={list(paths)!r} matches no file")
+        raise ValueError(f"data.paths={list(paths)!r} lists no file")
     docs: list[str] = []
     for f in files:
         kind = _format_of(f.path, fmt)

@@ -1,7 +1,11 @@
 """Training metrics: JSONL in the run directory, TensorBoard event files, throughput and MFU.
 
-MFU (model FLOPs utilisation, PaLM, Chowdhery et al. 2022) = achieved model FLOP/s over the devices'
-peak dense FLOP/s; the model FLOPs per token come from ``models.llama.flops_per_token``.
+MFU (model FLOPs utilisation, PaLM, Chowdhery et al. 2022) = the model FLOPs of the batches trained
+in a logging window, counted from their documents (``models.flops.batch_flops``: attention only
+within each packed document, as the kernels compute it), per second, over the devices' peak
+(``models.flops.peak_tflops``: the measured bf16 matmul rate where the project measured one, else the
+datasheet figure). Every record carries ``flops_per_token`` (counted), ``peak_tflops`` and
+``peak_source``.
 """
 
 from __future__ import annotations
@@ -12,28 +16,7 @@ from typing import Any
 
 import fsspec
 
-# Peak dense bf16 TFLOP/s per device, matched by substring of ``device.device_kind`` (lower case).
-PEAK_TFLOPS = (
-    ("h200", 989.0), ("h100", 989.0), ("gh200", 989.0), ("a100", 312.0), ("l4", 121.0),
-    ("b200", 2250.0), ("v6", 918.0), ("v5p", 459.0), ("v5 lite", 197.0), ("v5e", 197.0),
-    ("v4", 275.0), ("cpu", 0.1),  # cpu: a nominal figure, MFU on CPU is only indicative
-)
-
-
-def peak_tflops(device_kind: str, override: float = 0.0) -> float:
-    """Peak TFLOP/s per device: ``override`` if > 0, else looked up from ``device_kind``."""
-    if override > 0:
-        return override
-    kind = device_kind.lower()
-    for name, tflops in PEAK_TFLOPS:
-        if name in kind:
-            return tflops
-    return float("nan")
-
-
-def mfu(flops_per_token: float, tokens_per_sec: float, num_devices: int, peak: float) -> float:
-    """Fraction of the devices' peak that the model's FLOPs use (NaN when the peak is unknown)."""
-    return flops_per_token * tokens_per_sec / (num_devices * peak * 1e12)
+from models.flops import Peak, mfu, peak_tflops  # noqa: F401  (the training loop's names for them)
 
 
 def _clean(value: Any) -> Any:

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from models import llama
 from models.sharding import BATCH
-from train.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 
 
 def _next_token_fn(model_cfg: llama.LlamaConfig, mesh: Mesh, temperature: float):

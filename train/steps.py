@@ -29,6 +29,14 @@ from train.config import OptimSection, TrainConfig
 F32 = jnp.float32
 
 
+def model_config(config: TrainConfig, **overrides) -> llama.LlamaConfig:
+    """The model of a training config: ``model.preset`` with ``model.overrides`` (then
+    ``overrides``) applied, and the top-level ``deterministic``."""
+    return llama.get_config(config.model.preset, **{**config.model.overrides,
+                                                    "deterministic": config.deterministic,
+                                                    **overrides})
+
+
 def check_shapes(config: TrainConfig, model_cfg: llama.LlamaConfig, mesh: Mesh,
                  vocab_size: int) -> None:
     """Raises ValueError (naming the options) if batch, sequence, mesh and vocab don't fit."""
@@ -77,6 +85,18 @@ class BatchMaker:
             for a in range(*idx[0].indices(self.accum)):
                 out.update(a * self.rows + r for r in range(*idx[1].indices(self.rows)))
         return sorted(out)
+
+    def owned_rows(self) -> np.ndarray:
+        """bool [len(host_streams)]: the rows this process counts in totals over processes (a row
+        that several processes hold, e.g. sequence-sharded over hosts, counts on the lowest one)."""
+        shape = (self.accum, self.rows, self.seq_len)
+        owner: dict[int, int] = {}
+        for dev, idx in self.sharding.devices_indices_map(shape).items():
+            for a in range(*idx[0].indices(self.accum)):
+                for r in range(*idx[1].indices(self.rows)):
+                    j = a * self.rows + r
+                    owner[j] = min(owner.get(j, dev.process_index), dev.process_index)
+        return np.array([owner[j] == jax.process_index() for j in self.host_streams()])
 
     def _global(self, local: np.ndarray, shape: tuple, sharding: NamedSharding) -> jax.Array:
         pos = {g: i for i, g in enumerate(self.host_streams())}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from typing import Any
 
@@ -20,12 +21,13 @@ import yaml
 
 from models import llama
 from models.sharding import MeshConfig, make_mesh
+from models.tokenizer import get_tokenizer
 from train import config as config_lib
 from train import data as data_lib
 from train import distributed, optim, sample, steps
 from train.checkpoint import Checkpointer, CheckpointError
+from train.config import ConfigError
 from train.metrics import MetricsWriter, mfu, peak_tflops
-from train.tokenizer import get_tokenizer
 
 
 @dataclasses.dataclass
@@ -55,7 +57,15 @@ def main(config: config_lib.TrainConfig) -> Result:
     return result
 
 
-def _resume_step(ckpt: Checkpointer, mode: str) -> int | None:
+def _resume_step(ckpt: Checkpointer, mode: str | int) -> int | None:
+    if isinstance(mode, int):  # a step chosen by number (e.g. the newest one is damaged)
+        if mode not in ckpt.steps():
+            raise CheckpointError(f"checkpoint.resume={mode}: {ckpt.directory!r} holds no complete "
+                                  f"checkpoint for that step; complete steps: {ckpt.steps()}")
+        newer = ckpt.set_aside_after(mode)
+        if newer:
+            log0(f"resuming step {mode}: newer checkpoints {newer} set aside in {ckpt.directory}")
+        return mode
     latest = ckpt.latest()
     if mode == "never" and latest is not None:
         raise CheckpointError(f"checkpoint.resume=never but {ckpt.directory!r} already holds "
@@ -69,21 +79,9 @@ def _resume_step(ckpt: Checkpointer, mode: str) -> int | None:
 
 def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) -> Result:
     """Trains one stage: ``config.steps`` steps in ``config.run_dir``."""
-    # --- Devices, mesh and model.
-    if config.cpu_devices and jax.local_device_count() != config.cpu_devices:
-        raise ValueError(f"cpu_devices={config.cpu_devices} but this process has "
-                         f"{jax.local_device_count()} devices; launch through `python -m train` "
-                         "(it sets XLA_FLAGS before jax starts)")
-    mesh = make_mesh(MeshConfig(**dataclasses.asdict(config.mesh)))
-    model_cfg = llama.get_config(config.model.preset, **config.model.overrides)
-    tokenizer = get_tokenizer(config.data.tokenizer, config.data.tokenizer_path)
-    steps.check_shapes(config, model_cfg, mesh, tokenizer.vocab_size)
-    log0(f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} devices, "
-         f"{jax.process_count()} process(es); model {config.model.preset} "
-         f"({llama.num_params(model_cfg) / 1e6:.2f}M params), layout {model_cfg.layout}")
-
-    # --- Data: this host's streams of packed rows, and the held-out split.
-    data = _data(config, mesh, model_cfg, tokenizer)
+    # --- Devices, mesh, model, tokenizer; data: this host's streams of packed rows, the held-out
+    # split. A setting that cannot work raises ConfigError.
+    mesh, model_cfg, tokenizer, data = _setup(config)
 
     # --- Optimizer, shardings of the state, jitted steps (cached per model/mesh/optimizer).
     fns = steps.functions(model_cfg, mesh, config.optim, config.steps)
@@ -103,10 +101,12 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) 
 
         # --- Train (the first step compiles), checkpoint, evaluate.
         stop = min(config.steps, config.stop_at or config.steps)
-        log = _Logger(config, model_cfg, start, stop)
+        log = _Logger(config, model_cfg, start, stop, data.maker.owned_rows())
         eval_loss = None
         for step in range(start + 1, stop + 1):
-            batch = data.maker.batch(data.packer.next_rows())
+            rows = data.packer.next_rows()  # this host's rows, natural order
+            log.count(rows)
+            batch = data.maker.batch(rows)
             params, opt_state, metrics = fns.train_step(params, opt_state, batch)
             log.train(step, metrics)
             if config.checkpoint.every and step % config.checkpoint.every == 0 or step == stop:
@@ -128,6 +128,32 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) 
     log0(f"done: step {stop}, run_dir {config.run_dir}"
          + (f", eval loss {eval_loss:.4f}" if eval_loss is not None else ""))
     return Result(config.run_dir, stop, log.losses, eval_loss, params, text)
+
+
+def _setup(config: config_lib.TrainConfig):
+    """(mesh, model config, tokenizer, data) of a stage, or ConfigError naming what cannot work."""
+    if config.cpu_devices and jax.local_device_count() != config.cpu_devices:
+        raise ConfigError(f"cpu_devices={config.cpu_devices} but this process has "
+                          f"{jax.local_device_count()} devices; launch through `python -m train` "
+                          "(it sets XLA_FLAGS before jax starts)")
+    xla_deterministic = config_lib.xla_deterministic(os.environ.get("XLA_FLAGS", ""))
+    if config.deterministic and jax.default_backend() == "gpu" and not xla_deterministic:
+        raise ConfigError(f"deterministic=true on GPU needs XLA_FLAGS={config_lib.XLA_DETERMINISTIC} "
+                          "before jax starts (python -m train sets it; in Python, set "
+                          "os.environ['XLA_FLAGS'] before the first jax call)")
+    try:
+        mesh = make_mesh(MeshConfig(**dataclasses.asdict(config.mesh)))
+        model_cfg = steps.model_config(config)
+        tokenizer = get_tokenizer(config.data.tokenizer, config.data.tokenizer_path)
+        steps.check_shapes(config, model_cfg, mesh, tokenizer.vocab_size)
+        log0(f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
+             f"devices, {jax.process_count()} process(es); model {config.model.preset} "
+             f"({llama.num_params(model_cfg) / 1e6:.2f}M params), layout {model_cfg.layout}"
+             + (", deterministic" if model_cfg.deterministic else "")
+             + (" (XLA deterministic ops)" if xla_deterministic else ""))
+        return mesh, model_cfg, tokenizer, _data(config, mesh, model_cfg, tokenizer)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        raise ConfigError(str(e)) from e
 
 
 @dataclasses.dataclass
@@ -169,18 +195,28 @@ def _restore(ckpt, step, fns: steps.Functions, data: _Data, rng):
 
 
 class _Logger:
-    """Metrics JSONL + TensorBoard + progress bar; throughput excludes compilation and eval."""
+    """Metrics JSONL + TensorBoard + progress bar; throughput excludes compilation and eval.
 
-    def __init__(self, config, model_cfg, start: int, stop: int):
-        self.config, self.seq = config, config.data.seq_len
+    ``mfu`` and ``flops_per_token`` come from the FLOPs counted from every step's documents over
+    the window since the last record (``count``); ``model_flops`` is the logged step's own count.
+    """
+
+    def __init__(self, config, model_cfg, start: int, stop: int, owned_rows: np.ndarray):
+        self.config, self.seq, self.model_cfg = config, config.data.seq_len, model_cfg
         self.writer = MetricsWriter(config.run_dir, tensorboard=config.log.tensorboard,
                                     primary=jax.process_index() == 0)
-        self.flops = llama.flops_per_token(model_cfg, self.seq)
+        self.owned = owned_rows  # this host's rows that count towards the global FLOPs
         self.peak = peak_tflops(jax.devices()[0].device_kind, config.log.peak_tflops)
         self.lr_at = optim.schedule(config.optim, config.steps)
         self.start, self.stop, self.timer = start, stop, (time.perf_counter(), start)
+        self.window_flops = self.step_flops = 0  # this process's share; summed when written
         self.losses: dict[int, float] = {}
         self.bar = _progress(config, start, stop)
+
+    def count(self, rows: dict[str, np.ndarray]) -> None:
+        """Adds the model FLOPs of one step's host rows (any order) to the current window."""
+        self.step_flops = llama.batch_flops(self.model_cfg, rows["segment_ids"][self.owned])
+        self.window_flops += self.step_flops
 
     def train(self, step: int, metrics) -> None:
         self.bar.update(1)
@@ -188,14 +224,20 @@ class _Logger:
             return
         m = jax.device_get(metrics)
         now = time.perf_counter()
+        window, step_flops = distributed.sum_to_primary([self.window_flops, self.step_flops])
         tokens = (step - self.timer[1]) * self.config.data.batch_size * self.seq
-        tps = float("nan") if step == self.start + 1 else tokens / max(now - self.timer[0], 1e-9)
+        seconds = max(now - self.timer[0], 1e-9)
+        first = step == self.start + 1  # includes compilation
         record = {"step": step, "loss": float(m["loss"]), "lr": float(self.lr_at(step - 1)),
-                  "grad_norm": float(m["grad_norm"]), "tokens_per_sec": tps,
-                  "mfu": mfu(self.flops, tps, jax.device_count(), self.peak),
+                  "grad_norm": float(m["grad_norm"]),
+                  "tokens_per_sec": float("nan") if first else tokens / seconds,
+                  "mfu": float("nan") if first else mfu(window, seconds, jax.device_count(),
+                                                        self.peak.tflops),
+                  "flops_per_token": window / tokens, "model_flops": step_flops,
+                  "peak_tflops": self.peak.tflops, "peak_source": self.peak.source,
                   "seq_len": self.seq, "tokens": float(m["tokens"])}
         self.writer.write(record)
-        self.losses[step], self.timer = record["loss"], (now, step)
+        self.losses[step], self.timer, self.window_flops = record["loss"], (now, step), 0
         if not math.isfinite(record["loss"]):
             raise FloatingPointError(f"loss is {record['loss']} at {step=}")
         self.bar.set_postfix(loss=f"{record['loss']:.3f}")
@@ -205,7 +247,7 @@ class _Logger:
                            "eval_perplexity": math.exp(min(loss, 700.0))}, prefix="eval")
         if jax.process_index() == 0:
             self.bar.write(f"step {step}: eval loss {loss:.4f}")
-        self.timer = (time.perf_counter(), step)
+        self.timer, self.window_flops = (time.perf_counter(), step), 0
 
     def close(self) -> None:
         self.bar.close()

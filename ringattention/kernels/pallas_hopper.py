@@ -19,7 +19,8 @@ What runs where (stated plainly):
 * backward, 16-bit, head dims 65-128 (default; ``BlockSizes(backward="fused")``): one
   FlashAttention-3 style kernel over key CTAs with a TMA reduce-add of dq (``hopper_fused_bwd.py``;
   its dq sums in a run-dependent order, so it is not bitwise deterministic, and it accumulates dq in
-  a float32 buffer twice the size of the float32 dq: pick "mosaic" for determinism or memory).
+  a float32 buffer twice the size of the float32 dq: pick "mosaic" for memory;
+  ``ring_attention(..., deterministic=True)`` picks it through :func:`deterministic_block_sizes`).
   Both Mosaic backwards are checked on an H200 against the float32 step reference
   (``benchmarks/results/pallas_hopper_h200.md``).
 * backward, 16-bit, head dims 129-256 (default; ``BlockSizes(backward="fused")``): the fused
@@ -133,6 +134,31 @@ _DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md
 def default_block_sizes(head_dim: int) -> BlockSizes:
     """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above."""
     return _DEFAULTS[min((d for d in _DEFAULTS if d >= head_dim), default=256)]
+
+
+def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int) -> BlockSizes:
+    """The block sizes of ``ring_attention(..., deterministic=True)`` (``implementations.py``): the
+    defaults, with the fused backward replaced by the two-kernel "mosaic" one.
+
+    The fused backward's dq arrives by TMA reduce-adds from every key CTA, in the order the CTAs
+    happen to run. The "mosaic" backward (``hopper_bwd_kernels``) has no cross-CTA sum: in the dq
+    kernel each warpgroup owns 64 query rows, adds ``ds @ k`` over the key blocks in loop order
+    (``lo`` .. ``hi``) in registers and writes its rows once; in the dk/dv kernel each warpgroup owns
+    64 keys and adds over the group's query heads and the query blocks in an order fixed by the
+    CTA's index (``visit``), then writes once. The forward is ordered the same way (each CTA owns
+    its query rows), and so are the Triton backward (float32) and, above head dim 128, the "mosaic"
+    pair of ``hopper_split_bwd`` (the fused one there adds dq with atomics).
+    """
+    if block_sizes is None:
+        bs = default_block_sizes(head_dim)
+        return dataclasses.replace(bs, backward="mosaic") if bs.backward == "fused" else bs
+    if not isinstance(block_sizes, BlockSizes):
+        raise TypeError(f"pallas_hopper: block_sizes={block_sizes!r} must be a pallas_hopper.BlockSizes")
+    if block_sizes.backward == "fused":
+        raise ValueError("deterministic=True with pallas_hopper BlockSizes(backward='fused'): the fused "
+                         "backward reduce-adds dq in a run-dependent order; use backward='mosaic' "
+                         "or 'triton', or block_sizes=None")
+    return block_sizes
 
 
 def available() -> bool:

@@ -1,7 +1,8 @@
 """Tokenizers: UTF-8 bytes (default), Hugging Face ``tokenizers``, SentencePiece.
 
 All three share ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``vocab_size`` and ``eos_id``
-(None when the tokenizer has no end-of-sequence token). Files are read through fsspec.
+(None when the tokenizer has no end-of-sequence token). Files are read through fsspec when it is
+installed (any URL), else from local paths. Used by ``models.generate`` and by training (``train``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,18 @@ from collections.abc import Sequence
 from typing import Protocol
 
 EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "<|eot_id|>")
+
+
+def _read(path: str, binary: bool):
+    try:
+        import fsspec
+    except ImportError:  # the model extra alone: local files only
+        fsspec = None
+    mode = "rb" if binary else "rt"
+    kw = {} if binary else {"encoding": "utf-8"}
+    opener = fsspec.open if fsspec is not None else open
+    with opener(path, mode, **kw) as f:
+        return f.read()
 
 
 class Tokenizer(Protocol):
@@ -38,11 +51,9 @@ class HFTokenizer:
     """A ``tokenizers`` JSON file (``tokenizer.json``)."""
 
     def __init__(self, path: str):
-        import fsspec
         from tokenizers import Tokenizer as _Tok
 
-        with fsspec.open(path, "rt", encoding="utf-8") as f:
-            self._tok = _Tok.from_str(f.read())
+        self._tok = _Tok.from_str(_read(path, binary=False))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         ids = [self._tok.token_to_id(name) for name in EOS_NAMES]
         self.eos_id = next((i for i in ids if i is not None), None)
@@ -58,11 +69,9 @@ class SentencePieceTokenizer:
     """A SentencePiece ``.model`` file."""
 
     def __init__(self, path: str):
-        import fsspec
         import sentencepiece
 
-        with fsspec.open(path, "rb") as f:
-            self._sp = sentencepiece.SentencePieceProcessor(model_proto=f.read())
+        self._sp = sentencepiece.SentencePieceProcessor(model_proto=_read(path, binary=True))
         self.vocab_size = self._sp.get_piece_size()
         eos = self._sp.eos_id()
         self.eos_id = eos if eos >= 0 else None

@@ -1,0 +1,123 @@
+"""Model FLOPs of a LLaMA batch, counted from its documents, and the peak rates MFU divides by.
+
+MFU (model FLOPs utilisation, PaLM, Chowdhery et al. 2022) is the model's FLOPs per second over the
+devices' peak. Model FLOPs here are the matmul FLOPs of the model's definition (2 per multiply-add;
+training = forward + backward = 3x forward), whatever the implementation executes:
+
+* matmuls: ``2 N`` per token forward, ``6 N`` training; ``N`` (:func:`matmul_params`) counts every
+  weight matrix including the output projection (tied or not), not the embedding lookup.
+* attention: per layer and query head, ``4 * head_dim`` per visible (query, key) pair forward (``q.k``
+  and ``p.v``), ``12 * head_dim`` training. Only pairs the mask lets through count: with packed
+  documents a query sees the keys of its own document (segment id) only, and a causal document of
+  ``n`` tokens has ``n (n + 1) / 2`` pairs (:func:`attention_pairs`). Ring attention skips the other
+  blocks, so counting them (as one ``seq_len``-token document per row would) overstates MFU.
+
+:func:`flops_per_token` is the count for one document per row; :func:`batch_flops` counts a batch
+from its segment ids on the host (numpy, any layout order: the count depends only on how many tokens
+carry each id). Padding rows are a document of their own and count like one (the kernels compute
+them).
+
+Peak rates (:func:`peak_tflops`), one convention everywhere: the dense bf16 matmul rate the project
+measured on the device where it did (H200: 790 TFLOP/s, ``benchmarks/results/model_1b_h200.md``),
+else the vendor's dense bf16 datasheet figure; ``source`` says which ("measured", "datasheet",
+"nominal" for CPUs, "config" for a given override, "unknown").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from models.config import LlamaConfig
+
+
+def matmul_params(config: LlamaConfig) -> int:
+    """Weights that take part in a matmul per token: attention and MLP matrices of every layer and
+    the output projection (``num_params`` minus the embedding lookup and the norms)."""
+    e, d = config.hidden_size, config.head_dim
+    attn = e * d * (2 * config.num_heads + 2 * config.num_kv_heads)
+    return config.num_layers * (attn + 3 * e * config.intermediate_size) + e * config.vocab_size
+
+
+def _per_pair(config: LlamaConfig, training: bool) -> int:
+    return (12 if training else 4) * config.num_layers * config.num_heads * config.head_dim
+
+
+def segment_lengths(segment_ids) -> np.ndarray:
+    """Tokens per (row, segment id) of int segment ids [..., seq]: int64 [number of segments].
+
+    Counts per id, so any reordering of a row (ring layouts) gives the same lengths; tokens that
+    share an id see each other wherever they sit, and count as one document.
+    """
+    seg = np.asarray(segment_ids)
+    if seg.ndim < 1 or seg.shape[-1] == 0 or not np.issubdtype(seg.dtype, np.integer):
+        raise ValueError(f"segment_ids must be integers [..., seq] with seq > 0; got "
+                         f"{seg.shape=} {seg.dtype=}")
+    rows = seg.reshape(-1, seg.shape[-1])
+    if (np.diff(rows, axis=1) < 0).any():  # layout order: group equal ids (natural order is sorted)
+        rows = np.sort(rows, axis=1)
+    start = np.ones(rows.shape, bool)
+    start[:, 1:] = rows[:, 1:] != rows[:, :-1]  # every row starts a segment of its own
+    first = np.flatnonzero(start)
+    return np.diff(np.append(first, rows.size)).astype(np.int64)
+
+
+def attention_pairs(segment_ids, *, causal: bool = True) -> int:
+    """Visible (query, key) pairs of a batch: ``n (n + 1) / 2`` per causal document of ``n``
+    tokens (``n * n`` when not causal), summed over documents and rows. Exact (a Python int)."""
+    n = segment_lengths(segment_ids)
+    return int((n * (n + 1) // 2).sum()) if causal else int((n * n).sum())
+
+
+def batch_flops(config: LlamaConfig, segment_ids, *, causal: bool = True,
+                training: bool = True) -> int:
+    """Model FLOPs of a batch with int ``segment_ids`` [..., seq] (one id per row when nothing is
+    packed): matmuls of every token plus attention over the visible pairs. Exact (a Python int)."""
+    tokens = int(np.asarray(segment_ids).size)
+    matmul = (6 if training else 2) * matmul_params(config) * tokens
+    return matmul + _per_pair(config, training) * attention_pairs(segment_ids, causal=causal)
+
+
+def flops_per_token(config: LlamaConfig, seq_len: int, *, causal: bool = True,
+                    training: bool = True) -> float:
+    """Training (or forward) FLOPs per token of rows that hold one ``seq_len``-token document:
+    ``6 N`` plus ``12 * layers * heads * head_dim`` times the pairs per token, ``(seq_len + 1) / 2``
+    when causal, ``seq_len`` when not. Equals :func:`batch_flops` per token of such a batch."""
+    if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+        raise ValueError(f"{seq_len=} must be a positive int")
+    matmul = (6 if training else 2) * matmul_params(config)
+    pairs_per_token = (seq_len + 1) / 2 if causal else seq_len  # n(n+1)/2 or n^2 pairs over n tokens
+    return float(matmul + _per_pair(config, training) * pairs_per_token)
+
+
+class Peak(NamedTuple):
+    tflops: float  # dense bf16 TFLOP/s per device (NaN when unknown)
+    source: str  # "measured", "datasheet", "nominal", "config" or "unknown"
+
+
+# Matched by substring of ``device.device_kind`` (lower case), first match wins (GH200 before H200).
+PEAK_TFLOPS = (
+    ("gh200", 989.0, "datasheet"), ("h200", 790.0, "measured"), ("h100", 989.0, "datasheet"),
+    ("a100", 312.0, "datasheet"), ("l4", 121.0, "datasheet"), ("b200", 2250.0, "datasheet"),
+    ("v6", 918.0, "datasheet"), ("v5p", 459.0, "datasheet"), ("v5 lite", 197.0, "datasheet"),
+    ("v5e", 197.0, "datasheet"), ("v4", 275.0, "datasheet"),
+    ("cpu", 0.1, "nominal"),  # MFU on a CPU is only indicative
+)
+
+
+def peak_tflops(device_kind: str, override: float = 0.0) -> Peak:
+    """The peak MFU divides by: ``override`` if > 0, else the table's entry for ``device_kind``."""
+    if override > 0:
+        return Peak(float(override), "config")
+    kind = device_kind.lower()
+    for name, tflops, source in PEAK_TFLOPS:
+        if name in kind:
+            return Peak(tflops, source)
+    return Peak(float("nan"), "unknown")
+
+
+def mfu(model_flops: float, seconds: float, num_devices: int, peak: float) -> float:
+    """Fraction of the devices' peak (TFLOP/s each) that ``model_flops`` in ``seconds`` use."""
+    return model_flops / (seconds * num_devices * peak * 1e12)

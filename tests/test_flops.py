@@ -1,0 +1,75 @@
+"""Model FLOPs counted from a batch's documents, and the one peak convention MFU divides by."""
+
+from __future__ import annotations
+
+import math
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import flops, llama
+from ringattention import layouts, masks
+
+CONFIG = llama.get_config("1b")
+
+
+def packed(rows: int, seq: int, doc_len: int) -> np.ndarray:
+    """Segment ids of rows packed with documents of ``doc_len`` tokens (the last one cut)."""
+    return np.broadcast_to(np.arange(seq) // doc_len + 1, (rows, seq)).astype(np.int32)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("seq", [1, 7, 64, 32768])
+def test_one_document_per_row_is_flops_per_token(seq, causal):
+    seg = np.ones((3, seq), np.int32)
+    total = llama.batch_flops(CONFIG, seg, causal=causal)
+    assert total / seg.size == llama.flops_per_token(CONFIG, seq, causal=causal)
+    matmul = 6 * flops.matmul_params(CONFIG) * seg.size
+    pairs = 3 * (seq * (seq + 1) // 2 if causal else seq * seq)
+    assert total == matmul + 12 * CONFIG.num_layers * CONFIG.num_heads * CONFIG.head_dim * pairs
+
+
+def test_short_packed_documents_count_fewer_flops_than_long_ones():
+    seq = 65536
+    per_token = {n: llama.batch_flops(CONFIG, packed(2, seq, n)) / (2 * seq) for n in
+                 (512, 4096, seq)}
+    assert per_token[512] < per_token[4096] < per_token[seq] == llama.flops_per_token(CONFIG, seq)
+    # the attention share shrinks with the documents: (n + 1) / 2 pairs per token
+    attn = {n: v - 6 * flops.matmul_params(CONFIG) for n, v in per_token.items()}
+    assert attn[512] == pytest.approx(attn[seq] * 513 / (seq + 1))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_pairs_are_the_visible_pairs_in_any_layout(causal):
+    """attention_pairs equals the count of the elementwise mask (global positions, segment ids) and
+    does not change when the rows are dealt into a ring layout."""
+    rng = np.random.default_rng(0)
+    seg = np.sort(rng.integers(0, 5, (3, 48)), axis=1).astype(np.int32)
+    pos = jnp.arange(48, dtype=jnp.int32)
+    vis = masks.visible(pos, pos, jnp.asarray(seg), jnp.asarray(seg), causal)
+    chex.assert_shape(vis, (3, 48, 48))
+    assert flops.attention_pairs(seg, causal=causal) == int(vis.sum())
+    for layout in layouts.LAYOUTS:
+        dealt = layouts.to_layout(seg, layout, 4)
+        assert flops.attention_pairs(np.asarray(dealt), causal=causal) == int(vis.sum())
+
+
+def test_flops_inputs_are_checked():
+    with pytest.raises(ValueError, match="segment_ids"):
+        flops.attention_pairs(np.ones((2, 4), np.float32))
+    with pytest.raises(ValueError, match="seq_len"):
+        llama.flops_per_token(CONFIG, 0)
+
+
+def test_one_peak_convention():
+    assert flops.peak_tflops("NVIDIA H200") == (790.0, "measured")
+    assert flops.peak_tflops("NVIDIA GH200 480GB") == (989.0, "datasheet")
+    assert flops.peak_tflops("NVIDIA H100 80GB HBM3") == (989.0, "datasheet")
+    assert flops.peak_tflops("NVIDIA H200", override=500.0) == (500.0, "config")
+    assert flops.peak_tflops("cpu").source == "nominal"
+    unknown = flops.peak_tflops("unknown accelerator")
+    assert math.isnan(unknown.tflops) and unknown.source == "unknown"
+    # 1e12 FLOP in 1 s on one device of 2 TFLOP/s peak is half the peak
+    assert flops.mfu(1e12, 1.0, 1, 2.0) == pytest.approx(0.5)
