@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ringattention import implementations, layouts
+from ringattention import implementations, layouts, ulysses
 from ringattention._vma import full_like
 
 F32 = jnp.float32
@@ -213,7 +213,7 @@ def _axis_size(axis_name) -> int:
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causal: bool = False,
                    segment_ids: jax.Array | None = None, layout: str = "contiguous",
                    softmax_scale: float | None = None, implementation: str = "auto",
-                   block_sizes=None, interpret: bool = False) -> jax.Array:
+                   block_sizes=None, interpret: bool = False, ulysses_axis=None) -> jax.Array:
     """Exact attention over a sequence sharded along mesh axis ``axis_name`` (inside ``shard_map``).
 
     Args:
@@ -229,6 +229,11 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
       implementation: "auto", "xla", or a registered kernel ("pallas_gpu", ...).
       block_sizes: the implementation's ``BlockSizes`` (None: its defaults).
       interpret: run Pallas kernels in interpret mode (CPU tests).
+      ulysses_axis: None, or a second mesh axis of size U for 2-D context parallelism
+        (``ringattention.ulysses``): the shards are pieces of the sequence split over
+        ``(axis_name, ulysses_axis)``, ring axis major; an all-to-all over ``ulysses_axis`` trades
+        them for whole ring shards of heads / U heads, the ring runs on those, and a second
+        all-to-all returns the output. ``heads % U == 0``; kv heads are repeated as needed.
 
     Returns:
       [batch, q_shard, heads, head_dim] in ``q.dtype``.
@@ -244,4 +249,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
                   _axis_size(axis_name))
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
+    if ulysses_axis is not None:  # 2-D context parallelism (ringattention/ulysses.py)
+        ring = lambda q, k, v, seg: _ring(q, k, v, seg, cfg)  # noqa: E731
+        return ulysses.ulysses_attention(ring, q, k, v, segment_ids, ulysses_axis, axis_name)
     return _ring(q, k, v, segment_ids, cfg)
