@@ -137,7 +137,8 @@ def _packed(lengths):
 
 @pytest.mark.parametrize("mesh_config,layout", [(None, "contiguous"),
                                                 (MeshConfig(sp=4, dp=2), "zigzag"),
-                                                (MeshConfig(sp=2, usp=2, dp=2), "zigzag")])
+                                                pytest.param(MeshConfig(sp=2, usp=2, dp=2), "zigzag",
+                                                             marks=pytest.mark.slow)])
 def test_packed_documents_match_separate_runs(checkpoint, mesh_config, layout):
     path, model, _, _ = checkpoint
     config, params = llama.load_hf(path, layout=layout)

@@ -30,7 +30,6 @@ FULL = list(itertools.product(GRIDS, LAYOUTS, (True, False), (True, False), (1, 
 DEFAULT = [
     ((2, 1), "zigzag", True, True, 1),
     ((2, 2), "striped", True, True, 2),
-    ((2, 2), "contiguous", False, False, 1),
     ((2, 4), "zigzag", True, False, 4),
     ((4, 1), "contiguous", False, True, 2),
     ((4, 2), "zigzag", True, True, 1),
@@ -78,15 +77,15 @@ def test_kv_repeats():
         ulysses.kv_repeats(6, 2, 4)
 
 
-def test_error_does_not_grow_with_device_count():
-    # One global problem (L = 64) on 1 device, on 8 as 2 x 4 and 4 x 2 (Ulysses x ring).
+@pytest.mark.parametrize("u,n", [(2, 4), pytest.param(4, 2, marks=pytest.mark.slow)])
+def test_error_does_not_grow_with_device_count(u, n):
+    # One global problem (L = 64) on 1 device and on 8 as Ulysses u x ring n.
     errs = {}
-    for u, n in ((1, 1), (2, 4), (4, 2)):
-        pb = Problem(n=n, ulysses=u, shard=64 // (u * n), layout="striped", causal=True,
+    for uu, nn in ((1, 1), (u, n)):
+        pb = Problem(n=nn, ulysses=uu, shard=64 // (uu * nn), layout="striped", causal=True,
                      segments=True)
-        errs[(u, n)] = max(check_ring(pb, implementation="xla", block_sizes=BlockSizes(2, 2)))
-    worst = max(errs[(2, 4)], errs[(4, 2)])
-    assert worst <= GROWTH_FACTOR * max(errs[(1, 1)], F32_RTOL / 100), errs
+        errs[(uu, nn)] = max(check_ring(pb, implementation="xla", block_sizes=BlockSizes(2, 2)))
+    assert errs[(u, n)] <= GROWTH_FACTOR * max(errs[(1, 1)], F32_RTOL / 100), errs
 
 
 def test_pallas_gpu_interpret():

@@ -45,7 +45,7 @@ def check_shapes(config: TrainConfig, model_cfg: llama.LlamaConfig, mesh: Mesh,
     shard = seq // sp  # the ring's shard (with Ulysses: the whole group's sequence)
     block = min(model_cfg.q_chunk, model_cfg.kv_chunk)
     if shard > block and shard % block:
-        raise ValueError(f"data.seq_len={seq} / mesh.sp={sp} = {shard} tokens per device is not a "
+        raise ValueError(f"data.seq_len={seq} / mesh.sp={sp} = {shard} tokens per ring shard is not a "
                          f"multiple of the attention block {block} (model q_chunk/kv_chunk)")
     if (batch // accum) % nb:
         raise ValueError(f"data.batch_size={batch} / optim.accum_steps={accum} = {batch // accum} "
