@@ -91,6 +91,8 @@ def check_cache_mesh(config: LlamaConfig, mesh: Mesh | None, batch: int, max_len
     """Raises ValueError unless a [batch, max_len] cache fits ``mesh`` and ``config.layout``."""
     n = axis_size(mesh, "sp")
     layouts.check_divisible(max_len, config.layout, n)
+    if max_len % (n * axis_size(mesh, "usp")):  # the prefill's sequence is split over sp and usp
+        raise ValueError(f"{max_len=} must be divisible by sp*usp={n * axis_size(mesh, 'usp')}")
     nb = axis_size(mesh, "dp") * axis_size(mesh, "fsdp")
     if batch % nb:
         raise ValueError(f"batch={batch} must be divisible by dp*fsdp={nb}")

@@ -14,8 +14,9 @@ pytrees of arrays, ready for optax / orbax):
   scan_layers, mlp_chunk (None | tokens per MLP chunk), loss_chunk (None = plain loss | tokens per
   loss chunk), q_chunk, kv_chunk (ring inner-loop block sizes), interpret (Pallas interpret mode),
   deterministic (ring attention kernels with a fixed summation order; see ``ring_attention``).
-- ``models.sharding.MeshConfig(dp=1, fsdp=1, tp=1, sp=1)`` (one may be -1) and
-  ``make_mesh(mesh_config, devices=None) -> Mesh`` with axes ("dp", "fsdp", "tp", "sp").
+- ``models.sharding.MeshConfig(dp=1, fsdp=1, tp=1, sp=1, usp=1)`` (one may be -1) and
+  ``make_mesh(mesh_config, devices=None) -> Mesh`` with axes ("dp", "fsdp", "tp", "sp", "usp"); "usp"
+  > 1 adds Ulysses' head exchange to the ring (the sequence is split over ("sp", "usp")).
 - ``init_params(config, rng, mesh=None) -> params`` (created sharded when ``mesh`` is given).
 - ``forward(config, params, input_ids, *, positions=None, segment_ids=None, mesh=None)``
   -> float32 logits [batch, seq, vocab]; inputs and outputs in NATURAL order.
@@ -100,11 +101,14 @@ def validate(config: LlamaConfig, mesh: Mesh | None = None, shape: tuple | None 
     """Raises ValueError if config, mesh and an input ``shape`` [batch, seq] don't fit together."""
     config.validate()
     check_mesh(mesh)
-    tp, sp = axis_size(mesh, "tp"), axis_size(mesh, "sp")
+    tp, sp, usp = axis_size(mesh, "tp"), axis_size(mesh, "sp"), axis_size(mesh, "usp")
     nb = axis_size(mesh, "dp") * axis_size(mesh, "fsdp")
     if config.num_heads % tp or config.num_kv_heads % tp:
         raise ValueError(f"num_heads={config.num_heads} and num_kv_heads={config.num_kv_heads} "
                          f"must both be divisible by the tp axis size {tp}")
+    if (config.num_heads // tp) % usp:
+        raise ValueError(f"num_heads={config.num_heads} / tp={tp} must be divisible by the Ulysses "
+                         f"axis size usp={usp}")
     if shape is None:
         return
     if len(shape) != 2:
@@ -112,6 +116,8 @@ def validate(config: LlamaConfig, mesh: Mesh | None = None, shape: tuple | None 
     if shape[0] % nb:
         raise ValueError(f"batch={shape[0]} is not divisible by dp*fsdp={nb}")
     layouts.check_divisible(shape[1], config.layout, sp)
+    if shape[1] % (sp * usp):
+        raise ValueError(f"seq={shape[1]} is not divisible by sp*usp={sp * usp}")
 
 
 def _check_ints(name: str, x, shape) -> None:

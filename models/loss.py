@@ -3,8 +3,8 @@
 The chunked loss walks each device's sequence shard in chunks of ``chunk`` tokens under
 ``jax.checkpoint``, so only one chunk's [batch, chunk, vocab] float32 logits exist at a time,
 forward and backward (the blockwise idea of Liu & Abbeel 2023 applied to the output layer). The
-sequence is viewed as [batch, ring, shard] so that a chunk never crosses a device boundary of the
-"sp" axis.
+sequence is viewed as [batch, sp * usp, shard] so that a chunk never crosses a device boundary of
+the sequence axes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh
 
-from models.sharding import axis_size, constrain
+from models.sharding import constrain, seq_shards
 
 F32 = jnp.float32
 
@@ -64,9 +64,9 @@ def chunked_cross_entropy_sum(h: jax.Array, w: jax.Array, targets: jax.Array, ma
     ``chunk`` is clamped to the largest divisor of the per-device shard length.
     """
     B, S, E = h.shape
-    n = axis_size(mesh, "sp")
+    n = seq_shards(mesh)
     if S % n:
-        raise ValueError(f"sequence {S=} is not divisible by the sp axis size {n}")
+        raise ValueError(f"sequence {S=} is not divisible by the sp * usp axis sizes {n}")
     local = S // n
     c = max(1, min(local, chunk))
     while local % c:

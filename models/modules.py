@@ -3,7 +3,8 @@
 LLaMA (Touvron et al. 2023): pre-RMSNorm blocks, SwiGLU MLP, rotary embeddings (RoFormer, Su et al.
 2021) with grouped-query attention. Ring Attention with Blockwise Transformers (Liu et al. 2023):
 the attention of a sequence sharded over "sp" runs ``ringattention.ring_attention`` inside
-``shard_map``, the MLP optionally runs chunk by chunk (``blockwise_feedforward``). All parameters
+``shard_map`` (a "usp" axis > 1 adds Ulysses' all-to-all over heads, ``ringattention.ulysses``), the
+MLP optionally runs chunk by chunk (``blockwise_feedforward``). All parameters
 carry logical axis names (``models.sharding.RULES``). Matmuls take and return the compute dtype
 (XLA's bf16 GEMMs accumulate in float32), so that their gradients are bf16 GEMMs too: a float32
 output would make every backward GEMM a float32 (TF32 on GPU) one (benchmarks/results/model_1b_h200.md).
@@ -21,7 +22,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from models.config import LlamaConfig, rope_inv_freq
-from models.sharding import BATCH, axis_size, constrain
+from models.sharding import BATCH, attention_axes, axis_size, constrain, seq_shards
 from ringattention import (
     BlockSizes,
     blockwise_feedforward,
@@ -80,17 +81,19 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids):
         return reference_attention(q, k, v, causal=True, segment_ids=segment_ids, q_positions=pos,
                                    kv_positions=pos).astype(q.dtype)
     if config.attention == "cudnn":
-        return _cudnn_attention(q, k, v, segment_ids, n)
+        return _cudnn_attention(q, k, v, segment_ids, seq_shards(mesh))
     impl = ra_impl.resolve(config.attention).name
     blocks = BlockSizes(config.q_chunk, config.kv_chunk) if impl == "xla" else None
+    seq, ulysses_axis = attention_axes(mesh)  # ("sp", "usp") with Ulysses: ring axis major
     kw = dict(causal=True, layout=config.layout, implementation=impl, block_sizes=blocks,
-              interpret=config.interpret, deterministic=config.deterministic)
+              interpret=config.interpret, deterministic=config.deterministic,
+              ulysses_axis=ulysses_axis)
     local = lambda q, k, v, s: ring_attention(q, k, v, "sp", segment_ids=s, **kw)
     if mesh is None:  # a ring of one: the blockwise step with its O(S) memory, no mesh needed
         one = jax.vmap(local, axis_name="sp", axis_size=1)
         add = lambda x: None if x is None else x[None]
         return one(add(q), add(k), add(v), add(segment_ids))[0]
-    spec, seg_spec = P(BATCH, "sp", "tp", None), P(BATCH, "sp")
+    spec, seg_spec = P(BATCH, seq, "tp", None), P(BATCH, seq)
     return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
                          check_vma=impl == "xla")(q, k, v, segment_ids)
 
@@ -100,7 +103,7 @@ def _cudnn_attention(q, k, v, segment_ids, ring: int):
     backend = jax.default_backend()
     if backend != "gpu" or ring != 1 or segment_ids is not None:
         raise ValueError(f"attention='cudnn' runs on one CUDA GPU without packing; got {backend=}, "
-                         f"sp={ring}, segment_ids {'given' if segment_ids is not None else 'None'}")
+                         f"sp*usp={ring}, segment_ids {'given' if segment_ids is not None else 'None'}")
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
 
 
@@ -159,7 +162,7 @@ class MLP(nn.Module):
         if c.mlp_chunk is None:
             return ffn(x)
         B, S, _ = x.shape
-        n = axis_size(self.mesh, "sp")  # chunk within each device's shard, not across shards
+        n = seq_shards(self.mesh)  # chunk within each device's shard, not across shards
         x4 = constrain(x.reshape(B, n, S // n, E), ("act_batch", "act_seq", None, "act_embed"),
                        self.mesh)  # [B, ring, shard, E]
         y = blockwise_feedforward(ffn, x4, largest_divisor(S // n, c.mlp_chunk), axis=2)

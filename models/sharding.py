@@ -1,10 +1,17 @@
-"""Device mesh ("dp", "fsdp", "tp", "sp") and logical-axis sharding rules for the LLaMA model.
+"""Device mesh ("dp", "fsdp", "tp", "sp", "usp") and logical-axis sharding rules for the LLaMA model.
 
-Weights are sharded over fsdp and sp (the sequence axis would otherwise hold idle weight copies, as
-in Ring Attention, Liu et al. 2023), heads / MLP / vocab over tp; activations: batch over dp and
-fsdp, sequence over sp, heads over tp. Every parameter and activation carries logical axis names
-that ``RULES`` maps to mesh axes; a mesh axis is dropped from a dimension that it does not
+Weights are sharded over fsdp, sp and usp (the sequence axes would otherwise hold idle weight copies,
+as in Ring Attention, Liu et al. 2023), heads / MLP / vocab over tp; activations: batch over dp and
+fsdp, sequence over ("sp", "usp"), heads over tp. Every parameter and activation carries logical axis
+names that ``RULES`` maps to mesh axes; a mesh axis is dropped from a dimension that it does not
 divide.
+
+"usp" is the Ulysses axis of 2-D context parallelism (``ringattention.ulysses``; DeepSpeed-Ulysses,
+Jacobs et al. 2023; USP, Fang & Zhao 2024): the sequence, in the ring layout's order for a ring of
+"sp" devices, is split over ("sp", "usp") with the ring axis major, and attention exchanges heads for
+sequence over "usp" around the ring. It is the mesh's last (fastest-varying) axis, so that a Ulysses
+group is a run of neighbouring devices, i.e. within a host: the all-to-all wants the fast links, the
+ring crosses hosts. A mesh without "usp" (size 1) still works.
 """
 
 from __future__ import annotations
@@ -18,14 +25,16 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-AXES = ("dp", "fsdp", "tp", "sp")
+AXES = ("dp", "fsdp", "tp", "sp", "usp")
 BATCH = ("dp", "fsdp")
+SEQ = ("sp", "usp")  # the sequence: ring axis major, Ulysses axis minor
+OPTIONAL = ("usp",)  # axes a mesh may lack (size 1)
 
 # logical name -> mesh axes (None: replicated)
 RULES: dict[str, tuple[str, ...] | None] = {
     # parameters
     "vocab": ("tp",),
-    "embed": ("fsdp", "sp"),
+    "embed": ("fsdp", "sp", "usp"),
     "heads": ("tp",),
     "kv_heads": ("tp",),
     "head_dim": None,
@@ -34,7 +43,7 @@ RULES: dict[str, tuple[str, ...] | None] = {
     "layers": None,
     # activations
     "act_batch": BATCH,
-    "act_seq": ("sp",),
+    "act_seq": SEQ,
     "act_embed": None,
     "act_heads": ("tp",),
     "act_kv_heads": ("tp",),
@@ -51,6 +60,7 @@ class MeshConfig:
     fsdp: int = 1
     tp: int = 1
     sp: int = 1
+    usp: int = 1
 
     def resolve(self, num_devices: int) -> dict[str, int]:
         sizes = {a: getattr(self, a) for a in AXES}
@@ -67,12 +77,12 @@ class MeshConfig:
                                  "which is not an integer")
             sizes[free[0]] = num_devices // fixed
         elif fixed != num_devices:
-            raise ValueError(f"{self} has dp*fsdp*tp*sp={fixed} but {num_devices=}")
+            raise ValueError(f"{self} has {'*'.join(AXES)}={fixed} but {num_devices=}")
         return sizes
 
 
 def make_mesh(mesh_config: MeshConfig, devices: Sequence | None = None) -> Mesh:
-    """A ``Mesh`` with axes ("dp", "fsdp", "tp", "sp"); raises ValueError if the sizes don't fit."""
+    """A ``Mesh`` with axes ``AXES``; raises ValueError if the sizes don't fit."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = mesh_config.resolve(len(devices))
     grid = np.array(devices, dtype=object).reshape([sizes[a] for a in AXES])
@@ -81,6 +91,18 @@ def make_mesh(mesh_config: MeshConfig, devices: Sequence | None = None) -> Mesh:
 
 def axis_size(mesh: Mesh | None, name: str) -> int:
     return 1 if mesh is None else int(mesh.shape.get(name, 1))
+
+
+def seq_shards(mesh: Mesh | None) -> int:
+    """How many pieces the sequence is split into: sp * usp."""
+    return axis_size(mesh, "sp") * axis_size(mesh, "usp")
+
+
+def attention_axes(mesh: Mesh | None) -> tuple[str | tuple[str, ...], str | None]:
+    """(sequence entry of a PartitionSpec, ``ulysses_axis`` for ring_attention) for ``mesh``."""
+    if axis_size(mesh, "usp") > 1:
+        return SEQ, "usp"
+    return "sp", None
 
 
 def logical_spec(names: Sequence[str | None], shape: Sequence[int] | None = None,
@@ -118,7 +140,7 @@ def check_mesh(mesh: Mesh | None) -> None:
         return
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jax.sharding.Mesh or None; got {type(mesh).__name__}")
-    missing = [a for a in AXES if a not in mesh.shape]
+    missing = [a for a in AXES if a not in mesh.shape and a not in OPTIONAL]
     if missing:
         raise ValueError(f"mesh is missing axes {missing}; mesh.shape={dict(mesh.shape)}; build it "
                          "with models.sharding.make_mesh")

@@ -1,10 +1,11 @@
 """ringattention: exact attention over sequences sharded across a ring of devices, in JAX.
 
 Ring Attention with Blockwise Transformers (Liu et al. 2023), Blockwise Parallel Transformer (Liu &
-Abbeel 2023), Striped Attention (Brandon et al. 2023), FlashAttention-2 (Dao 2023).
+Abbeel 2023), Striped Attention (Brandon et al. 2023), FlashAttention-2 (Dao 2023); Ulysses x ring
+(DeepSpeed-Ulysses, Jacobs et al. 2023; USP, Fang & Zhao 2024).
 """
 
-from ringattention import layouts, masks, remat
+from ringattention import layouts, masks, remat, ulysses
 from ringattention.blockwise import BlockSizes, blockwise_feedforward
 from ringattention.implementations import names as implementation_names
 from ringattention.reference import reference_attention
@@ -21,5 +22,6 @@ __all__ = [
     "remat",
     "ring_attention",
     "sharded_attention",
+    "ulysses",
 ]
 __version__ = "0.1.0"

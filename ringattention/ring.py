@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from ringattention import implementations, layouts
+from ringattention import implementations, layouts, ulysses
 from ringattention._vma import full_like
 from ringattention.remat import LSE_NAME, OUT_NAME
 
@@ -217,7 +217,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
                    segment_ids: jax.Array | None = None, layout: str = "contiguous",
                    softmax_scale: float | None = None, implementation: str = "auto",
                    block_sizes=None, interpret: bool = False,
-                   deterministic: bool = False) -> jax.Array:
+                   deterministic: bool = False, ulysses_axis=None) -> jax.Array:
     """Exact attention over a sequence sharded along mesh axis ``axis_name`` (inside ``shard_map``).
 
     Args:
@@ -239,6 +239,11 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         (the scatter of an embedding gradient, autotuned GEMMs) also need the process started with
         ``XLA_FLAGS=--xla_gpu_deterministic_ops=true``; ``python -m train`` sets it when the config
         says ``deterministic: true``.
+      ulysses_axis: None, or a second mesh axis of size U for 2-D context parallelism
+        (``ringattention.ulysses``): the shards are pieces of the sequence split over
+        ``(axis_name, ulysses_axis)``, ring axis major; an all-to-all over ``ulysses_axis`` trades
+        them for whole ring shards of heads / U heads, the ring runs on those, and a second
+        all-to-all returns the output. ``heads % U == 0``; kv heads are repeated as needed.
 
     Returns:
       [batch, q_shard, heads, head_dim] in ``q.dtype``.
@@ -260,4 +265,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
                   ring_size)
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
+    if ulysses_axis is not None:  # 2-D context parallelism (ringattention/ulysses.py)
+        ring = lambda q, k, v, seg: _ring(q, k, v, seg, cfg)  # noqa: E731
+        return ulysses.ulysses_attention(ring, q, k, v, segment_ids, ulysses_axis, axis_name)
     return _ring(q, k, v, segment_ids, cfg)

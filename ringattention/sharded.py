@@ -2,7 +2,8 @@
 
 Reorders the sequence into the chosen layout, shards it over the mesh's sequence axis (and optionally
 batch and heads over other axes), runs :func:`ringattention.ring_attention` on every device and puts the
-result back in natural order.
+result back in natural order. With ``ulysses_axis`` the sequence is split over ``(seq_axis,
+ulysses_axis)``, ring axis major, for 2-D context parallelism (``ringattention.ulysses``).
 """
 
 from __future__ import annotations
@@ -27,37 +28,51 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
                       seq_axis: str = "sp", batch_axis: str | None = None,
                       head_axis: str | None = None, segment_ids: jax.Array | None = None,
                       causal: bool = False, layout: str = "contiguous", reorder: bool = True,
-                      deterministic: bool = False, **kwargs) -> jax.Array:
+                      deterministic: bool = False,
+                      ulysses_axis: str | None = None, **kwargs) -> jax.Array:
     """Ring attention over global arrays. q [B, L, H, D], k/v [B, L, K, D] -> [B, L, H, D].
 
     ``seq_axis`` is the ring; ``batch_axis`` / ``head_axis`` optionally shard batch and heads (both H
     and K must divide by the head axis size). With ``reorder=True`` inputs and output are in natural
     order and the layout reordering is done here; with ``reorder=False`` they are already in layout
     order. ``deterministic`` picks kernels whose sums have a fixed order (see :func:`ring_attention`).
+    ``ulysses_axis`` (size U) adds an all-to-all over heads around the ring: the sequence is
+    split over ``(seq_axis, ulysses_axis)`` and the local heads H / ``head_axis`` must divide by U.
     Other keyword arguments go to :func:`ring_attention`.
     """
     n = _check_axis(mesh, seq_axis, "seq_axis")
+    nu = _check_axis(mesh, ulysses_axis, "ulysses_axis")
+    if ulysses_axis is not None and ulysses_axis == seq_axis:
+        raise ValueError(f"ulysses_axis={ulysses_axis!r} must differ from {seq_axis=}")
     nb = _check_axis(mesh, batch_axis, "batch_axis")
     nh = _check_axis(mesh, head_axis, "head_axis")
     if q.ndim != 4 or k.ndim != 4:
         raise ValueError(f"q, k, v must be [batch, seq, heads, head_dim]; got {q.shape=} {k.shape=}")
     layouts.check_divisible(q.shape[1], layout, n)
+    if q.shape[1] % (n * nu):
+        raise ValueError(f"sequence {q.shape[1]=} is not divisible by {seq_axis}={n} x "
+                         f"{ulysses_axis}={nu}")
     if q.shape[0] % nb:
         raise ValueError(f"batch {q.shape[0]=} is not divisible by {batch_axis}={nb}")
     if q.shape[2] % nh or k.shape[2] % nh:
         raise ValueError(f"heads {q.shape[2]=} and kv heads {k.shape[2]=} must divide by "
                          f"{head_axis}={nh}")
+    if (q.shape[2] // nh) % nu:
+        raise ValueError(f"heads {q.shape[2]=} ({q.shape[2] // nh} per {head_axis}={nh} shard) are "
+                         f"not divisible by ulysses_axis {ulysses_axis}={nu}")
     if reorder:
         q, k, v = (layouts.to_layout(x, layout, n) for x in (q, k, v))
         if segment_ids is not None:
             segment_ids = layouts.to_layout(segment_ids, layout, n)
-    spec = P(batch_axis, seq_axis, head_axis, None)
-    seg_spec = P(batch_axis, seq_axis)
+    seq = seq_axis if ulysses_axis is None else (seq_axis, ulysses_axis)  # ring axis major
+    spec = P(batch_axis, seq, head_axis, None)
+    seg_spec = P(batch_axis, seq)
     impl = implementations.resolve(kwargs.pop("implementation", "auto")).name
 
     def local(q, k, v, seg):
         return ring_attention(q, k, v, seq_axis, causal=causal, segment_ids=seg, layout=layout,
-                              implementation=impl, deterministic=deterministic, **kwargs)
+                              implementation=impl, deterministic=deterministic,
+                              ulysses_axis=ulysses_axis, **kwargs)
 
     out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
                         check_vma=impl == "xla")(q, k, v, segment_ids)

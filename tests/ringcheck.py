@@ -3,6 +3,8 @@
 Every implementation's tests call :func:`check_ring`, which builds a global problem, deals it to a ring
 of ``n`` CPU devices in the chosen layout, runs ``ring_attention`` forward and backward through
 ``jax.shard_map`` and compares output and dq/dk/dv with the float64 reference on the global sequence.
+With ``ulysses=U`` the mesh is ``n x U`` ("sp", "usp"): the sequence in layout order for the ring of
+``n`` is split over ("sp", "usp") and ``ring_attention`` runs with ``ulysses_axis="usp"``.
 """
 
 from __future__ import annotations
@@ -83,11 +85,12 @@ class Problem:
     dtype: str = "float32"
     logit_scale: float = 1.0
     seed: int = 0
+    ulysses: int | None = None  # Ulysses group size U (``shard``: each device's piece of a ring shard)
 
 
 def make_inputs(pb: Problem):
     rng = np.random.default_rng(pb.seed)
-    L = pb.n * pb.shard
+    L = pb.n * (pb.ulysses or 1) * pb.shard
     f = lambda *s: rng.standard_normal(s).astype(np.float32)
     q = f(pb.batch, L, pb.heads, pb.head_dim) * pb.logit_scale
     k = f(pb.batch, L, pb.kv_heads, pb.head_dim)
@@ -99,13 +102,16 @@ def make_inputs(pb: Problem):
 
 def run_ring(pb: Problem, q, k, v, do, seg, **kwargs):
     """Runs ring attention forward + backward on global natural-order arrays; returns o, dq, dk, dv."""
-    mesh = Mesh(np.array(jax.devices()[: pb.n]), ("sp",))
+    u = pb.ulysses or 1
+    mesh = Mesh(np.array(jax.devices()[: pb.n * u]).reshape(pb.n, u), ("sp", "usp"))
+    if pb.ulysses is not None:
+        kwargs = {**kwargs, "ulysses_axis": "usp"}
     to = lambda x: layouts.to_layout(jnp.asarray(x), pb.layout, pb.n)
     back = lambda x: np.asarray(layouts.from_layout(x, pb.layout, pb.n).astype(jnp.float32))
     dt = jnp.dtype(pb.dtype)
     ql, kl, vl, dol = (to(x).astype(dt) for x in (q, k, v, do))
     segl = None if seg is None else to(seg)
-    spec, sspec = P(None, "sp"), P(None, "sp")
+    spec = sspec = P(None, ("sp", "usp"))
     check_vma = kwargs.get("implementation", "xla") == "xla"
 
     def local(q, k, v, do, seg):

@@ -169,3 +169,41 @@ def test_attention_deterministic_rows(bench, tmp_path):
     assert names == ["xla_sdpa", "ring[xla]", "ring[xla deterministic]"]
     assert all(r["fwdbwd_tflops"] > 0 and r["err_vs_f32_ref_prefix"] < 1e-5 for r in rows)
     assert json.load(open(out + ".json"))["rows"][2]["name"] == "ring[xla deterministic]"
+
+
+def test_cp_bytes_hlo_matches_the_formula(bench, tmp_path):
+    """``cp_bytes.py``: collective bytes of the compiled HLO equal the analytic formula."""
+    cb = bench("cp_bytes")
+    out = str(tmp_path / "cp")
+    result = cb.main(["--tiny", "--devices", "4", "--seqs", "256,512", "--schemes", "hybrid",
+                      "--out", out])
+    measured, longer = result["rows"]
+    assert (measured["scheme"], measured["seq"], longer["seq"]) == ("hybrid 2x2", 256, 512)
+    # measured at 256 tokens: each kind agrees exactly, no other collective is sent
+    assert measured["hlo_matches"] and "hlo_f32" not in longer
+    for key in ("fwd", "fwd_bwd"):
+        hlo = measured["hlo_f32"][key]
+        for kind in ("all-to-all", "collective-permute"):
+            assert hlo[kind] == pytest.approx(measured["f32"][key][kind], rel=1e-12)
+            assert hlo[kind] > 0
+        assert hlo["all-gather"] == hlo["all-reduce"] == hlo["reduce-scatter"] == 0
+    # the formula is linear in the length
+    assert cb.total(longer["bf16"]["fwd_bwd"]) == 2 * cb.total(measured["bf16"]["fwd_bwd"])
+    assert json.load(open(out + ".json"))["rows"][0]["scheme"] == "hybrid 2x2"
+    assert "| yes |" in open(out + ".md").read()
+    # bytes of a Ulysses group: q, k, v and o each send (U - 1) / U of themselves
+    assert cb.analytic(8, 8, 16, 64, 4, 1, 2)["fwd"] == {
+        "all-to-all": 3 / 4 * 16 * 16 * (2 * 8 + 2 * 8) * 2, "collective-permute": 0}
+
+
+def test_cp_speed_times_ring_and_ulysses(bench, tmp_path):
+    out = str(tmp_path / "speed")
+    result = bench("cp_speed").main(["--tiny", "--devices", "2", "--out", out])
+    ring, uly = result["rows"]  # every factorisation of 2 devices: ring of 2, Ulysses of 2
+    assert (ring["scheme"], uly["scheme"]) == ("ring", "ulysses") and uly["ulysses"] == 2
+    for r in (ring, uly):
+        assert "error" not in r and r["fwd_ms"] > 0 and r["fwdbwd_tflops_per_device"] > 0
+    assert uly["err_vs_first"] < 1e-2  # bfloat16 inputs, other summation orders
+    assert json.load(open(out + ".json"))["rows"][1]["ulysses"] == 2
+    with pytest.raises(ValueError, match="multiply"):
+        bench("cp_speed").grids(bench("cp_speed").parse_args(["--grids", "2x3"]), 4)

@@ -33,10 +33,10 @@ def config(layout: str = "contiguous", **kw) -> llama.LlamaConfig:
     return llama.get_config("debug", attention="xla", layout=layout, **kw)
 
 
-def mesh_of(sp: int, dp: int = 1):
-    if sp == 1 and dp == 1:
+def mesh_of(sp: int, dp: int = 1, usp: int = 1):
+    if sp == 1 and dp == 1 and usp == 1:
         return None
-    return make_mesh(MeshConfig(dp=dp, sp=sp), jax.devices()[: sp * dp])
+    return make_mesh(MeshConfig(dp=dp, sp=sp, usp=usp), jax.devices()[: sp * dp * usp])
 
 
 def prompts(lengths, seed=0):
@@ -59,11 +59,13 @@ def test_slot_inverts_layout(layout, ring):
     assert np.array_equal(perm[np.asarray(owner) * (T // ring) + np.asarray(idx)], np.arange(T))
 
 
-@pytest.mark.parametrize("sp,layout", [(1, "contiguous"), (2, "striped"), (4, "zigzag"),
-                                       (4, "contiguous")])
-def test_decode_steps_match_full_forward(params, sp, layout):
+@pytest.mark.parametrize("sp,layout,usp", [(1, "contiguous", 1), (2, "striped", 1), (4, "zigzag", 1),
+                                           (4, "contiguous", 1),
+                                           pytest.param(2, "zigzag", 2, marks=pytest.mark.slow)])
+def test_decode_steps_match_full_forward(params, sp, layout, usp):
+    # usp: a Ulysses x ring prefill; the decode keeps the cache over sp (replicated over usp)
     rows = prompts([13, 6, 9])
-    out = gen.generate(config(layout), params, rows, max_new_tokens=NEW, mesh=mesh_of(sp),
+    out = gen.generate(config(layout), params, rows, max_new_tokens=NEW, mesh=mesh_of(sp, usp=usp),
                        share_prefix=False, return_logits=True)
     assert out.logits.shape == (NEW, len(rows), 256)
     for b, row in enumerate(rows):

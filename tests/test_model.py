@@ -69,7 +69,8 @@ def grads(config, params, batch, mesh=None):
 
 
 @pytest.mark.parametrize("mesh_config,layout", [(MeshConfig(sp=4, tp=2), "zigzag"),
-                                                (MeshConfig(sp=2, fsdp=2, tp=2), "striped")],
+                                                (MeshConfig(sp=2, fsdp=2, tp=2), "striped"),
+                                                (MeshConfig(sp=2, usp=2, fsdp=2), "zigzag")],
                          ids=str)
 def test_ring_gradients_equal_reference(setup, reference, mesh_config, layout):
     config, params = setup
@@ -180,7 +181,10 @@ def test_bad_configs_fail_before_compile():
         make_mesh(MeshConfig(sp=3))
     with pytest.raises(ValueError, match="at most one"):
         make_mesh(MeshConfig(sp=-1, tp=-1))
-    assert dict(make_mesh(MeshConfig(tp=2, sp=-1)).shape) == {"dp": 1, "fsdp": 1, "tp": 2, "sp": 4}
+    assert dict(make_mesh(MeshConfig(tp=2, sp=-1)).shape) == {"dp": 1, "fsdp": 1, "tp": 2, "sp": 4,
+                                                               "usp": 1}
+    with pytest.raises(ValueError, match="num_heads=4 / tp=1 .* usp=8"):
+        llama.init_params(llama.get_config("debug"), jax.random.key(0), make_mesh(MeshConfig(usp=8)))
     config = llama.get_config("debug", num_kv_heads=1)
     mesh = make_mesh(MeshConfig(tp=2, sp=4))
     with pytest.raises(ValueError, match="tp axis"):
@@ -190,6 +194,9 @@ def test_bad_configs_fail_before_compile():
     ids = jnp.zeros((2, 12), jnp.int32)
     with pytest.raises(ValueError, match="divisible by 8"):  # zigzag over a ring of 4 needs 2*4
         llama.forward(config, params, ids, mesh=mesh)
+    with pytest.raises(ValueError, match="seq=20 is not divisible by sp\\*usp=8"):
+        llama.forward(config, params, jnp.zeros((2, 20), jnp.int32),
+                      mesh=make_mesh(MeshConfig(sp=2, usp=4)))
     with pytest.raises(ValueError, match="dp\\*fsdp"):
         llama.forward(config, params, jnp.zeros((1, 16), jnp.int32),
                       mesh=make_mesh(MeshConfig(fsdp=2, sp=4)))

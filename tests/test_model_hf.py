@@ -33,10 +33,10 @@ def rel_err(x, ref) -> float:
 
 
 def mesh_of(mesh_config: MeshConfig | None):
-    """A mesh over the first dp*fsdp*tp*sp of the 8 CPU devices."""
+    """A mesh over the first dp*fsdp*tp*sp*usp of the 8 CPU devices."""
     if mesh_config is None:
         return None
-    n = mesh_config.dp * mesh_config.fsdp * mesh_config.tp * mesh_config.sp
+    n = mesh_config.dp * mesh_config.fsdp * mesh_config.tp * mesh_config.sp * mesh_config.usp
     return make_mesh(mesh_config, jax.devices()[:n])
 
 
@@ -78,11 +78,12 @@ def checkpoint(request, tmp_path_factory):
     return path, model, ids, hf_logits(model, ids)
 
 
-MESHES = [  # (mesh, layout): sp in {2, 4}, with tp and fsdp variants, every layout
+MESHES = [  # (mesh, layout): sp in {2, 4}, with tp, fsdp and Ulysses (usp) variants, every layout
     (MeshConfig(sp=2), "contiguous"),
     (MeshConfig(tp=2, sp=4), "zigzag"),
     (MeshConfig(fsdp=2, sp=4), "striped"),
     (MeshConfig(fsdp=2, tp=2, sp=2), "zigzag"),
+    (MeshConfig(tp=2, sp=2, usp=2), "striped"),  # one head per device, kv heads repeated
 ]
 
 
@@ -113,6 +114,18 @@ def test_load_hf_parity_sweep(checkpoint, sp, extra, layout):
     assert rel_err(llama.forward(config, params, ids, mesh=mesh), ref) < LOGITS_RTOL
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("usp,sp,layout", list(itertools.product(
+    [2, 4], [1, 2, 4], ["contiguous", "striped", "zigzag"])))
+def test_load_hf_parity_ulysses_sweep(checkpoint, usp, sp, layout):
+    if usp * sp > 8:
+        pytest.skip("more than 8 devices")
+    path, _, ids, ref = checkpoint
+    config, params = llama.load_hf(path, layout=layout)
+    mesh = mesh_of(MeshConfig(sp=sp, usp=usp))
+    assert rel_err(llama.forward(config, params, ids, mesh=mesh), ref) < LOGITS_RTOL
+
+
 def _packed(lengths):
     """input ids, per-document positions and segment ids for one packed row of documents."""
     rng = np.random.default_rng(sum(lengths))
@@ -123,7 +136,9 @@ def _packed(lengths):
 
 
 @pytest.mark.parametrize("mesh_config,layout", [(None, "contiguous"),
-                                                (MeshConfig(sp=4, dp=2), "zigzag")])
+                                                (MeshConfig(sp=4, dp=2), "zigzag"),
+                                                pytest.param(MeshConfig(sp=2, usp=2, dp=2), "zigzag",
+                                                             marks=pytest.mark.slow)])
 def test_packed_documents_match_separate_runs(checkpoint, mesh_config, layout):
     path, model, _, _ = checkpoint
     config, params = llama.load_hf(path, layout=layout)

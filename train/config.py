@@ -76,6 +76,9 @@ class MeshSection:
     fsdp: int = opt(1, "Fully sharded data-parallel axis size (-1: all remaining devices).")
     tp: int = opt(1, "Tensor-parallel axis size (-1: all remaining devices).")
     sp: int = opt(1, "Sequence-parallel (ring) axis size (-1: all remaining devices).")
+    usp: int = opt(1, "Ulysses sequence-parallel axis size (-1: all remaining devices): the sequence "
+                      "is split over sp x usp and attention exchanges heads over usp around the "
+                      "ring (2-D context parallelism; heads / tp must divide by usp).")
 
 
 @dataclasses.dataclass(frozen=True)

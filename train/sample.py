@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from models import llama
-from models.sharding import BATCH
+from models.sharding import BATCH, attention_axes
 from models.tokenizer import Tokenizer
 
 
@@ -46,7 +46,7 @@ def generate(model_cfg: llama.LlamaConfig, params: Any, mesh: Mesh, tokenizer: T
     buf[:, : len(ids)] = ids
     cur = len(ids)
     step = _next_token_fn(model_cfg, mesh, temperature)
-    sharding = NamedSharding(mesh, P(BATCH, "sp"))
+    sharding = NamedSharding(mesh, P(BATCH, attention_axes(mesh)[0]))
     out = []
     while len(out) < tokens and cur < length:
         arr = jax.make_array_from_callback(buf.shape, sharding, lambda idx: buf[idx])

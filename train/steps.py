@@ -1,6 +1,7 @@
 """The pieces ``train.train.main`` composes: shape checks, host batches, state, jitted steps.
 
-Global batches are [accum, rows, seq] arrays sharded ``P(None, ("dp", "fsdp"), "sp")``: each host
+Global batches are [accum, rows, seq] arrays sharded ``P(None, ("dp", "fsdp"), "sp")`` (``("sp",
+"usp")`` with a Ulysses axis): each host
 builds only the rows its devices hold, already in the model's ring layout (Ring Attention, Liu et
 al. 2023; Striped Attention, Brandon et al. 2023), and gradient accumulation scans over ``accum``.
 """
@@ -20,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from models import llama
-from models.sharding import BATCH
+from models.sharding import BATCH, attention_axes, seq_shards
 from ringattention import layouts
 from train import data as data_lib
 from train import optim
@@ -46,10 +47,13 @@ def check_shapes(config: TrainConfig, model_cfg: llama.LlamaConfig, mesh: Mesh,
         layouts.check_divisible(seq, model_cfg.layout, sp)
     except ValueError as e:
         raise ValueError(f"data.seq_len={seq} does not fit the ring: {e}") from None
-    shard = seq // sp
+    if seq % seq_shards(mesh):
+        raise ValueError(f"data.seq_len={seq} is not divisible by mesh.sp*mesh.usp="
+                         f"{seq_shards(mesh)}")
+    shard = seq // sp  # the ring's shard (with Ulysses: the whole group's sequence)
     block = min(model_cfg.q_chunk, model_cfg.kv_chunk)
     if shard > block and shard % block:
-        raise ValueError(f"data.seq_len={seq} / mesh.sp={sp} = {shard} tokens per device is not a "
+        raise ValueError(f"data.seq_len={seq} / mesh.sp={sp} = {shard} tokens per ring shard is not a "
                          f"multiple of the attention block {block} (model q_chunk/kv_chunk)")
     if (batch // accum) % nb:
         raise ValueError(f"data.batch_size={batch} / optim.accum_steps={accum} = {batch // accum} "
@@ -71,7 +75,7 @@ class BatchMaker:
 
     @property
     def sharding(self) -> NamedSharding:
-        return NamedSharding(self.mesh, P(None, BATCH, "sp"))
+        return NamedSharding(self.mesh, P(None, BATCH, attention_axes(self.mesh)[0]))
 
     @property
     def state_sharding(self) -> NamedSharding:

@@ -1,0 +1,95 @@
+"""Ulysses x ring: 2-D context parallelism, an all-to-all over heads around the ring.
+
+DeepSpeed-Ulysses (Jacobs et al. 2023) splits the sequence over a group of U devices and, before
+attention, trades sequence for heads with one all-to-all: each device then holds the whole sequence
+for H / U of the heads, attends locally, and a second all-to-all gives the sequence split back. USP
+(Fang & Zhao 2024) runs a ring (Ring Attention, Liu et al. 2023) inside every Ulysses group: the
+all-to-all is cheap on a fast intra-node link, the ring scales across nodes.
+
+Sequence layout (what keeps the ring exact). The global sequence is put in the ring's layout order
+for a ring of N = ``|seq_axis|`` devices, exactly as without Ulysses, and split over the mesh axes
+``(seq_axis, ulysses_axis)`` with the ring axis major (``P(..., (seq_axis, ulysses_axis), ...)``):
+ring shard s, whose global positions are ``layouts.shard_positions(layout, L / N, N, s)``, is cut into
+U consecutive pieces and piece u lives on device (s, u). The all-to-all over ``ulysses_axis``
+concatenates the pieces in rank order, so every device of Ulysses group s holds ring shard s in
+layout order (group rank u gets heads ``[u H/U, (u+1) H/U)``), the ring runs over ``seq_axis`` with its
+usual global positions, causal skipping and layouts, and the inverse all-to-all returns the output to
+[this device's piece, all heads]. The global layout order, and so the RoPE positions, depend on N
+only.
+
+GQA/MQA: kv heads that U does not divide are repeated ``U / gcd(K, U)`` times before the exchange
+(query head h still reads original kv head ``h // (H / K)``), the fewest copies that give every rank
+whole kv heads; the query heads must divide by U. Segment ids are all-gathered over
+``ulysses_axis`` (they are the same for every head). The exchange is linear: JAX differentiates
+through it (its transpose is the inverse all-to-all, the repeat's transpose sums the copies), while
+the ring keeps its own ``custom_vjp``.
+
+Bytes sent per device per layer, forward, at shard length S = L / (N U) and head dim D (elements,
+times the dtype size): the exchange sends (U - 1) / U of q, k, v and o, i.e.
+``(U - 1) / U * S * D * (2 H + 2 K')`` with K' = K repeated; the ring sends its k, v shard (now
+``U S`` long with ``K' / U`` heads) N - 1 times: ``(N - 1) * U S * 2 (K' / U) D = (N - 1) S 2 K' D``.
+(``benchmarks/cp_bytes.py`` checks these against the compiled HLO.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def axis_size(axis_name, what: str = "ulysses_axis") -> int:
+    """Size of a mesh axis bound by ``shard_map``; ValueError naming ``what`` if it is not bound."""
+    try:
+        return lax.psum(1, axis_name)
+    except NameError:
+        raise ValueError(f"{what}={axis_name!r} is not a mesh axis bound here (call inside "
+                         "jax.shard_map over a mesh that has it)") from None
+
+
+def kv_repeats(heads: int, kv_heads: int, ulysses_size: int) -> int:
+    """How many copies of each kv head the exchange needs (1 when ``ulysses_size`` divides K).
+
+    ValueError unless ``ulysses_size`` divides the query heads.
+    """
+    if heads % ulysses_size:
+        raise ValueError(f"query heads {heads} are not divisible by the Ulysses axis size "
+                         f"{ulysses_size}; Ulysses gives every device of its group heads/size heads")
+    return ulysses_size // math.gcd(kv_heads, ulysses_size)
+
+
+def seq_to_heads(x: jax.Array, axis_name) -> jax.Array:
+    """[B, S, H, D] sequence piece, all heads -> [B, U S, H / U, D] whole group sequence."""
+    return lax.all_to_all(x, axis_name, split_axis=2, concat_axis=1, tiled=True)
+
+
+def heads_to_seq(x: jax.Array, axis_name) -> jax.Array:
+    """Inverse of :func:`seq_to_heads`: [B, U S, H / U, D] -> [B, S, H, D]."""
+    return lax.all_to_all(x, axis_name, split_axis=1, concat_axis=2, tiled=True)
+
+
+def ulysses_attention(ring: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
+                      segment_ids: jax.Array | None, ulysses_axis, seq_axis) -> jax.Array:
+    """Runs ``ring(q, k, v, segment_ids)`` over ``seq_axis`` on heads exchanged over ``ulysses_axis``.
+
+    q [B, S, H, D], k/v [B, S, K, D], segment_ids int [B, S] | None: this device's piece of the
+    sequence (see the module docstring for the order). ``ring`` takes the exchanged
+    [B, U S, H / U, D], [B, U S, K' / U, D], [B, U S] and returns [B, U S, H / U, D].
+    Returns [B, S, H, D].
+    """
+    if ulysses_axis == seq_axis:
+        raise ValueError(f"ulysses_axis={ulysses_axis!r} must differ from the ring's axis "
+                         f"{seq_axis!r}")
+    u = axis_size(ulysses_axis)
+    if u == 1:
+        return ring(q, k, v, segment_ids)
+    reps = kv_repeats(q.shape[2], k.shape[2], u)
+    if reps > 1:  # [B, S, K * reps, D]: kv head j's copies next to each other
+        k, v = jnp.repeat(k, reps, axis=2), jnp.repeat(v, reps, axis=2)
+    if segment_ids is not None:  # [B, U S]: ids of the whole ring shard, in rank order
+        segment_ids = lax.all_gather(segment_ids, ulysses_axis, axis=1, tiled=True)
+    q, k, v = (seq_to_heads(x, ulysses_axis) for x in (q, k, v))
+    return heads_to_seq(ring(q, k, v, segment_ids), ulysses_axis)
