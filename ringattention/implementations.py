@@ -17,6 +17,10 @@ block_sizes, interpret)``
     dk [B, Sk, K, D], dv [B, Sk, K, D]: this step's contributions.
 
 Query head ``h`` reads kv head ``h // (H // K)``; kv heads are never repeated in memory.
+
+With a sliding window the ring passes ``window=W`` (a positive int) to both functions as one more
+keyword: a key is then visible only if ``|q_pos - k_pos| < W`` as well. It is passed only when a
+window is set, so an implementation without windows keeps working for everything else.
 """
 
 from __future__ import annotations
