@@ -1,8 +1,8 @@
 """Typed LLaMA configuration and presets (LLaMA 2 / 3 / 3.1 / 3.2 shapes).
 
 LLaMA (Touvron et al. 2023), The Llama 3 Herd of Models (Grattafiori et al. 2024) for the shapes and
-the llama3 RoPE frequency scaling; Ring Attention (Liu et al. 2023) for the sequence-parallel
-options.
+the llama3 RoPE frequency scaling; Mistral 7B (Jiang et al. 2023) for the sliding window; Ring
+Attention (Liu et al. 2023) for the sequence-parallel options.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-    """A LLaMA decoder. ``head_dim`` 0 means ``hidden_size // num_heads``."""
+    """A LLaMA decoder. ``head_dim`` 0 means ``hidden_size // num_heads``. ``sliding_window`` W (Mistral):
+    every layer's query at position i attends to the keys at i - W < j <= i only."""
 
     vocab_size: int = 256
     hidden_size: int = 64
@@ -52,6 +53,7 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     tie_embeddings: bool = False
     max_position_embeddings: int = 4096
+    sliding_window: int | None = None  # None: full causal attention; W: the last W tokens (Mistral)
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"
     attention: str = "auto"  # a ringattention implementation name, "reference" (naive, tests) or
@@ -97,6 +99,10 @@ class LlamaConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be None or a positive int")
+        window = self.sliding_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer))
+                                   or window < 1):
+            raise ValueError(f"sliding_window={window!r} must be None or a positive int")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ValueError(f"{self.rope_theta=} and {self.rms_norm_eps=} must be positive")
 
@@ -181,10 +187,15 @@ def flops_per_token(config: LlamaConfig, seq_len: int, *, causal: bool = True) -
     """Training FLOPs per token: 6 * matmul params + attention (halved when causal).
 
     Matmul params exclude the embedding lookup but include the output projection (tied or not);
-    attention adds 12 * layers * heads * head_dim * seq_len for QK^T and PV, forward and backward.
+    attention adds 12 * layers * heads * head_dim * seq_len for QK^T and PV, forward and backward
+    (with a sliding window W < seq_len: the keys actually visible, on average).
     """
     e, d = config.hidden_size, config.head_dim
     attn = e * d * (2 * config.num_heads + 2 * config.num_kv_heads)
     matmul = config.num_layers * (attn + 3 * e * config.intermediate_size) + e * config.vocab_size
+    w = config.sliding_window
+    if causal and w is not None and w < seq_len:  # mean visible keys: W - W(W-1)/(2 seq_len)
+        keys = w - w * (w - 1) / (2 * seq_len)
+        return 6.0 * matmul + 12 * config.num_layers * config.num_heads * d * keys
     attention = 12 * config.num_layers * config.num_heads * d * seq_len
     return 6.0 * matmul + (attention / 2 if causal else attention)
