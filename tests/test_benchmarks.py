@@ -69,3 +69,23 @@ def test_hopper_check_variants_become_block_sizes(bench):
         hc.block_sizes("cuda", 128)
     with pytest.raises(ValueError, match="registers"):
         hc.block_sizes("fused/registers=250", 128)
+
+
+def test_window_benchmark_times_window_and_full_causal(bench, tmp_path):
+    """CPU smoke run: windowed rows at every length, full causal up to --full-max only."""
+    window = bench("window")
+    out = str(tmp_path / "window")
+    result = window.main(["--tiny", "--full-max", "128", "--out", out])
+    assert set(result["err_vs_f32_reference_at_2W"]) == {"xla", "xla_sdpa"}
+    assert all(e < 1e-5 for e in result["err_vs_f32_reference_at_2W"].values())
+    rows = {(r["name"], r["seq"]): r for r in result["summary"]}
+    assert set(rows) == {(n, s) for n in ("xla", "xla_sdpa") for s in (128, 256)}
+    for (_, seq), r in rows.items():
+        assert r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0
+        assert r["ideal_speedup"] == window.pairs(seq, None) / window.pairs(seq, 32)
+        measured = r["fwd_speedup"] is not None and r["fwdbwd_speedup"] is not None
+        assert measured == (seq == 128)  # full causal beyond --full-max is not run
+    skipped = [(r["name"], r["seq"]) for r in result["rows"] if "skipped" in r]
+    assert skipped == [("xla", 256), ("xla_sdpa", 256)]
+    assert json.load(open(out + ".json"))["summary"] == json.loads(json.dumps(result["summary"]))
+    assert "not run (seq > --full-max 128)" in open(out + ".md").read()
