@@ -27,13 +27,14 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
                       seq_axis: str = "sp", batch_axis: str | None = None,
                       head_axis: str | None = None, segment_ids: jax.Array | None = None,
                       causal: bool = False, layout: str = "contiguous", reorder: bool = True,
-                      **kwargs) -> jax.Array:
+                      sliding_window: int | None = None, **kwargs) -> jax.Array:
     """Ring attention over global arrays. q [B, L, H, D], k/v [B, L, K, D] -> [B, L, H, D].
 
     ``seq_axis`` is the ring; ``batch_axis`` / ``head_axis`` optionally shard batch and heads (both H
     and K must divide by the head axis size). With ``reorder=True`` inputs and output are in natural
     order and the layout reordering is done here; with ``reorder=False`` they are already in layout
-    order. Other keyword arguments go to :func:`ring_attention`.
+    order. ``sliding_window`` W: key j is visible to query i only if ``|i - j| < W`` (global
+    positions). Other keyword arguments go to :func:`ring_attention`.
     """
     n = _check_axis(mesh, seq_axis, "seq_axis")
     nb = _check_axis(mesh, batch_axis, "batch_axis")
@@ -56,7 +57,7 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
 
     def local(q, k, v, seg):
         return ring_attention(q, k, v, seq_axis, causal=causal, segment_ids=seg, layout=layout,
-                              implementation=impl, **kwargs)
+                              implementation=impl, sliding_window=sliding_window, **kwargs)
 
     out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
                         check_vma=impl == "xla")(q, k, v, segment_ids)

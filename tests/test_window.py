@@ -69,6 +69,15 @@ def test_window_matrix_full(case):
     _case(case)
 
 
+def test_window_of_one_sends_nothing():
+    """W = 1 on a contiguous ring: every query sees only itself; no shard moves, dk/dv stay home."""
+    errs = check_ring(Problem(n=4, causal=False, shard=SHARD, window=1), implementation="xla",
+                      block_sizes=BS)
+    assert max(errs) <= F32_RTOL
+    fn, args = _grad_fn(4, "contiguous", False, 1)
+    assert _count_permutes(jax.make_jaxpr(fn)(*args).jaxpr) == 0
+
+
 @pytest.mark.slow
 def test_window_bfloat16():
     check_ring(Problem(n=4, layout="zigzag", causal=True, segments=True, shard=SHARD, window=12,
@@ -112,6 +121,7 @@ PLANS = [  # (layout, n, causal, window, (forward hops, backward hops) or None f
     ("zigzag", 8, True, SHARD, (2, 2)),
     ("striped", 8, True, 5, None),  # every shard holds positions next to every other's
     ("contiguous", 8, True, None, None),
+    ("contiguous", 8, True, 1, (0, 0)),  # each query sees itself: no hop at all
 ]
 
 
