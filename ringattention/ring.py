@@ -109,17 +109,19 @@ def _runs(layout: str) -> int:
     return 2 if layout == "zigzag" else 1
 
 
-def _lap_plan(layout: str, n: int, shard: int, causal: bool, window: int | None):
+def _lap_plan(positions, runs: int, causal: bool, window: int | None):
     """(forward, backward) ring hops that reach every shard some query can see; None: a full lap.
 
-    Static (numpy, at trace time): offset t is needed if for some device r a run of its positions
-    and a run of shard r - t's positions have differences inside the window (segment ids are ignored:
-    they are data). The hops are the cheapest cover of the needed offsets by [0, f] and [-b, -1].
+    Static (numpy, at trace time). ``positions``: int [n, S], the global positions of every ring
+    shard, each made of ``runs`` runs of consecutive positions. Offset t is needed if for some device
+    r a run of its positions and a run of shard r - t's have differences inside the window (segment
+    ids are ignored: they are data). The hops are the cheapest cover of the needed offsets by
+    [0, f] and [-b, -1].
     """
+    n = positions.shape[0]
     if window is None or n < 3:
         return None
-    runs = _runs(layout)
-    pos = layouts.permutation(n * shard, layout, n).reshape(n, runs, shard // runs).astype(np.int64)
+    pos = np.asarray(positions, np.int64).reshape(n, runs, -1)
     lo, hi = pos.min(-1), pos.max(-1)  # [n, runs]
     near = lo[:, None, :, None] - hi[None, :, None, :]  # [query shard, key shard, run, run]
     far = hi[:, None, :, None] - lo[None, :, None, :]
@@ -130,6 +132,14 @@ def _lap_plan(layout: str, n: int, shard: int, causal: bool, window: int | None)
     if cost >= n - 1:
         return None
     return -fwd, cost + fwd
+
+
+def _window_plan(sliding_window, layout: str, n: int, shard: int, causal: bool):
+    """(window, hops) of ``_Config``: None for a window that hides nothing (>= the sequence)."""
+    if sliding_window is None or sliding_window >= n * shard:
+        return None, None
+    positions = layouts.permutation(n * shard, layout, n).reshape(n, shard)  # of every ring shard
+    return int(sliding_window), _lap_plan(positions, _runs(layout), causal, int(sliding_window))
 
 
 def _directions(cfg):
@@ -318,11 +328,8 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
                          f"{backend=}; pass interpret=True to emulate it, or use 'auto'/'xla'")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     n = _axis_size(axis_name)
-    window = None
-    if sliding_window is not None and sliding_window < n * q.shape[1]:  # else it hides nothing
-        window = int(sliding_window)
     cfg = _Config(axis_name, bool(causal), layout, scale, impl.name, block_sizes, bool(interpret), n,
-                  window, _lap_plan(layout, n, q.shape[1], bool(causal), window))
+                  *_window_plan(sliding_window, layout, n, q.shape[1], bool(causal)))
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
     return _ring(q, k, v, segment_ids, cfg)

@@ -127,7 +127,8 @@ PLANS = [  # (layout, n, causal, window, (forward hops, backward hops) or None f
 
 @pytest.mark.parametrize("layout,n,causal,window,want", PLANS)
 def test_lap_plan(layout, n, causal, window, want):
-    assert _lap_plan(layout, n, SHARD, causal, window) == want
+    positions = ringattention.layouts.permutation(n * SHARD, layout, n).reshape(n, SHARD)
+    assert _lap_plan(positions, ring._runs(layout), causal, window) == want
 
 
 def _inner(p):
