@@ -4,7 +4,8 @@
 loaded) next to cuDNN's sliding-window kernel (``jax.nn.dot_product_attention(local_window_size=(W - 1,
 0))``; on CPU the XLA one), each with and without the window, forward and forward+backward, over
 long sequences (Mistral-style causal windows; Jiang et al. 2023). Before timing, every windowed
-path is checked against a float32 reference with the window on a sequence of ``2 W``.
+path is checked against a float32 reference with the window on a sequence of ``2 W``: output and
+dq, dk, dv (relative errors; bf16 paths should stay below ``CHECK_RTOL``).
 
     python benchmarks/window.py --out benchmarks/results/window_h200   # H200: 128K..1M, W = 4096
     python benchmarks/window.py --tiny --out /tmp/window_cpu           # CPU smoke test
@@ -38,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ringattention  # noqa: E402
 
 FWDBWD_FACTOR = 3.5  # the FlashAttention convention: backward = 2.5x the forward's matmuls
+CHECK_RTOL = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 1e-5}  # as tests/ringcheck.py
 
 
 def parse_args(argv=None):
@@ -122,13 +124,23 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def _with_grads(fn):
+    return jax.jit(lambda q, k, v, do: (fn(q, k, v), *fwdbwd(fn)(q, k, v, do)))
+
+
 def check(args, fns) -> dict:
-    """Errors of every windowed fn against a float32 reference with the window at L = 2 W."""
-    q, k, v, _ = inputs(args, 2 * args.window, seed=1)
-    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    ref = jax.jit(lambda q, k, v: ringattention.reference_attention(
-        q, k, v, causal=True, sliding_window=args.window))(*f32)
-    return {name: rel(jax.jit(fn)(q, k, v), ref) for name, fn in fns.items()}
+    """{name: {o, dq, dk, dv: relative error, ok}} of every windowed fn against a float32
+    reference with the window at L = 2 W (inputs rounded to ``args.dtype`` for both)."""
+    q, k, v, do = inputs(args, 2 * args.window, seed=1)
+    ref_fn = lambda q, k, v: ringattention.reference_attention(  # noqa: E731
+        q, k, v, causal=True, sliding_window=args.window)
+    want = _with_grads(ref_fn)(*(x.astype(jnp.float32) for x in (q, k, v, do)))
+    out = {}
+    for name, fn in fns.items():
+        got = _with_grads(fn)(q, k, v, do)
+        errs = {n: rel(g, w) for n, g, w in zip(("o", "dq", "dk", "dv"), got, want, strict=True)}
+        out[name] = dict(errs, ok=all(e <= CHECK_RTOL[args.dtype] for e in errs.values()))
+    return out
 
 
 def measure(fn, name, args, seq, window, reps) -> dict:
@@ -209,9 +221,12 @@ def table(result) -> str:
                for r in result["rows"] if "skipped" in r]
     m = result["meta"]
     head = (f"{m['date']}, jax {m['jax']}, {m['device']}, {m['args']['dtype']}, heads "
-            f"{m['args']['heads']}:{m['args']['kv_heads']}:{m['args']['head_dim']}, ring of one. "
-            f"Errors vs a float32 reference at L = 2W: {result['err_vs_f32_reference_at_2W']}")
-    return "\n".join([head, "", *lines, "", *skipped]) + "\n"
+            f"{m['args']['heads']}:{m['args']['kv_heads']}:{m['args']['head_dim']}, window "
+            f"{m['args']['window']}, ring of one, {m['wall_s']:.0f} s. Errors against a float32 "
+            "reference with the window at L = 2W:")
+    errs = [f"- {name}: " + " ".join(f"{n}={e[n]:.2e}" for n in ("o", "dq", "dk", "dv"))
+            + (" ok" if e["ok"] else " FAIL") for name, e in result["err_vs_f32_reference_at_2W"].items()]
+    return "\n".join([head, *errs, "", *lines, "", *skipped]) + "\n"
 
 
 def main(argv=None) -> dict:

@@ -16,7 +16,7 @@ from ringcheck import F32_RTOL
 from test_model_hf import LOGITS_RTOL, hf_logits, mesh_of, rel_err
 
 from models import generate as gen
-from models import llama
+from models import kvcache, llama
 from models.hf import config_from_hf
 from models.sharding import MeshConfig
 
@@ -72,9 +72,9 @@ def test_mistral_parity_single_device(mistral):
     assert rel_err(full, ref["sdpa"]) > 100 * LOGITS_RTOL
 
 
-@pytest.mark.parametrize("mesh_config,layout", [(MeshConfig(sp=4), "contiguous"),
-                                                (MeshConfig(tp=2, sp=4), "zigzag")],
-                         ids=str)
+@pytest.mark.parametrize("mesh_config,layout", [
+    pytest.param(MeshConfig(sp=4), "contiguous", marks=pytest.mark.slow),
+    (MeshConfig(tp=2, sp=4), "zigzag")], ids=str)
 def test_mistral_parity_ring(mistral, mesh_config, layout):
     """Shards of 8 = the window: contiguous runs a one-hop lap, zigzag one hop each way."""
     path, ids, ref = mistral
@@ -126,7 +126,8 @@ def params():
     return llama.init_params(llama.get_config("debug"), jax.random.key(0))
 
 
-@pytest.mark.parametrize("sp,layout", [(1, "contiguous"), (4, "zigzag")])
+@pytest.mark.parametrize("sp,layout", [pytest.param(1, "contiguous", marks=pytest.mark.slow),
+                                       (4, "zigzag")])
 def test_decode_with_window_matches_full_forward(params, sp, layout):
     """Prompts longer and shorter than the window; every decode step's logits against a full
     forward pass of the naive attention with the same window."""
@@ -147,6 +148,7 @@ def test_decode_with_window_matches_full_forward(params, sp, layout):
 
 def test_rotating_decode_refuses_windows(params):
     config = llama.get_config("debug", attention="xla", sliding_window=6)
-    _, cache = gen.prefill(config, params, np.zeros((1, 16), np.int32), [4])
+    kv = jnp.zeros((config.num_layers, 1, 16, config.num_kv_heads, config.head_dim))
+    cache = kvcache.KVCache(kv, kv, jnp.asarray([4], jnp.int32))
     with pytest.raises(ValueError, match="sliding_window"):
         gen.extend(config, params, cache, np.zeros((1, 1), np.int32), mode="rotate")

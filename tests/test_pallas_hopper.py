@@ -112,14 +112,15 @@ def test_backward_step_matches_reference(backward):
     _check_backward(inputs, True, ph.BlockSizes(backward=backward))
 
 
-# Sliding windows: queries at 128..383, keys at 0..255 (two 128-row CTAs each way). Causal, W = 300:
-# every kernel sees rows of hidden / window-edge (masked), fully visible and diagonal (masked) blocks;
-# the second key CTA rotates its two fully visible query blocks. Non-causal, W = 200: both sides
-# of the window are compared.
+# Sliding windows: queries from 128 on, keys at 0..255 (128-row CTAs). Forward, non-causal, W = 200:
+# one query CTA whose first key block is at the window's edge (masked) and the second fully visible;
+# both sides of the window are compared. Backward, causal, W = 300, 256 queries: every kernel sees
+# rows of window-edge (masked), fully visible and diagonal (masked) blocks, and the second key CTA
+# rotates its two fully visible query blocks.
 @needs_interpret
 def test_forward_step_with_window():
     rng = np.random.default_rng(12)
-    inputs = _inputs(rng, sq=256, sk=256, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
+    inputs = _inputs(rng, sq=128, sk=256, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
                      where="overlap", segments=True, batch=1)
     _check_forward(inputs, False, window=200)
 
