@@ -14,7 +14,7 @@ allows: the ring offsets whose shards some query can see are found at trace time
 only those are visited, ``f`` hops forward and ``b`` hops backward (contiguous, causal, W <= shard:
 one hop; symmetric windows and zigzag: one each way). In the backward pass dk/dv travel with their
 shard and take one ppermute home at the end of each half-lap. Striped shards hold positions from the
-whole sequence, so every offset is needed there (for W > N): only steps and blocks are skipped.
+whole sequence, so their lap stays full: only steps and blocks outside the window are skipped.
 """
 
 from __future__ import annotations

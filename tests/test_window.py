@@ -40,12 +40,12 @@ ALL_CASES = list(itertools.product((1, 2, 3, 4, 8), LAYOUTS, (True, False), (Fal
 # (contiguous / zigzag with small windows) on rings of 3, 4 and 8, one way and both ways.
 DEFAULT_CASES = [
     (1, "contiguous", True, True, 2, "lt"),
-    (2, "striped", False, False, 1, "eq"),
+    (4, "striped", True, True, 1, "eq"),
     (2, "zigzag", True, True, 4, "span"),
     (3, "contiguous", True, False, 2, "eq"),  # a short lap of one hop
     (3, "zigzag", False, True, 1, "gt"),
     (4, "contiguous", False, False, 2, "one"),  # each query sees itself: no hop at all
-    (4, "striped", True, True, 4, "lt"),
+    (4, "contiguous", True, True, 4, "lt"),  # one hop
     (8, "contiguous", False, True, 2, "lt"),  # one hop each way
     (8, "zigzag", True, False, 2, "lt"),  # one hop each way
     (8, "contiguous", True, True, 4, "eq"),  # one hop
