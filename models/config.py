@@ -1,8 +1,8 @@
 """Typed LLaMA configuration and presets (LLaMA 2 / 3 / 3.1 / 3.2 shapes).
 
 LLaMA (Touvron et al. 2023), The Llama 3 Herd of Models (Grattafiori et al. 2024) for the shapes and
-the llama3 RoPE frequency scaling; Ring Attention (Liu et al. 2023) for the sequence-parallel
-options.
+the llama3 RoPE frequency scaling; Mistral 7B (Jiang et al. 2023) for the sliding window; Ring
+Attention (Liu et al. 2023) for the sequence-parallel options.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-    """A LLaMA decoder. ``head_dim`` 0 means ``hidden_size // num_heads``."""
+    """A LLaMA decoder. ``head_dim`` 0 means ``hidden_size // num_heads``. ``sliding_window`` W (Mistral):
+    every layer's query at position i attends to the keys at i - W < j <= i only."""
 
     vocab_size: int = 256
     hidden_size: int = 64
@@ -52,6 +53,7 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     tie_embeddings: bool = False
     max_position_embeddings: int = 4096
+    sliding_window: int | None = None  # None: full causal attention; W: the last W tokens (Mistral)
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"
     attention: str = "auto"  # a ringattention implementation name, "reference" (naive, tests) or
@@ -102,6 +104,10 @@ class LlamaConfig:
         for name in ("deterministic", "interpret", "tie_embeddings", "scan_layers"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
+        window = self.sliding_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer))
+                                   or window < 1):
+            raise ValueError(f"sliding_window={window!r} must be None or a positive int")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ValueError(f"{self.rope_theta=} and {self.rms_norm_eps=} must be positive")
 

@@ -64,32 +64,48 @@ def segment_lengths(segment_ids) -> np.ndarray:
     return np.diff(np.append(first, rows.size)).astype(np.int64)
 
 
-def attention_pairs(segment_ids, *, causal: bool = True) -> int:
-    """Visible (query, key) pairs of a batch: ``n (n + 1) / 2`` per causal document of ``n``
-    tokens (``n * n`` when not causal), summed over documents and rows. Exact (a Python int)."""
-    n = segment_lengths(segment_ids)
-    return int((n * (n + 1) // 2).sum()) if causal else int((n * n).sum())
+def document_pairs(n, *, causal: bool = True, window: int | None = None) -> np.ndarray:
+    """Visible (query, key) pairs of documents of ``n`` tokens (int64, elementwise): causal
+    ``n (n + 1) / 2``, else ``n * n``; with a sliding window W (key j visible to query i only if
+    ``|i - j| < W``) causal ``W (W + 1) / 2 + (n - W) W`` and otherwise ``n (2W - 1) - W (W - 1)``
+    once ``n > W``."""
+    n = np.asarray(n, np.int64)
+    if window is None:
+        return n * (n + 1) // 2 if causal else n * n
+    w = np.int64(window)
+    if causal:
+        return np.where(n <= w, n * (n + 1) // 2, w * (w + 1) // 2 + (n - w) * w)
+    return np.where(n <= w, n * n, n * (2 * w - 1) - w * (w - 1))
+
+
+def attention_pairs(segment_ids, *, causal: bool = True, window: int | None = None) -> int:
+    """Visible (query, key) pairs of a batch (:func:`document_pairs` of every document, summed over
+    documents and rows). Exact (a Python int)."""
+    return int(document_pairs(segment_lengths(segment_ids), causal=causal, window=window).sum())
 
 
 def batch_flops(config: LlamaConfig, segment_ids, *, causal: bool = True,
                 training: bool = True) -> int:
     """Model FLOPs of a batch with int ``segment_ids`` [..., seq] (one id per row when nothing is
-    packed): matmuls of every token plus attention over the visible pairs. Exact (a Python int)."""
+    packed): matmuls of every token plus attention over the visible pairs (within
+    ``config.sliding_window`` when set). Exact (a Python int)."""
     tokens = int(np.asarray(segment_ids).size)
     matmul = (6 if training else 2) * matmul_params(config) * tokens
-    return matmul + _per_pair(config, training) * attention_pairs(segment_ids, causal=causal)
+    pairs = attention_pairs(segment_ids, causal=causal, window=config.sliding_window)
+    return matmul + _per_pair(config, training) * pairs
 
 
 def flops_per_token(config: LlamaConfig, seq_len: int, *, causal: bool = True,
                     training: bool = True) -> float:
     """Training (or forward) FLOPs per token of rows that hold one ``seq_len``-token document:
     ``6 N`` plus ``12 * layers * heads * head_dim`` times the pairs per token, ``(seq_len + 1) / 2``
-    when causal, ``seq_len`` when not. Equals :func:`batch_flops` per token of such a batch."""
+    when causal, ``seq_len`` when not (fewer within a sliding window, :func:`document_pairs`).
+    Equals :func:`batch_flops` per token of such a batch."""
     if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
         raise ValueError(f"{seq_len=} must be a positive int")
     matmul = (6 if training else 2) * matmul_params(config)
-    pairs_per_token = (seq_len + 1) / 2 if causal else seq_len  # n(n+1)/2 or n^2 pairs over n tokens
-    return float(matmul + _per_pair(config, training) * pairs_per_token)
+    pairs = document_pairs(seq_len, causal=causal, window=config.sliding_window)
+    return float(matmul + _per_pair(config, training) * int(pairs) / seq_len)
 
 
 class Peak(NamedTuple):

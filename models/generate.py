@@ -134,6 +134,7 @@ def _extend_fn(config: LlamaConfig, mesh: Mesh | None, mode: str):
     dense_cfg = dataclasses.replace(config, mlp_chunk=None)  # a few tokens: no MLP chunks
     scale = 1.0 / math.sqrt(config.head_dim)
     attn = kvcache.cache_attention if mode == "allreduce" else kvcache.rotating_cache_attention
+    window = {} if config.sliding_window is None else {"window": config.sliding_window}
 
     def run(params, cache: KVCache, tokens, counts):  # tokens [B, C], counts [B]
         B, C = tokens.shape
@@ -147,8 +148,8 @@ def _extend_fn(config: LlamaConfig, mesh: Mesh | None, mode: str):
             q, k, v = _qkv(config, mesh, p["attn"], _norm(config, p["attn_norm"], x), cos, sin,
                            None)
             o_c, lse_c = attn(ck, cv, q, cache.lengths, layout=cache.layout, mesh=mesh,
-                              scale=scale)
-            o, _ = merge(o_c, lse_c, *kvcache.chunk_attention(q, k, v, scale))
+                              scale=scale, **window)
+            o, _ = merge(o_c, lse_c, *kvcache.chunk_attention(q, k, v, scale, **window))
             x = x + _out(config, mesh, p["attn"], o, None)
             return _mlp_block(dense_cfg, mesh, p, x, None), (k, v)
 
@@ -170,6 +171,9 @@ def extend(config: LlamaConfig, params, cache: KVCache, tokens, counts=None, *,
     """
     if mode not in CACHE_MODES:
         raise ValueError(f"mode={mode!r}; choose one of {CACHE_MODES}")
+    if mode == "rotate" and config.sliding_window is not None:
+        raise ValueError(f"mode='rotate' (the rotation baseline) has no sliding window; got "
+                         f"config.sliding_window={config.sliding_window}: use mode='allreduce'")
     tokens = jnp.asarray(tokens, jnp.int32)
     B = cache.k.shape[1]
     if tokens.ndim != 2 or tokens.shape[0] != B:

@@ -1,9 +1,11 @@
-"""Hugging Face LLaMA checkpoints: config.json + safetensors (single file or sharded), without
-torch.
+"""Hugging Face LLaMA and Mistral checkpoints: config.json + safetensors (single file or sharded),
+without torch.
 
 Reads config.json as written by transformers 4.x (``rope_theta``, ``rope_scaling``) and 5.x
 (``rope_parameters``) and maps ``LlamaForCausalLM`` weights to this package's parameter tree (LLaMA,
-Touvron et al. 2023). The safetensors format (8-byte little-endian header length, a JSON header of
+Touvron et al. 2023). ``MistralForCausalLM`` (Mistral 7B, Jiang et al. 2023) has the same weights;
+its ``sliding_window`` becomes ``LlamaConfig.sliding_window``, and a config with a window is saved as
+a Mistral checkpoint. The safetensors format (8-byte little-endian header length, a JSON header of
 dtype / shape / byte offsets, raw little-endian data) is read with numpy memory maps and written
 here.
 """
@@ -62,7 +64,8 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
 
 
 def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
-    """LlamaConfig from a transformers config.json dict (4.x or 5.x)."""
+    """LlamaConfig from a transformers config.json dict (4.x or 5.x; model_type "llama" or
+    "mistral")."""
     rope = dict(hf.get("rope_parameters") or {})
     theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
     scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default"
@@ -88,6 +91,8 @@ def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
         rope_scaling=scaling, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         max_position_embeddings=int(hf.get("max_position_embeddings", 4096)))
+    if hf.get("model_type") == "mistral" and hf.get("sliding_window") is not None:
+        fields["sliding_window"] = int(hf["sliding_window"])
     for key in ("attention_bias", "mlp_bias"):
         if hf.get(key):
             raise ValueError(f"config.json has {key}=true; biases are not supported")
@@ -98,7 +103,8 @@ def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
 
 
 def config_to_hf(config: LlamaConfig, torch_dtype: str) -> dict:
-    """A transformers config.json dict (readable by transformers 4.x and 5.x)."""
+    """A transformers config.json dict (readable by transformers 4.x and 5.x): LLaMA, or Mistral
+    when the config has a sliding window."""
     out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
            "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
            "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
@@ -116,6 +122,9 @@ def config_to_hf(config: LlamaConfig, torch_dtype: str) -> dict:
         out["rope_scaling"] = scaling
         rope = {**scaling, "rope_theta": config.rope_theta}
     out["rope_parameters"] = rope
+    if config.sliding_window is not None:
+        out.update(architectures=["MistralForCausalLM"], model_type="mistral",
+                   sliding_window=config.sliding_window)
     return out
 
 
@@ -194,7 +203,8 @@ def params_to_hf(config: LlamaConfig, params, dtype) -> dict[str, np.ndarray]:
 
 
 def load_hf(path: str, **overrides) -> tuple[LlamaConfig, dict]:
-    """Reads a local Hugging Face LLaMA checkpoint directory -> (config, params as jax arrays).
+    """Reads a local Hugging Face LLaMA or Mistral checkpoint directory -> (config, params as jax
+    arrays).
 
     ``overrides`` replace config fields (e.g. ``dtype="bfloat16"``, ``scan_layers=False``).
     """

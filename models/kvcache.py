@@ -11,6 +11,8 @@ the sequence sharded over a ring of devices; its reference decoder (Large World 
   lse and one ``psum`` of the exp-weighted outputs and weights (:func:`cache_attention`). The new
   tokens' own keys are merged afterwards, on every device (:func:`chunk_attention`).
 - A new key goes to the shard that owns its position (:func:`slot`); only that device writes it.
+- With a sliding window W (Mistral) a query at position p also masks the cached positions <= p - W;
+  the cache keeps them (it is not a rolling buffer), so memory is that of full attention.
 
 :func:`rotating_cache_attention` is the per-token rotation baseline (for the benchmark and tests).
 """
@@ -158,11 +160,12 @@ def _allreduce_merge(o, lse, axis_name):
 
 
 def cache_attention(cache_k, cache_v, q, lengths, *, layout: str, mesh: Mesh | None,
-                    scale: float):
+                    scale: float, window: int | None = None):
     """Attention of new queries q [B, C, H, D] to the cached positions ``< lengths`` [B].
 
     cache_k/v: one layer's [B, T, K, D] in layout order, sharded over "sp". Each device attends to
-    its own shard; one pmax + one psum merge the partials. Returns (o f32 [B, C, H, D],
+    its own shard; one pmax + one psum merge the partials. ``window``: query ``c`` (at position
+    ``lengths + c``) sees only positions ``> lengths + c - window``. Returns (o f32 [B, C, H, D],
     lse f32 [B, H, C]), replicated over "sp".
     """
     n = axis_size(mesh, "sp")
@@ -172,6 +175,9 @@ def cache_attention(cache_k, cache_v, q, lengths, *, layout: str, mesh: Mesh | N
         pos = layouts.shard_positions(layout, S, n, lax.axis_index("sp"))  # [S] global
         mask = pos[None, None, :] < lengths[:, None, None]  # [b, 1, S]
         mask = jnp.broadcast_to(mask, (q.shape[0], q.shape[1], S))
+        if window is not None:
+            q_pos = lengths[:, None] + jnp.arange(q.shape[1], dtype=jnp.int32)  # [b, C]
+            mask = mask & (q_pos[:, :, None] - pos[None, None, :] < window)
         o, lse = dense_partial(q, k, v, mask, scale)
         return _allreduce_merge(o, lse, "sp")
 
@@ -216,10 +222,14 @@ def rotating_cache_attention(cache_k, cache_v, q, lengths, *, layout: str, mesh:
                              cache_k, cache_v, q, lengths)
 
 
-def chunk_attention(q, k, v, scale: float):
-    """Causal attention of new queries q [B, C, H, D] to the new keys k/v [B, C, K, D] alone."""
+def chunk_attention(q, k, v, scale: float, window: int | None = None):
+    """Causal attention of new queries q [B, C, H, D] to the new keys k/v [B, C, K, D] alone
+    (within ``window`` positions when given)."""
     C = q.shape[1]
-    tri = jnp.arange(C)[None, :] <= jnp.arange(C)[:, None]  # [C, C]
+    i = jnp.arange(C)
+    tri = i[None, :] <= i[:, None]  # [C, C]
+    if window is not None:
+        tri = tri & (i[:, None] - i[None, :] < window)
     return dense_partial(q, k, v, jnp.broadcast_to(tri, (q.shape[0], C, C)), scale)
 
 

@@ -7,7 +7,8 @@ pytrees of arrays, ready for optax / orbax):
 - ``LlamaConfig`` (frozen dataclass), ``PRESETS`` ("debug", "1b", "3b", "7b", "8b", "70b"),
   ``get_config(name, **overrides)``. Fields: vocab_size, hidden_size, intermediate_size, num_layers,
   num_heads, num_kv_heads, head_dim, rope_theta, rope_scaling (None | RopeScaling), rms_norm_eps,
-  tie_embeddings, max_position_embeddings, dtype / param_dtype ("bfloat16" | "float32"),
+  tie_embeddings, max_position_embeddings, sliding_window (None | W: Mistral's window of the last W
+  tokens), dtype / param_dtype ("bfloat16" | "float32"),
   attention ("auto" | "xla" | registered kernel | "reference" | "cudnn" (one GPU, no packing)),
   layout ("zigzag" (default: balanced causal work) | "striped" | "contiguous"),
   remat ("none" | "full" | "save_dots" | "save_attn" | "offload_attn"),
@@ -24,7 +25,8 @@ pytrees of arrays, ready for optax / orbax):
   ``input_ids``, ``targets``, ``positions``, ``segment_ids``, ``loss_mask`` ALREADY in ring-layout
   order (``ringattention.layouts.to_layout(x, config.layout, mesh.shape["sp"])``). Mean loss over
   ``loss_mask``; aux: "tokens", "loss_sum". Chunked cross-entropy, never [seq, vocab] logits.
-- ``load_hf(path) -> (config, params)``, ``save_hf(config, params, path)`` (no torch needed).
+- ``load_hf(path) -> (config, params)``, ``save_hf(config, params, path)`` (LLaMA and Mistral
+  checkpoints; no torch needed).
 - ``num_params(config)``; ``flops_per_token(config, seq_len)`` (6N + causal attention, one document
   per row) and ``batch_flops(config, segment_ids)`` (counted from a batch's documents on the host,
   any layout order; ``models.flops`` also holds the peak rates MFU divides by).

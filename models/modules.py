@@ -74,20 +74,24 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids):
-    """Causal attention of q [B, S, H, D], k/v [B, S, K, D] in ring-layout order -> [B, S, H, D]."""
+    """Causal attention of q [B, S, H, D], k/v [B, S, K, D] in ring-layout order -> [B, S, H, D]
+    (over the last ``config.sliding_window`` positions when set)."""
     n = axis_size(mesh, "sp")
+    window = config.sliding_window
     if config.attention == "reference":
         pos = jnp.asarray(layouts.positions(q.shape[1], config.layout, n))  # [S] global
         return reference_attention(q, k, v, causal=True, segment_ids=segment_ids, q_positions=pos,
-                                   kv_positions=pos).astype(q.dtype)
+                                   kv_positions=pos, sliding_window=window).astype(q.dtype)
     if config.attention == "cudnn":
-        return _cudnn_attention(q, k, v, segment_ids, seq_shards(mesh))
+        return _cudnn_attention(q, k, v, segment_ids, seq_shards(mesh), window)
     impl = ra_impl.resolve(config.attention).name
     blocks = BlockSizes(config.q_chunk, config.kv_chunk) if impl == "xla" else None
     seq, ulysses_axis = attention_axes(mesh)  # ("sp", "usp") with Ulysses: ring axis major
     kw = dict(causal=True, layout=config.layout, implementation=impl, block_sizes=blocks,
               interpret=config.interpret, deterministic=config.deterministic,
               ulysses_axis=ulysses_axis)
+    if window is not None:
+        kw["sliding_window"] = window
     local = lambda q, k, v, s: ring_attention(q, k, v, "sp", segment_ids=s, **kw)
     if mesh is None:  # a ring of one: the blockwise step with its O(S) memory, no mesh needed
         one = jax.vmap(local, axis_name="sp", axis_size=1)
@@ -98,13 +102,15 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids):
                          check_vma=impl == "xla")(q, k, v, segment_ids)
 
 
-def _cudnn_attention(q, k, v, segment_ids, ring: int):
+def _cudnn_attention(q, k, v, segment_ids, ring: int, window: int | None = None):
     """Single-device causal attention through cuDNN's fused kernel (a speed baseline for one GPU)."""
     backend = jax.default_backend()
     if backend != "gpu" or ring != 1 or segment_ids is not None:
         raise ValueError(f"attention='cudnn' runs on one CUDA GPU without packing; got {backend=}, "
                          f"sp*usp={ring}, segment_ids {'given' if segment_ids is not None else 'None'}")
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+    local = None if window is None else (window - 1, 0)  # keys i - (W - 1) .. i
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn",
+                                        local_window_size=local)
 
 
 class RMSNorm(nn.Module):

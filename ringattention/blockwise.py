@@ -38,9 +38,9 @@ def _chunk(length: int, request: int) -> int:
     return c
 
 
-def _combined_table(q_pos, k_pos, q_seg, k_seg, causal, cq, ck):
+def _combined_table(q_pos, k_pos, q_seg, k_seg, causal, cq, ck, window=None):
     # A chunk pair covers the whole batch: skip only if every sequence skips, FULL only if all are.
-    t = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, cq, ck)  # [B|1, nq, nk]
+    t = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, cq, ck, window)  # [B|1, nq, nk]
     full = jnp.all(t == masks.FULL, axis=0)
     any_ = jnp.any(t != masks.SKIP, axis=0)
     return jnp.where(full, masks.FULL, jnp.where(any_, masks.PARTIAL, masks.SKIP))  # [nq, nk]
@@ -58,13 +58,13 @@ def _scores(q_blk, k_blk, scale):
     return s * scale
 
 
-def _mask(qp, kp, qs, ks, causal):
+def _mask(qp, kp, qs, ks, causal, window=None):
     # -> bool [B|1, 1, 1, cq, ck]
-    return masks.visible(qp, kp, qs, ks, causal)[:, None, None]
+    return masks.visible(qp, kp, qs, ks, causal, window)[:, None, None]
 
 
 def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale, block_sizes=None,
-                 interpret=False):
+                 interpret=False, window=None):
     """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
     del interpret
     bs = block_sizes or BlockSizes()
@@ -73,7 +73,7 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale, 
     G = H // K
     cq, ck = _chunk(Sq, bs.q_chunk), _chunk(Sk, bs.kv_chunk)
     nq, nk = Sq // cq, Sk // ck
-    table = _combined_table(q_pos, k_pos, q_seg, k_seg, causal, cq, ck)  # [nq, nk]
+    table = _combined_table(q_pos, k_pos, q_seg, k_seg, causal, cq, ck, window)  # [nq, nk]
     qc = _split(q.reshape(B, Sq, K, G, D), nq, 1)  # [nq, B, cq, K, G, D]
     kc, vc = _split(k, nk, 1), _split(v, nk, 1)  # [nk, B, ck, K, D]
     qpc, kpc = q_pos.reshape(nq, cq), k_pos.reshape(nk, ck)
@@ -87,7 +87,7 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale, 
         def update(masked):
             s = _scores(q_blk, k_blk, softmax_scale)  # [B, K, G, cq, ck]
             if masked:
-                s = jnp.where(_mask(qp, kp, qs, ks, causal), s, -jnp.inf)
+                s = jnp.where(_mask(qp, kp, qs, ks, causal, window), s, -jnp.inf)
             m_new = jnp.maximum(m, s.max(-1))
             m_safe = jnp.where(jnp.isneginf(m_new), 0.0, m_new)
             p = jnp.exp(s - m_safe[..., None])
@@ -118,7 +118,7 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale, 
 
 
 def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
-                  block_sizes=None, interpret=False):
+                  block_sizes=None, interpret=False, window=None):
     """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv."""
     del interpret
     bs = block_sizes or BlockSizes()
@@ -127,7 +127,7 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     G = H // K
     cq, ck = _chunk(Sq, bs.q_chunk), _chunk(Sk, bs.kv_chunk)
     nq, nk = Sq // cq, Sk // ck
-    table = _combined_table(q_pos, k_pos, q_seg, k_seg, causal, cq, ck).T  # [nk, nq]
+    table = _combined_table(q_pos, k_pos, q_seg, k_seg, causal, cq, ck, window).T  # [nk, nq]
     qc = _split(q.reshape(B, Sq, K, G, D), nq, 1)  # [nq, B, cq, K, G, D]
     doc = _split(do.reshape(B, Sq, K, G, D), nq, 1)  # [nq, B, cq, K, G, D]
     lse_safe = jnp.where(jnp.isneginf(lse), 0.0, lse)
@@ -146,7 +146,7 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
             s = _scores(q_blk, k_blk, softmax_scale)  # [B, K, G, cq, ck]
             p = jnp.exp(s - lse_blk[..., None])
             if masked:
-                p = jnp.where(_mask(qp, kp, qs, ks, causal), p, 0.0)
+                p = jnp.where(_mask(qp, kp, qs, ks, causal, window), p, 0.0)
             dv_new = dv + jnp.einsum("bhgqk,bqhgd->bkhd", p.astype(do_blk.dtype), do_blk,
                                      preferred_element_type=F32)
             dp = jnp.einsum("bqhgd,bkhd->bhgqk", do_blk, v_blk, preferred_element_type=F32)

@@ -27,6 +27,10 @@ Query head ``h`` reads kv head ``h // (H // K)``; kv heads are never repeated in
     kernel per query block and a dk/dv kernel per key block, each summing over the other side in a
     sequential loop and writing once; no atomics), "pallas_tpu" (the reduction axes of its grids are
     "arbitrary", i.e. sequential). "pallas_hopper" defines it: its fused backward reduce-adds dq.
+
+With a sliding window the ring passes ``window=W`` (a positive int) to both functions as one more
+keyword: a key is then visible only if ``|q_pos - k_pos| < W`` as well. It is passed only when a
+window is set, so an implementation without windows keeps working for everything else.
 """
 
 from __future__ import annotations

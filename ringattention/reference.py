@@ -1,7 +1,8 @@
 """Naive attention over a whole sequence: the reference every path is checked against.
 
 Materialises the [heads, q_len, kv_len] score matrix, so it is only for tests, small inputs and users'
-own checks. Same masking semantics as ``ring_attention`` (causal on global positions, segment ids, GQA).
+own checks. Same masking semantics as ``ring_attention`` (causal on global positions, segment ids,
+sliding window, GQA).
 """
 
 from __future__ import annotations
@@ -12,17 +13,21 @@ import jax
 import jax.numpy as jnp
 from einops import rearrange
 
+from ringattention import masks
+
 
 def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
                         segment_ids: jax.Array | None = None,
                         kv_segment_ids: jax.Array | None = None,
                         q_positions: jax.Array | None = None,
                         kv_positions: jax.Array | None = None,
-                        softmax_scale: float | None = None) -> jax.Array:
+                        softmax_scale: float | None = None,
+                        sliding_window: int | None = None) -> jax.Array:
     """Naive attention. q [B, Sq, H, D], k/v [B, Sk, K, D] with H % K == 0 -> [B, Sq, H, D].
 
     Computed in float32 (or q's dtype if wider). ``segment_ids`` [B, Sq] (``kv_segment_ids`` [B, Sk]
-    defaults to it); positions [Sq] / [Sk] default to ``arange``. Rows that see no key give 0.
+    defaults to it); positions [Sq] / [Sk] default to ``arange``. ``sliding_window`` W: a key is
+    visible only if ``|q_pos - kv_pos| < W``. Rows that see no key give 0.
     """
     B, Sq, H, D = q.shape
     Sk, K = k.shape[1], k.shape[2]
@@ -32,11 +37,10 @@ def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: boo
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
     qg = rearrange(q.astype(dtype), "b s (k g) d -> b s k g d", k=K)  # g: query heads per kv head
     s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k.astype(dtype)) * scale  # [B, K, G, Sq, Sk]
-    mask = jnp.ones((1, Sq, Sk), bool)
-    if causal:
-        qp = jnp.arange(Sq) if q_positions is None else q_positions
-        kp = jnp.arange(Sk) if kv_positions is None else kv_positions
-        mask = mask & (kp[None, None, :] <= qp[None, :, None])
+    masks.check_window(sliding_window)
+    qp = jnp.arange(Sq) if q_positions is None else q_positions
+    kp = jnp.arange(Sk) if kv_positions is None else kv_positions
+    mask = masks.visible(qp, kp, None, None, causal, sliding_window)  # [1, Sq, Sk]
     if segment_ids is not None:
         ks = segment_ids if kv_segment_ids is None else kv_segment_ids
         mask = mask & (segment_ids[:, :, None] == ks[:, None, :])

@@ -8,6 +8,13 @@ travel with k/v and arrive home after a full lap. Residuals are O(shard).
 
 Every ppermute is issued at the top of a step, before the compute it should hide behind. The step's
 inner loop is pluggable (``implementations.py``): pure-JAX blockwise or a Pallas kernel.
+
+Sliding windows (``|i - j| < W``, Mistral style; Jiang et al. 2023) shorten the lap where the layout
+allows: the ring offsets whose shards some query can see are found at trace time (``_lap_plan``) and
+only those are visited, ``f`` hops forward and ``b`` hops backward (contiguous, causal, W <= shard:
+one hop; symmetric windows and zigzag: one each way). In the backward pass dk/dv travel with their
+shard and take one ppermute home at the end of each half-lap. Striped shards hold positions from the
+whole sequence, so their lap stays full: only steps and blocks outside the window are skipped.
 """
 
 from __future__ import annotations
@@ -18,10 +25,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from ringattention import implementations, layouts, ulysses
+from ringattention import implementations, layouts, masks, ulysses
 from ringattention._vma import full_like
 from ringattention.remat import LSE_NAME, OUT_NAME
 
@@ -38,6 +46,8 @@ class _Config:
     block_sizes: object
     interpret: bool
     ring_size: int
+    window: int | None = None  # sliding window (None: none)
+    hops: tuple[int, int] | None = None  # (forward, backward) hops of a short lap; None: a full lap
 
 
 def merge(o1, lse1, o2, lse2):
@@ -59,6 +69,10 @@ def _step_visible(cfg, q_pos, k_pos, q_seg, k_seg):
     vis = jnp.bool_(True)
     if cfg.causal:
         vis = vis & (k_pos[0] <= q_pos[-1])  # positions increase within a shard
+    if cfg.window is not None:  # per run of consecutive positions (zigzag: two per shard)
+        run = q_pos.shape[0] // _runs(cfg.layout)
+        table = masks.block_table(q_pos, k_pos, None, None, cfg.causal, run, run, cfg.window)
+        vis = vis & jnp.any(table != masks.SKIP)
     if q_seg is not None:
         lo = jnp.maximum(q_seg.min(-1), k_seg.min(-1))
         hi = jnp.minimum(q_seg.max(-1), k_seg.max(-1))
@@ -80,17 +94,64 @@ def _step_args(cfg, q, q_seg, k_seg, t):
 
 
 def _kw(cfg):
-    return dict(causal=cfg.causal, softmax_scale=cfg.softmax_scale, block_sizes=cfg.block_sizes,
-                interpret=cfg.interpret)
+    kw = dict(causal=cfg.causal, softmax_scale=cfg.softmax_scale, block_sizes=cfg.block_sizes,
+              interpret=cfg.interpret)
+    if cfg.window is not None:  # only then: implementations without windows keep working
+        kw["window"] = cfg.window
+    return kw
 
 
-def _send(cfg, x):
-    perm = [(i, (i + 1) % cfg.ring_size) for i in range(cfg.ring_size)]
+def _send(cfg, x, shift: int = 1):
+    perm = [(i, (i + shift) % cfg.ring_size) for i in range(cfg.ring_size)]
     return jax.tree.map(lambda a: lax.ppermute(a, cfg.axis_name, perm), x)
 
 
+def _runs(layout: str) -> int:
+    """Runs of consecutive global positions per shard (zigzag: two chunks)."""
+    return 2 if layout == "zigzag" else 1
+
+
+def _lap_plan(positions, runs: int, causal: bool, window: int | None):
+    """(forward, backward) ring hops that reach every shard some query can see; None: a full lap.
+
+    Static (numpy, at trace time). ``positions``: int [n, S], the global positions of every ring
+    shard, each made of ``runs`` runs of consecutive positions. Offset t is needed if for some device
+    r a run of its positions and a run of shard r - t's have differences inside the window (segment
+    ids are ignored: they are data). The hops are the cheapest cover of the needed offsets by
+    [0, f] and [-b, -1].
+    """
+    n = positions.shape[0]
+    if window is None or n < 3:
+        return None
+    pos = np.asarray(positions, np.int64).reshape(n, runs, -1)
+    lo, hi = pos.min(-1), pos.max(-1)  # [n, runs]
+    near = lo[:, None, :, None] - hi[None, :, None, :]  # [query shard, key shard, run, run]
+    far = hi[:, None, :, None] - lo[None, :, None, :]
+    vis = (near < window) & (far > -window) & ((far >= 0) if causal else True)
+    vis = vis.any((2, 3))  # [query shard r, key shard]
+    needed = [t for t in range(n) if any(vis[r, (r - t) % n] for r in range(n))]
+    cost, fwd = min((f + max([n - t for t in needed if t > f], default=0), -f) for f in range(n))
+    if cost >= n - 1:
+        return None
+    return -fwd, cost + fwd
+
+
+def _window_plan(sliding_window, layout: str, n: int, shard: int, causal: bool):
+    """(window, hops) of ``_Config``: None for a window that hides nothing (>= the sequence)."""
+    if sliding_window is None or sliding_window >= n * shard:
+        return None, None
+    positions = layouts.permutation(n * shard, layout, n).reshape(n, shard)  # of every ring shard
+    return int(sliding_window), _lap_plan(positions, _runs(layout), causal, int(sliding_window))
+
+
+def _directions(cfg):
+    """(shift, hops) of each half-lap: a full lap is n - 1 hops forward."""
+    fwd, bwd = cfg.hops if cfg.hops is not None else (cfg.ring_size - 1, 0)
+    return tuple((d, m) for d, m in ((1, fwd), (-1, bwd)) if m)
+
+
 def _forward_lap(cfg, q, k, v, q_seg, k_seg):
-    """Returns o float32 [B, S, H, D] and lse float32 [B, H, S] over the whole ring."""
+    """Returns o float32 [B, S, H, D] and lse float32 [B, H, S] over the ring (or its short lap)."""
     impl = implementations.resolve(cfg.implementation).load()
     n = cfg.ring_size
 
@@ -107,21 +168,30 @@ def _forward_lap(cfg, q, k, v, q_seg, k_seg):
     kv = (k, v, k_seg)
     if n == 1:
         return compute(kv, 0)
-    nxt = _send(cfg, kv)  # issued before the step-0 compute it hides behind
+    dirs = _directions(cfg)
+    sent = [_send(cfg, kv, d) for d, _ in dirs]  # issued before the step-0 compute they hide behind
     o, lse = compute(kv, 0)
+    for (d, m), nxt in zip(dirs, sent):
+        o, lse = _forward_hops(cfg, compute, o, lse, nxt, d, m)
+    return o, lse
 
-    def body(carry, t):
+
+def _forward_hops(cfg, compute, o, lse, kv, d: int, m: int):
+    """Merges the shards at offsets d, 2d, ..., md into (o, lse); ``kv`` (offset d) is on its way."""
+
+    def body(carry, h):
         o, lse, kv = carry
-        nxt = _send(cfg, kv)
-        o, lse = merge(o, lse, *compute(kv, t))
+        nxt = _send(cfg, kv, d)
+        o, lse = merge(o, lse, *compute(kv, d * h))
         return (o, lse, nxt), None
 
-    (o, lse, kv), _ = lax.scan(body, (o, lse, nxt), jnp.arange(1, n - 1))
-    return merge(o, lse, *compute(kv, n - 1))
+    if m > 1:
+        (o, lse, kv), _ = lax.scan(body, (o, lse, kv), jnp.arange(1, m))
+    return merge(o, lse, *compute(kv, d * m))
 
 
 def _backward_lap(cfg, q, k, v, q_seg, k_seg, do, lse, delta):
-    """Returns float32 dq, dk, dv; dk/dv travel with k/v and are home after a full lap."""
+    """Returns float32 dq, dk, dv; dk/dv travel with k/v and return home at the end of a half-lap."""
     impl = implementations.resolve(cfg.implementation).load()
     n = cfg.ring_size
 
@@ -138,21 +208,32 @@ def _backward_lap(cfg, q, k, v, q_seg, k_seg, do, lse, delta):
     kv = (k, v, k_seg)
     if n == 1:
         return compute(kv, 0)
-    nxt = _send(cfg, kv)
+    dirs = _directions(cfg)
+    sent = [_send(cfg, kv, d) for d, _ in dirs]
     dq, dk, dv = compute(kv, 0)
+    acc = (dk, dv)  # of the own shard; each half-lap carries it along and brings it home
+    for (d, m), nxt in zip(dirs, sent):
+        dq, acc = _backward_hops(cfg, compute, dq, nxt, acc, d, m)
+    return (dq, *acc)
 
-    def body(carry, t):
-        dq, kv, acc = carry  # acc: (dk, dv) of the shard held at step t - 1
-        nxt = _send(cfg, kv)
-        dk_in, dv_in = _send(cfg, acc)  # that shard's accumulator moves on with it
-        dq_s, dk_s, dv_s = compute(kv, t)
+
+def _backward_hops(cfg, compute, dq, kv, acc, d: int, m: int):
+    """Adds the steps at offsets d, ..., md to dq and to the travelling dk/dv (``acc``: the own
+    shard's at offset 0). Returns dq and the own shard's dk/dv, home again."""
+
+    def body(carry, h):
+        dq, kv, acc = carry  # acc: (dk, dv) of the shard held at hop h - 1
+        nxt = _send(cfg, kv, d)
+        dk_in, dv_in = _send(cfg, acc, d)  # that shard's accumulator moves on with it
+        dq_s, dk_s, dv_s = compute(kv, d * h)
         return (dq + dq_s, nxt, (dk_in + dk_s, dv_in + dv_s)), None
 
-    (dq, kv, acc), _ = lax.scan(body, (dq, nxt, (dk, dv)), jnp.arange(1, n - 1))
-    dk_in, dv_in = _send(cfg, acc)
-    dq_s, dk_s, dv_s = compute(kv, n - 1)
-    dk, dv = _send(cfg, (dk_in + dk_s, dv_in + dv_s))  # the last hop home
-    return dq + dq_s, dk, dv
+    if m > 1:
+        (dq, kv, acc), _ = lax.scan(body, (dq, kv, acc), jnp.arange(1, m))
+    dk_in, dv_in = _send(cfg, acc, d)
+    dq_s, dk_s, dv_s = compute(kv, d * m)
+    home = _send(cfg, (dk_in + dk_s, dv_in + dv_s), -d * m)  # to the shard's owner (full lap: +1)
+    return dq + dq_s, home
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -180,7 +261,7 @@ def _ring_bwd(cfg, res, do):
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
-def _validate(q, k, v, segment_ids, layout, softmax_scale):
+def _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window=None):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if getattr(x, "ndim", None) != 4:
             raise ValueError(f"{name} must be [batch, shard, heads, head_dim]; got {name}.shape="
@@ -207,6 +288,7 @@ def _validate(q, k, v, segment_ids, layout, softmax_scale):
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float))
                                           and softmax_scale > 0):
         raise ValueError(f"{softmax_scale=} must be a positive number or None")
+    masks.check_window(sliding_window)
 
 
 def _axis_size(axis_name) -> int:
@@ -217,7 +299,8 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
                    segment_ids: jax.Array | None = None, layout: str = "contiguous",
                    softmax_scale: float | None = None, implementation: str = "auto",
                    block_sizes=None, interpret: bool = False,
-                   deterministic: bool = False, ulysses_axis=None) -> jax.Array:
+                   deterministic: bool = False, ulysses_axis=None,
+                   sliding_window: int | None = None) -> jax.Array:
     """Exact attention over a sequence sharded along mesh axis ``axis_name`` (inside ``shard_map``).
 
     Args:
@@ -244,11 +327,15 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         ``(axis_name, ulysses_axis)``, ring axis major; an all-to-all over ``ulysses_axis`` trades
         them for whole ring shards of heads / U heads, the ring runs on those, and a second
         all-to-all returns the output. ``heads % U == 0``; kv heads are repeated as needed.
+      sliding_window: None or W > 0: a key is visible only if ``|i - j| < W`` for global positions
+        i (query) and j (key), on top of ``causal`` and ``segment_ids`` (Mistral: causal, W).
+        Steps and blocks outside the window are skipped; contiguous (and zigzag / symmetric) rings
+        visit only the shards the window reaches (see the module docstring).
 
     Returns:
       [batch, q_shard, heads, head_dim] in ``q.dtype``.
     """
-    _validate(q, k, v, segment_ids, layout, softmax_scale)
+    _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window)
     impl = implementations.resolve(implementation)
     backend = jax.default_backend()
     if not interpret and backend not in impl.platforms:
@@ -257,12 +344,14 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     if deterministic:
         block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1])
     ring_size = _axis_size(axis_name)
-    if layout == "zigzag" and ring_size > 1 and q.shape[1] % 2:
+    # the ring's shard: with Ulysses, the U pieces of a ring shard held by the Ulysses group
+    shard = q.shape[1] * (1 if ulysses_axis is None else _axis_size(ulysses_axis))
+    if layout == "zigzag" and ring_size > 1 and shard % 2:
         raise ValueError(f"zigzag needs an even shard length on a ring of {ring_size}; got "
-                         f"{q.shape[1]=}")
+                         f"{q.shape[1]=} (x {shard // q.shape[1]} Ulysses pieces)")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     cfg = _Config(axis_name, bool(causal), layout, scale, impl.name, block_sizes, bool(interpret),
-                  ring_size)
+                  ring_size, *_window_plan(sliding_window, layout, ring_size, shard, bool(causal)))
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
     if ulysses_axis is not None:  # 2-D context parallelism (ringattention/ulysses.py)

@@ -28,8 +28,8 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
                       seq_axis: str = "sp", batch_axis: str | None = None,
                       head_axis: str | None = None, segment_ids: jax.Array | None = None,
                       causal: bool = False, layout: str = "contiguous", reorder: bool = True,
-                      deterministic: bool = False,
-                      ulysses_axis: str | None = None, **kwargs) -> jax.Array:
+                      deterministic: bool = False, ulysses_axis: str | None = None,
+                      sliding_window: int | None = None, **kwargs) -> jax.Array:
     """Ring attention over global arrays. q [B, L, H, D], k/v [B, L, K, D] -> [B, L, H, D].
 
     ``seq_axis`` is the ring; ``batch_axis`` / ``head_axis`` optionally shard batch and heads (both H
@@ -38,7 +38,8 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     order. ``deterministic`` picks kernels whose sums have a fixed order (see :func:`ring_attention`).
     ``ulysses_axis`` (size U) adds an all-to-all over heads around the ring: the sequence is
     split over ``(seq_axis, ulysses_axis)`` and the local heads H / ``head_axis`` must divide by U.
-    Other keyword arguments go to :func:`ring_attention`.
+    ``sliding_window`` W: key j is visible to query i only if ``|i - j| < W`` (global
+    positions). Other keyword arguments go to :func:`ring_attention`.
     """
     n = _check_axis(mesh, seq_axis, "seq_axis")
     nu = _check_axis(mesh, ulysses_axis, "ulysses_axis")
@@ -72,7 +73,7 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     def local(q, k, v, seg):
         return ring_attention(q, k, v, seq_axis, causal=causal, segment_ids=seg, layout=layout,
                               implementation=impl, deterministic=deterministic,
-                              ulysses_axis=ulysses_axis, **kwargs)
+                              ulysses_axis=ulysses_axis, sliding_window=sliding_window, **kwargs)
 
     out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
                         check_vma=impl == "xla")(q, k, v, segment_ids)

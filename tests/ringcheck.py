@@ -25,8 +25,9 @@ BF16_RTOL = 2e-2
 RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL}
 
 
-def reference64(q, k, v, do, *, causal, seg, scale=None):
-    """Naive attention and its gradients in float64. q [B,L,H,D], k/v [B,L,K,D], seg [B,L] | None."""
+def reference64(q, k, v, do, *, causal, seg, scale=None, window=None):
+    """Naive attention and its gradients in float64. q [B,L,H,D], k/v [B,L,K,D], seg [B,L] | None,
+    window: None or W (key j visible to query i only if |i - j| < W)."""
     q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
     B, L, H, D = q.shape
     K = k.shape[2]
@@ -40,6 +41,9 @@ def reference64(q, k, v, do, *, causal, seg, scale=None):
     if seg is not None:
         seg = np.asarray(seg)
         mask &= (seg[:, :, None] == seg[:, None, :])[:, None]
+    if window is not None:
+        i = np.arange(L)
+        mask &= (np.abs(i[:, None] - i[None, :]) < window)[None, None]
     s = np.where(mask, s, -np.inf)
     m = s.max(-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
@@ -86,6 +90,7 @@ class Problem:
     logit_scale: float = 1.0
     seed: int = 0
     ulysses: int | None = None  # Ulysses group size U (``shard``: each device's piece of a ring shard)
+    window: int | None = None  # sliding window (None: none)
 
 
 def make_inputs(pb: Problem):
@@ -116,7 +121,7 @@ def run_ring(pb: Problem, q, k, v, do, seg, **kwargs):
 
     def local(q, k, v, do, seg):
         f = lambda q, k, v: ring_attention(q, k, v, "sp", causal=pb.causal, segment_ids=seg,
-                                           layout=pb.layout, **kwargs)
+                                           layout=pb.layout, sliding_window=pb.window, **kwargs)
         o, vjp = jax.vjp(f, q, k, v)
         return (o, *vjp(do))
 
@@ -129,7 +134,7 @@ def check_ring(pb: Problem, rtol: float | None = None, **kwargs) -> list[float]:
     """Asserts output and gradients match the float64 reference within ``rtol``; returns the errors."""
     q, k, v, do, seg = make_inputs(pb)
     got = run_ring(pb, q, k, v, do, seg, **kwargs)
-    want = reference64(q, k, v, do, causal=pb.causal, seg=seg)
+    want = reference64(q, k, v, do, causal=pb.causal, seg=seg, window=pb.window)
     errs = [rel_err(g, w) for g, w in zip(got, want)]
     tol = RTOL[pb.dtype] if rtol is None else rtol
     names = ("o", "dq", "dk", "dv")

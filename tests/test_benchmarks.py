@@ -207,3 +207,24 @@ def test_cp_speed_times_ring_and_ulysses(bench, tmp_path):
     assert json.load(open(out + ".json"))["rows"][1]["ulysses"] == 2
     with pytest.raises(ValueError, match="multiply"):
         bench("cp_speed").grids(bench("cp_speed").parse_args(["--grids", "2x3"]), 4)
+
+
+def test_window_benchmark_times_window_and_full_causal(bench, tmp_path):
+    """CPU smoke run: windowed rows at every length, full causal up to --full-max only."""
+    window = bench("window")
+    out = str(tmp_path / "window")
+    result = window.main(["--tiny", "--full-max", "128", "--out", out])
+    errs = result["err_vs_f32_reference_at_2W"]
+    assert set(errs) == {"xla", "xla_sdpa"}
+    assert all(e["ok"] and max(e[n] for n in ("o", "dq", "dk", "dv")) < 1e-5 for e in errs.values())
+    rows = {(r["name"], r["seq"]): r for r in result["summary"]}
+    assert set(rows) == {(n, s) for n in ("xla", "xla_sdpa") for s in (128, 256)}
+    for (_, seq), r in rows.items():
+        assert r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0
+        assert r["ideal_speedup"] == window.pairs(seq, None) / window.pairs(seq, 32)
+        measured = r["fwd_speedup"] is not None and r["fwdbwd_speedup"] is not None
+        assert measured == (seq == 128)  # full causal beyond --full-max is not run
+    skipped = [(r["name"], r["seq"]) for r in result["rows"] if "skipped" in r]
+    assert skipped == [("xla", 256), ("xla_sdpa", 256)]
+    assert json.load(open(out + ".json"))["summary"] == json.loads(json.dumps(result["summary"]))
+    assert "not run (seq > --full-max 128)" in open(out + ".md").read()

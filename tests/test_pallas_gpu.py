@@ -26,11 +26,13 @@ RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL}
 DEVICE_ERR_FACTOR = 1.5
 
 
-def _step_inputs(rng, *, batch, sq, sk, heads, kv_heads, dim, dtype, causal_offset, segments):
+def _step_inputs(rng, *, batch, sq, sk, heads, kv_heads, dim, dtype, causal_offset, segments,
+                 stride=None):
     f = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)  # noqa: E731
     q, do = f(batch, sq, heads, dim), f(batch, sq, heads, dim)
     k, v = f(batch, sk, kv_heads, dim), f(batch, sk, kv_heads, dim)
-    stride = int(rng.integers(1, 4))  # striped-like gaps between positions
+    if stride is None:
+        stride = int(rng.integers(1, 4))  # striped-like gaps between positions
     q_pos = jnp.asarray(np.arange(sq) * stride + causal_offset, jnp.int32)
     k_pos = jnp.asarray(np.arange(sk) * stride, jnp.int32)
     def seg(length):  # sorted ids: packed documents
@@ -40,9 +42,9 @@ def _step_inputs(rng, *, batch, sq, sk, heads, kv_heads, dim, dtype, causal_offs
     return q, k, v, do, q_pos, k_pos, q_seg, k_seg
 
 
-def _run_step(inputs, causal, block_sizes):
+def _run_step(inputs, causal, block_sizes, window=None):
     q, k, v, do, q_pos, k_pos, q_seg, k_seg = inputs
-    kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5)
+    kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5, window=window)
     o, lse = pg.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes,
                              interpret=True, **kw)
     ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
@@ -62,14 +64,15 @@ STEP_CASES = [  # (dtype, causal, segments, kv_heads, sq, sk, dim)
 ]
 
 
-@pytest.mark.parametrize("case", STEP_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_step_matches_reference(case):
+def _check_step(case, window=None, offset=None, batch=2, heads=4):
     dtype, causal, segments, kv_heads, sq, sk, dim = case
     rng = np.random.default_rng(sq * sk + dim)
-    offset = int(rng.integers(0, 2 * sk))  # query block may start before, inside or after the keys
-    inputs = _step_inputs(rng, batch=2, sq=sq, sk=sk, heads=4, kv_heads=kv_heads, dim=dim,
-                          dtype=dtype, causal_offset=offset, segments=segments)
-    got, want = _run_step(inputs, causal, BS_MIXED)
+    if offset is None:  # query block may start before, inside or after the keys
+        offset = int(rng.integers(0, 2 * sk))
+    inputs = _step_inputs(rng, batch=batch, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim,
+                          dtype=dtype, causal_offset=offset, segments=segments,
+                          stride=None if window is None else 1)
+    got, want = _run_step(inputs, causal, BS_MIXED, window)
     lse, rlse = np.asarray(got[1]), np.asarray(want[1])
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(rlse))
     finite = np.isfinite(rlse)
@@ -77,6 +80,39 @@ def test_step_matches_reference(case):
     names = ("o", "dq", "dk", "dv")
     for name, g, w in zip(names, got[:1] + got[2:], want[:1] + want[2:], strict=True):
         assert rel_err(g, w) <= RTOL[dtype], name
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_step_matches_reference(case):
+    _check_step(case)
+
+
+# (case as above, window, query offset), consecutive positions. Forward rows (32 queries, keys in
+# blocks of 16): hidden blocks, then partial ones at the window's far edge, then fully visible ones,
+# then (second case) partial ones at the near edge of a symmetric window.
+WINDOW_STEP_CASES = [
+    (("float32", True, True, 2, 64, 96, 16), 80, 100),
+    (("bfloat16", False, False, 1, 40, 128, 32), 40, 30),  # ragged query shard
+]
+
+
+@pytest.mark.parametrize("case,window,offset", WINDOW_STEP_CASES,
+                         ids=lambda c: "-".join(map(str, c)) if isinstance(c, tuple) else str(c))
+def test_step_with_window_matches_reference(case, window, offset):
+    _check_step(case, window, offset, batch=1, heads=2)
+
+
+def test_edge_bounds_cover_visible_blocks():
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.integers(0, 3, (2, 6, 9)), jnp.int32)
+    lo, mid, hi, edge = (np.asarray(x) for x in pg._edge_bounds(table, 2))
+    table = np.asarray(table)
+    j = np.arange(9)
+    for b, i in np.ndindex(2, 6):
+        assert lo[b, i] <= edge[b, i] <= mid[b, i] <= hi[b, i]
+        live = j[table[b, i] != 0]
+        assert np.all((live >= lo[b, i]) & (live < hi[b, i]))
+        assert np.all(table[b, i, edge[b, i]:mid[b, i]] == 2)
 
 
 def test_step_that_sees_nothing_is_zero_and_finite():
@@ -138,6 +174,20 @@ def _ring_case(case):
 @pytest.mark.parametrize("case", DEFAULT_CASES, ids=map(_id, DEFAULT_CASES))
 def test_ring_matrix(case):
     _ring_case(case)
+
+
+WINDOW_CASES = [  # (n, layout, causal, segments, kv_heads, dtype, window): shard 32
+    (4, "contiguous", True, False, 1, "bfloat16", 24),  # a short lap of one hop
+    pytest.param(2, "zigzag", True, True, 2, "float32", 20, marks=pytest.mark.slow),
+    pytest.param(3, "striped", False, True, 4, "float32", 40, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("n,layout,causal,seg,kvh,dtype,window", WINDOW_CASES)
+def test_ring_with_window(n, layout, causal, seg, kvh, dtype, window):
+    check_ring(Problem(n=n, layout=layout, causal=causal, segments=seg, kv_heads=kvh, dtype=dtype,
+                       shard=32, window=window), implementation="pallas_gpu", interpret=True,
+               block_sizes=BS)
 
 
 @pytest.mark.slow

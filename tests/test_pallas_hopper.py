@@ -44,9 +44,9 @@ def _inputs(rng, *, sq, sk, heads, kv_heads, dim, dtype, where, segments, stride
     return q, k, v, do, q_pos, k_pos, q_seg, k_seg
 
 
-def _check_forward(inputs, causal, block_sizes=None):
+def _check_forward(inputs, causal, block_sizes=None, window=None):
     q, k, v, _, q_pos, k_pos, q_seg, k_seg = inputs
-    kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5)
+    kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5, window=window)
     o, lse = ph.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes,
                              interpret=True, **kw)
     ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
@@ -88,9 +88,9 @@ def test_step_that_sees_nothing_is_zero():
     _check_forward(inputs, causal=True)
 
 
-def _check_backward(inputs, causal, block_sizes):
+def _check_backward(inputs, causal, block_sizes, window=None):
     q, k, v, do, q_pos, k_pos, q_seg, k_seg = inputs
-    kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5)
+    kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5, window=window)
     ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
     got = ph.backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg,
@@ -111,6 +111,40 @@ def test_backward_step_matches_reference(backward):
     inputs = _inputs(rng, sq=72, sk=80, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
                      where="overlap", segments=True)
     _check_backward(inputs, True, ph.BlockSizes(backward=backward))
+
+
+# Sliding windows: queries from 128 on, keys at 0..255 (128-row CTAs). Forward, non-causal, W = 200:
+# one query CTA whose first key block is at the window's edge (masked) and the second fully visible;
+# both sides of the window are compared. Backward, causal, W = 300, 256 queries: every kernel sees
+# rows of window-edge (masked), fully visible and diagonal (masked) blocks, and the second key CTA
+# rotates its two fully visible query blocks.
+@needs_interpret
+def test_forward_step_with_window():
+    rng = np.random.default_rng(12)
+    inputs = _inputs(rng, sq=128, sk=256, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
+                     where="overlap", segments=True, batch=1)
+    _check_forward(inputs, False, window=200)
+
+
+@needs_interpret
+@pytest.mark.parametrize("backward", [pytest.param("mosaic", marks=pytest.mark.slow), "fused"])
+def test_backward_step_with_window(backward):
+    rng = np.random.default_rng(13)
+    inputs = _inputs(rng, sq=256, sk=256, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
+                     where="overlap", segments=False, batch=1)
+    _check_backward(inputs, True, ph.BlockSizes(backward=backward), window=300)
+
+
+@pytest.mark.slow
+@needs_interpret
+@pytest.mark.parametrize("backward", ph.BACKWARDS)
+def test_window_steps_both_ways(backward):
+    """Causal forward and non-causal backward with segment ids and GQA under a window."""
+    rng = np.random.default_rng(14)
+    inputs = _inputs(rng, sq=256, sk=256, heads=4, kv_heads=2, dim=64, dtype="bfloat16",
+                     where="overlap", segments=True, batch=1)
+    _check_forward(inputs, True, window=300)
+    _check_backward(inputs, False, ph.BlockSizes(backward=backward), window=200)
 
 
 @needs_interpret
@@ -252,7 +286,7 @@ def test_ring_on_one_device_head_dim_256():
 # ---- pure-JAX parts: always run ----------------------------------------------------------------
 
 
-LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockSizes fields)
+LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockSizes fields[, window])
     ("mosaic", 64, True, True, 2, {}),
     ("mosaic", 128, False, False, 4, dict(bwd_block_k=128, registers=240)),
     ("fused", 128, True, False, 2, dict(registers=240)),
@@ -261,14 +295,17 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("mosaic", 256, False, True, 1, dict(block_k=64, registers=240)),  # its dq + dk/dv kernels
     ("fused", 192, False, False, 4, dict(block_k=64)),  # padded to 256 in the backward
     ("fused", 128, True, True, 2, dict(dq_tile="cta", bwd_stages=3)),  # hopper_cta_dq_bwd
+    ("mosaic", 64, False, True, 2, {}, 100),
+    ("fused", 128, True, False, 2, dict(registers=240), 200),
 ]
 
 
-@pytest.mark.parametrize("case", LOWER_CASES, ids=lambda c: f"{c[0]}-d{c[1]}-{c[2]}-{c[3]}")
+@pytest.mark.parametrize("case", LOWER_CASES,
+                         ids=lambda c: f"{c[0]}-d{c[1]}-{c[2]}-{c[3]}" + "".join(f"-w{w}" for w in c[6:]))
 def test_kernels_lower_for_cuda(case):
     """Every Mosaic GPU kernel goes through Mosaic GPU's lowering for CUDA (no GPU needed): one
     custom call for the forward, two for the two-kernel backward, one for the fused one."""
-    backward, dim, causal, segments, kv_heads, fields = case
+    backward, dim, causal, segments, kv_heads, fields, *window = case
     bs = ph.BlockSizes(backward=backward, **fields)
     q = jax.ShapeDtypeStruct((1, 384, 4, dim), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((1, 384, kv_heads, dim), jnp.bfloat16)
@@ -276,6 +313,8 @@ def test_kernels_lower_for_cuda(case):
     seg = jax.ShapeDtypeStruct((1, 384), jnp.int32) if segments else None
     lse = jax.ShapeDtypeStruct((1, 4, 384), jnp.float32)
     kw = dict(causal=causal, softmax_scale=dim**-0.5, block_sizes=bs)
+    if window:
+        kw["window"] = window[0]
 
     def fwd(q, k, v, p, s):
         return ph.forward_step(q, k, v, p, p, s, s, **kw)

@@ -59,6 +59,20 @@ def test_ring_full(n, layout, causal, segments, kv_heads, dtype):
                  kv_heads=kv_heads, head_dim=128, dtype=dtype))
 
 
+WINDOW_COVER = [  # (n, layout, causal, segments, kv_heads, dtype, window), shard 256, head dim 128
+    pytest.param(4, "contiguous", True, False, 2, "float32", 200,  # one hop; edge blocks
+                 marks=pytest.mark.slow),
+    pytest.param(3, "zigzag", False, True, 1, "bfloat16", 300, marks=pytest.mark.slow),
+    pytest.param(2, "striped", True, True, 4, "float32", 90, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("n,layout,causal,segments,kv_heads,dtype,window", WINDOW_COVER)
+def test_ring_with_window(n, layout, causal, segments, kv_heads, dtype, window):
+    ring(Problem(n=n, layout=layout, causal=causal, segments=segments, batch=1, shard=256, heads=4,
+                 kv_heads=kv_heads, head_dim=128, dtype=dtype, window=window))
+
+
 def test_ring_default_block_sizes():
     ring(Problem(n=2, layout="zigzag", shard=384, head_dim=128, batch=1), block_sizes=None)
 
@@ -66,12 +80,12 @@ def test_ring_default_block_sizes():
 # ------------------------------------------------------------------------------------ one step
 
 
-def step64(q, k, v, do, q_pos, k_pos, q_seg, k_seg, causal, scale):
+def step64(q, k, v, do, q_pos, k_pos, q_seg, k_seg, causal, scale, window=None):
     """Float64 attention of one step over its visible keys and its gradients (kernel layouts)."""
     q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
     G = q.shape[2] // k.shape[2]
     kr, vr = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
-    vis = np.asarray(masks.visible(q_pos, k_pos, q_seg, k_seg, causal))[:, None]  # [B|1,1,Sq,Sk]
+    vis = np.asarray(masks.visible(q_pos, k_pos, q_seg, k_seg, causal, window))[:, None]
     s = np.where(vis, np.einsum("bqhd,bkhd->bhqk", q, kr) * scale, -np.inf)
     m = s.max(-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
@@ -103,15 +117,17 @@ def _step_inputs(seed, B, S, H, K, D, segments):
     return q, k, v, do, q_pos, k_pos, seg
 
 
-@pytest.mark.parametrize("seed,causal,segments,kv_heads", [(0, True, False, 2), (1, True, True, 1),
-                                                           (2, False, True, 4)])
-def test_step_random_offsets(seed, causal, segments, kv_heads):
+@pytest.mark.parametrize("seed,causal,segments,kv_heads,window", [
+    (0, True, False, 2, None), (1, True, True, 1, None), (2, False, True, 4, None),
+    (3, False, False, 2, 200)])  # window: symmetric, random offsets
+def test_step_random_offsets(seed, causal, segments, kv_heads, window):
     B, S, H, D = 2, 256, 4, 128
     q, k, v, do, q_pos, k_pos, seg = _step_inputs(seed, B, S, H, kv_heads, D, segments)
-    kw = dict(causal=causal, softmax_scale=D**-0.5, block_sizes=SMALL, interpret=TPU_INTERPRET)
+    kw = dict(causal=causal, softmax_scale=D**-0.5, block_sizes=SMALL, interpret=TPU_INTERPRET,
+              window=window)
     o, lse = pallas_tpu.forward_step(q, k, v, q_pos, k_pos, seg, seg, **kw)
     o64, lse64, delta, dq64, dk64, dv64 = step64(q, k, v, do, q_pos, k_pos, seg, seg, causal,
-                                                 D**-0.5)
+                                                 D**-0.5, window)
     lse, lse_ref = np.asarray(lse), lse64
     assert np.array_equal(np.isneginf(lse), np.isneginf(lse_ref)), "rows seeing no key differ"
     seen = ~np.isneginf(lse_ref)
@@ -206,9 +222,10 @@ def test_ring_rejects_short_shards():
                       check_vma=False)(x)
 
 
-@pytest.mark.parametrize("head_dim,dtype,causal,segments", [(128, jnp.bfloat16, True, True),
-                                                            (64, jnp.float32, False, False)])
-def test_lowers_to_mosaic_for_tpu(head_dim, dtype, causal, segments):
+@pytest.mark.parametrize("head_dim,dtype,causal,segments,window", [
+    (128, jnp.bfloat16, True, True, None), (64, jnp.float32, False, False, None),
+    (128, jnp.bfloat16, False, True, 300)])
+def test_lowers_to_mosaic_for_tpu(head_dim, dtype, causal, segments, window):
     # Exports for platform "tpu" from this CPU host: runs the Pallas -> Mosaic lowering (block-shape
     # tiling checks, every kernel op); Mosaic's own compile needs a TPU and is not covered.
     B, S, H, K = 1, 512, 4, 2
@@ -216,7 +233,8 @@ def test_lowers_to_mosaic_for_tpu(head_dim, dtype, causal, segments):
     q, kv, pos = arr(B, S, H, head_dim), arr(B, S, K, head_dim), arr(S, dt=jnp.int32)
     seg = arr(B, S, dt=jnp.int32) if segments else None
     rows = arr(B, H, S, dt=jnp.float32)
-    kw = dict(causal=causal, softmax_scale=0.1, block_sizes=BlockSizes(256, 128, 128, 256))
+    kw = dict(causal=causal, softmax_scale=0.1, block_sizes=BlockSizes(256, 128, 128, 256),
+              window=window)
     fwd = lambda q, k, v, qp, kp, qs, ks: pallas_tpu.forward_step(q, k, v, qp, kp, qs, ks, **kw)
     bwd = lambda *a: pallas_tpu.backward_step(*a, **kw)
     exported = [jax.export.export(jax.jit(fwd), platforms=["tpu"])(q, kv, kv, pos, pos, seg, seg),

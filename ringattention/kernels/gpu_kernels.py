@@ -5,7 +5,9 @@ log2(e)`` so every exponential is an ``exp2``; the carried running max ``m``, de
 accumulators are float32. Each kernel walks its key (or query) blocks in two phases given by
 per-block bounds that the wrapper derives from ``masks.block_table``: ``[lo, mid)`` blocks are
 fully visible and run without a mask, ``[mid, hi)`` are partially visible and run with the
-elementwise causal / segment mask; blocks outside ``[lo, hi)`` are hidden and never loaded. Shapes
+elementwise causal / segment mask; blocks outside ``[lo, hi)`` are hidden and never loaded. With a
+sliding window a fourth bound ``edge`` splits off the blocks at the window's far edge: ``[lo, edge)``
+masked, ``[edge, mid)`` unmasked, ``[mid, hi)`` masked (``edge_ref`` is None without a window). Shapes
 in comments: ``bq``/``bk`` block lengths, ``D`` the (padded) head dim, ``Sq``/``Sk`` the (padded)
 shard lengths, ``G`` query heads per kv head.
 """
@@ -36,13 +38,19 @@ def _dot_nn(a, b, precision):
                            preferred_element_type=F32)
 
 
-def _visible(q_pos, k_pos, q_seg, k_seg, keys_first: bool = False):
-    """bool [bq, bk] ([bk, bq] if ``keys_first``); each argument a loaded vector or None."""
+def _visible(q_pos, k_pos, q_seg, k_seg, keys_first: bool = False, causal: bool = True,
+             window: int | None = None):
+    """bool [bq, bk] ([bk, bq] if ``keys_first``); each argument a loaded vector or None. Positions
+    (when given) mask causally unless ``causal`` is False, and by ``|q - k| < window``."""
     rows, cols = (slice(None), None), (None, slice(None))
     qi, ki = (cols, rows) if keys_first else (rows, cols)
     vis = None
-    if q_pos is not None:
+    if q_pos is not None and causal:
         vis = k_pos[ki] <= q_pos[qi]
+    if window is not None:
+        d = q_pos[qi] - k_pos[ki]
+        near = d < window if causal else (d < window) & (-d < window)
+        vis = near if vis is None else vis & near
     if q_seg is not None:
         same = q_seg[qi] == k_seg[ki]
         vis = same if vis is None else vis & same
@@ -53,11 +61,24 @@ def _load(ref, idx):
     return None if ref is None else ref[idx]
 
 
-def fwd_kernel(lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, qp_ref, kp_ref, qs_ref, ks_ref,
-               o_ref, lse_ref, *, qk_scale: float, block_k: int, precision):
+def _loops(bounds, body, carry, masked: bool):
+    """Runs ``body(j, carry, masked=...)`` over [lo, edge) masked (window edge, if any), [edge or lo,
+    mid) unmasked and [mid, hi) masked. bounds: (lo, mid, hi, edge | None), loaded scalars."""
+    lo, mid, hi, edge = bounds
+    if edge is not None:
+        carry = lax.fori_loop(lo, edge, functools.partial(body, masked=True), carry)
+        lo = edge
+    carry = lax.fori_loop(lo, mid, functools.partial(body, masked=False), carry)
+    return lax.fori_loop(mid, hi, functools.partial(body, masked=masked), carry)
+
+
+def fwd_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, qp_ref, kp_ref, qs_ref,
+               ks_ref, o_ref, lse_ref, *, qk_scale: float, block_k: int, precision,
+               causal: bool = True, window: int | None = None):
     """One (query block, batch, head): o and lse over the key blocks of this ring step.
 
-    lo/mid/hi_ref: scalar block bounds; q_ref [bq, D]; k_ref, v_ref [Sk, D]; qp_ref [bq] | None;
+    lo/mid/hi/edge_ref: scalar block bounds (edge: None without a window); q_ref [bq, D]; k_ref,
+    v_ref [Sk, D]; qp_ref [bq] | None;
     kp_ref [Sk] | None; qs_ref [bq] | None; ks_ref [Sk] | None; o_ref f32 [bq, D]; lse_ref f32 [bq].
     """
     bq, d = q_ref.shape
@@ -69,7 +90,9 @@ def fwd_kernel(lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, qp_ref, kp_ref, qs_
         kv = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
         s = _dot_nt(q, k_ref[kv, :], precision) * qk_scale  # [bq, bk]
         if masked:
-            s = jnp.where(_visible(q_pos, _load(kp_ref, kv), q_seg, _load(ks_ref, kv)), s, -jnp.inf)
+            vis = _visible(q_pos, _load(kp_ref, kv), q_seg, _load(ks_ref, kv), causal=causal,
+                           window=window)
+            s = jnp.where(vis, s, -jnp.inf)
         m_new = jnp.maximum(m, s.max(axis=-1))
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
         p = jnp.exp2(s - m_use[:, None])  # [bq, bk]
@@ -78,20 +101,17 @@ def fwd_kernel(lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, qp_ref, kp_ref, qs_
         return acc * corr[:, None] + pv, m_new, l * corr + p.sum(axis=-1)
 
     carry = (jnp.zeros((bq, d), F32), jnp.full((bq,), -jnp.inf, F32), jnp.zeros((bq,), F32))
-    lo, mid, hi = lo_ref[...], mid_ref[...], hi_ref[...]
-    carry = lax.fori_loop(lo, mid, functools.partial(body, masked=False), carry)
-    masked = qp_ref is not None or qs_ref is not None
-    carry = lax.fori_loop(mid, hi, functools.partial(body, masked=masked), carry)
-    acc, m, l = carry
+    bounds = (lo_ref[...], mid_ref[...], hi_ref[...], _load(edge_ref, ...))
+    acc, m, l = _loops(bounds, body, carry, qp_ref is not None or qs_ref is not None)
     seen = l > 0.0
     l_safe = jnp.where(seen, l, 1.0)
     o_ref[...] = acc / l_safe[:, None]  # rows that see no key: 0
     lse_ref[...] = jnp.where(seen, (m + jnp.log2(l_safe)) * LN2, -jnp.inf)
 
 
-def dq_kernel(lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qp_ref,
-              kp_ref, qs_ref, ks_ref, dq_ref, *, qk_scale: float, scale: float, block_k: int,
-              precision):
+def dq_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
+              qp_ref, kp_ref, qs_ref, ks_ref, dq_ref, *, qk_scale: float, scale: float, block_k: int,
+              precision, causal: bool = True, window: int | None = None):
     """One (query block, batch, head): dq over the key blocks of this ring step.
 
     q_ref, do_ref [bq, D]; k_ref, v_ref [Sk, D]; lse_ref [bq] global lse in log2 units (0 where none
@@ -106,22 +126,23 @@ def dq_kernel(lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, del
         k = k_ref[kv, :]  # [bk, D]
         p = jnp.exp2(_dot_nt(q, k, precision) * qk_scale - lse[:, None])  # [bq, bk]
         if masked:
-            p = jnp.where(_visible(q_pos, _load(kp_ref, kv), q_seg, _load(ks_ref, kv)), p, 0.0)
+            vis = _visible(q_pos, _load(kp_ref, kv), q_seg, _load(ks_ref, kv), causal=causal,
+                           window=window)
+            p = jnp.where(vis, p, 0.0)
         dp = _dot_nt(do, v_ref[kv, :], precision)  # [bq, bk]
         ds = p * (dp - delta[:, None])
         return dq + _dot_nn(ds.astype(k.dtype), k, precision)
 
     dq = jnp.zeros(q.shape, F32)
-    lo, mid, hi = lo_ref[...], mid_ref[...], hi_ref[...]
-    dq = lax.fori_loop(lo, mid, functools.partial(body, masked=False), dq)
-    masked = qp_ref is not None or qs_ref is not None
-    dq = lax.fori_loop(mid, hi, functools.partial(body, masked=masked), dq)
+    bounds = (lo_ref[...], mid_ref[...], hi_ref[...], _load(edge_ref, ...))
+    dq = _loops(bounds, body, dq, qp_ref is not None or qs_ref is not None)
     dq_ref[...] = dq * scale
 
 
-def dkv_kernel(lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qp_ref,
-               kp_ref, qs_ref, ks_ref, dk_ref, dv_ref, *, qk_scale: float, scale: float,
-               block_q: int, groups: int, precision):
+def dkv_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
+               qp_ref, kp_ref, qs_ref, ks_ref, dk_ref, dv_ref, *, qk_scale: float, scale: float,
+               block_q: int, groups: int, precision, causal: bool = True,
+               window: int | None = None):
     """One (key block, batch, kv head): dk, dv summed over the group's query heads and blocks.
 
     k_ref, v_ref [bk, D]; q_ref, do_ref [Sq, G, D]; lse_ref, delta_ref [G, Sq]; qp_ref [Sq] | None;
@@ -138,19 +159,19 @@ def dkv_kernel(lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, de
         lse, delta = lse_ref[g, qb], delta_ref[g, qb]  # [bq]
         p_t = jnp.exp2(_dot_nt(k, q, precision) * qk_scale - lse[None, :])  # [bk, bq]
         if masked:
-            vis_t = _visible(_load(qp_ref, qb), k_pos, _load(qs_ref, qb), k_seg, keys_first=True)
+            vis_t = _visible(_load(qp_ref, qb), k_pos, _load(qs_ref, qb), k_seg, keys_first=True,
+                             causal=causal, window=window)
             p_t = jnp.where(vis_t, p_t, 0.0)
         dv = dv + _dot_nn(p_t.astype(do.dtype), do, precision)
         dp_t = _dot_nt(v, do, precision)  # [bk, bq]
         ds_t = p_t * (dp_t - delta[None, :])
         return dk + _dot_nn(ds_t.astype(q.dtype), q, precision), dv
 
-    lo, mid, hi = lo_ref[...], mid_ref[...], hi_ref[...]
+    bounds = (lo_ref[...], mid_ref[...], hi_ref[...], _load(edge_ref, ...))
     masked = qp_ref is not None or qs_ref is not None
 
     def head(g, carry):
-        carry = lax.fori_loop(lo, mid, functools.partial(body, g=g, masked=False), carry)
-        return lax.fori_loop(mid, hi, functools.partial(body, g=g, masked=masked), carry)
+        return _loops(bounds, functools.partial(body, g=g), carry, masked)
 
     zeros = jnp.zeros(k.shape, F32)
     if groups == 1:

@@ -38,7 +38,8 @@ def _pad(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg):
     return q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg
 
 
-def _scratch(own_len, stream_len, d, dtype, stages, own_f32: int, stream_f32: int, causal, segments):
+def _scratch(own_len, stream_len, d, dtype, stages, own_f32: int, stream_f32: int, positions,
+             segments):
     """Own-side buffers (2 tiles, 2 int vectors), streamed-side buffers, then 3 barriers."""
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     wgs = hk.COMPUTE_WGS
@@ -46,12 +47,12 @@ def _scratch(own_len, stream_len, d, dtype, stages, own_f32: int, stream_f32: in
     def side(n, length, n_tiles, n_f32):
         bufs = [plgpu.SMEM((n, length, d), dtype, transforms=tiles) for _ in range(n_tiles)]
         bufs += [plgpu.SMEM((n, length), F32) for _ in range(n_f32)]
-        bufs += [plgpu.SMEM((n, length), jnp.int32) if on else None for on in (causal, segments)]
+        bufs += [plgpu.SMEM((n, length), jnp.int32) if on else None for on in (positions, segments)]
         return bufs
 
     own = side(wgs, own_len, 2, own_f32)
     stream = side(stages, stream_len, 2, stream_f32)
-    extra = causal + segments
+    extra = positions + segments
     return [*own, *stream,
             plgpu.Barrier(num_arrivals=2 + own_f32 + extra, num_barriers=wgs),  # own rows loaded
             plgpu.Barrier(num_arrivals=2 + stream_f32 + extra, num_barriers=stages),  # slot loaded
@@ -59,7 +60,7 @@ def _scratch(own_len, stream_len, d, dtype, stages, own_f32: int, stream_f32: in
 
 
 def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool):
+             softmax_scale: float, interpret: bool, window: int | None = None):
     """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``)."""
     B, Sq, H, D = q.shape
     Sk, K = k.shape[1], k.shape[2]
@@ -76,26 +77,30 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
                          f"memory (limit {SMEM_LIMIT}); use fewer bwd_stages, bwd_block_k=64, or "
                          "backward='triton' for head dims above 128")
     segments = q_seg is not None
-    extra = ((q_pos, k_pos) if causal else ()) + ((q_seg, k_seg) if segments else ())
+    positions = causal or window is not None
+    extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
     args = (q, k, v, do, lse2, delta, *extra)
     cfg = functools.partial(hbk.BwdConfig, rows=ROWS, stages=bs.bwd_stages, registers=bs.registers,
                             causal=causal, segments=segments, groups=H // K,
                             qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale,
-                            interpret=interpret)
+                            interpret=interpret, window=window)
     # dq: own query CTAs, streamed key blocks of c keys.
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, CTA, c)  # [B|1, nq, nk]
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, CTA, c, window)  # [B|1, nq, nk]
+    *bounds, edge = pg.block_bounds(table, B, window)  # a window's edge bound is the last input
     dq_cfg = cfg(block=c, n_cta=sq // CTA)
     dq = hk.launch(functools.partial(hbk.dq_kernel, cfg=dq_cfg),
                    jax.ShapeDtypeStruct((B, H, sq, d), F32),
-                   _scratch(ROWS, c, d, q.dtype, bs.bwd_stages, 2, 0, causal, segments),
-                   grid=(H, sq // CTA, B), interpret=interpret)(*pg._bounds(table, B), *args)
+                   _scratch(ROWS, c, d, q.dtype, bs.bwd_stages, 2, 0, positions, segments),
+                   grid=(H, sq // CTA, B), interpret=interpret)(
+                       *bounds, *args, *(() if edge is None else (edge,)))
     # dk/dv: own key CTAs, streamed query blocks of every head in the group.
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA)  # [B|1, nq, nk]
-    bounds = hbk.key_cta_bounds(table, B)  # over the reversed query blocks, per key CTA
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window)
+    bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
     kv_cfg = cfg(block=ROWS, n_cta=sk // CTA)
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     dk, dv = hk.launch(functools.partial(hbk.dkv_kernel, cfg=kv_cfg), (out, out),
-                       _scratch(ROWS, ROWS, d, q.dtype, bs.bwd_stages, 0, 2, causal, segments),
-                       grid=(K, sk // CTA, B), interpret=interpret)(*bounds, *args)
+                       _scratch(ROWS, ROWS, d, q.dtype, bs.bwd_stages, 0, 2, positions, segments),
+                       grid=(K, sk // CTA, B), interpret=interpret)(*bounds[:3], *args,
+                                                                      *bounds[3:])
     cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :D]  # noqa: E731
     return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)

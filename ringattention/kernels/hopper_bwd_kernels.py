@@ -5,7 +5,8 @@ FlashAttention-2/3 backward (Dao 2023; Shah et al. 2024) with the forward's stru
 for dk/dv) and a producer warpgroup streams the other side's blocks through a ring of shared-memory
 slots with TMA. Probabilities are recomputed from the ring's *global* lse (log2 units, 0 where a row
 sees nothing) and ``delta = rowsum(o * do)``; the same lo/mid/hi bounds as the forward decide which
-blocks are skipped, run unmasked or run with the position / segment mask.
+blocks are skipped, run unmasked or run with the position / segment mask (with a sliding window a
+fourth bound, ``edge``, puts the blocks at the window's far edge in a masked range first).
 
 * dq (grid: query head, query CTA, batch): ``dq = scale * sum_j ds_j @ k_j`` over key blocks j.
 * dk/dv (grid: kv head, key CTA, batch): loops over the G query heads of the group and the query
@@ -34,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention.kernels import pallas_gpu as pg
-from ringattention.kernels.hopper_kernels import COMPUTE_WGS, Ops, Smem, set_registers
+from ringattention.kernels.hopper_kernels import COMPUTE_WGS, Ops, Smem, set_registers, window_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,15 +51,28 @@ class BwdConfig:
     scale: float
     interpret: bool
     registers: int = 232  # per compute-warpgroup thread (hopper_kernels.REGISTER_CHOICES)
+    window: int | None = None  # sliding window: |q_pos - k_pos| >= window is hidden
+
+    @property
+    def positions(self) -> bool:
+        """Whether positions are loaded (causal masks and windows compare them)."""
+        return self.causal or self.window is not None
+
+    @property
+    def masked(self) -> bool:
+        """Whether partially visible blocks need an elementwise mask."""
+        return self.causal or self.segments or self.window is not None
 
 
 def _split(refs, cfg: BwdConfig, n_out: int):
-    n_in = 9 + 2 * cfg.causal + 2 * cfg.segments
+    """Inputs lo, mid, hi, q, k, v, do, lse, delta, [q_pos, k_pos], [q_seg, k_seg], [edge]."""
+    n_in = 9 + 2 * cfg.positions + 2 * cfg.segments + (cfg.window is not None)
     ins, outs, scratch = refs[:n_in], refs[n_in:n_in + n_out], refs[n_in + n_out:]
     lo, mid, hi, q, k, v, do, lse, delta, *rest = ins
-    pos = (rest.pop(0), rest.pop(0)) if cfg.causal else (None, None)
+    pos = (rest.pop(0), rest.pop(0)) if cfg.positions else (None, None)
     seg = (rest.pop(0), rest.pop(0)) if cfg.segments else (None, None)
-    return (lo, mid, hi), (q, k, v, do, lse, delta), pos, seg, outs, scratch
+    bounds = (lo, mid, hi, rest.pop(0)) if cfg.window is not None else (lo, mid, hi)
+    return bounds, (q, k, v, do, lse, delta), pos, seg, outs, scratch
 
 
 def _cta(cfg: BwdConfig, bounds, reverse: bool):
@@ -98,6 +112,10 @@ def _vis(cfg, ops, shape, own_pos, own_seg, pos_ref, seg_ref, own_is_query: bool
     vis = None
     if cfg.causal:
         vis = col(pos_ref) <= row(own_pos) if own_is_query else row(own_pos) <= col(pos_ref)
+    if cfg.window is not None:
+        q_pos, k_pos = (row(own_pos), col(pos_ref)) if own_is_query else (col(pos_ref), row(own_pos))
+        near = window_mask(cfg.causal, cfg.window, q_pos, k_pos)
+        vis = near if vis is None else vis & near
     if cfg.segments:
         same = col(seg_ref) == row(own_seg)
         vis = same if vis is None else vis & same
@@ -118,7 +136,7 @@ def _load_queries(cfg: BwdConfig, ops: Ops, wg, gmem, smem, bar):
     plgpu.barrier_wait(bar)
     _, _, lse_s, dl_s, qp_s, qs_s = smem
     lse, delta = ops.rows(lse_s.at[wg]), ops.rows(dl_s.at[wg])  # [r]
-    own_pos = ops.rows(qp_s.at[wg]) if cfg.causal else None
+    own_pos = ops.rows(qp_s.at[wg]) if cfg.positions else None
     own_seg = ops.rows(qs_s.at[wg]) if cfg.segments else None
     return lse, delta, own_pos, own_seg
 
@@ -130,7 +148,8 @@ def dq_kernel(*refs, cfg: BwdConfig):
     bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
         (dq_ref,), scratch = _split(refs, cfg, 1)
     (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free) = scratch
-    b, i, (lo, mid, hi) = _cta(cfg, bounds, reverse=cfg.causal)
+    b, i, bounds = _cta(cfg, bounds, reverse=cfg.causal)
+    lo, mid, hi = bounds[:3]
     h, wg = lax.axis_index("h"), lax.axis_index("wg")
     kvh = lax.div(h, jnp.int32(cfg.groups))
     r, c = cfg.rows, cfg.block
@@ -139,7 +158,7 @@ def dq_kernel(*refs, cfg: BwdConfig):
         cols = pl.ds((lo + t) * c, c)
         plgpu.copy_gmem_to_smem(k_ref.at[b, cols, kvh], k_s.at[slot], bar)
         plgpu.copy_gmem_to_smem(v_ref.at[b, cols, kvh], v_s.at[slot], bar)
-        if cfg.causal:
+        if cfg.positions:
             plgpu.copy_gmem_to_smem(kp_ref.at[cols], kp_s.at[slot], bar)
         if cfg.segments:
             plgpu.copy_gmem_to_smem(ks_ref.at[b, cols], ks_s.at[slot], bar)
@@ -154,7 +173,7 @@ def dq_kernel(*refs, cfg: BwdConfig):
         rows = pl.ds(i * (COMPUTE_WGS * r) + wg * r, r)
         lse, delta, own_pos, own_seg = _load_queries(
             cfg, ops, wg, (q_ref.at[b, rows, h], do_ref.at[b, rows, h], lse_ref.at[b, h, rows],
-                           dl_ref.at[b, h, rows], qp_ref.at[rows] if cfg.causal else None,
+                           dl_ref.at[b, h, rows], qp_ref.at[rows] if cfg.positions else None,
                            qs_ref.at[b, rows] if cfg.segments else None),
             (q_s, do_s, lse_s, dl_s, qp_s, qs_s), own_bar.at[wg])
 
@@ -179,8 +198,12 @@ def dq_kernel(*refs, cfg: BwdConfig):
             return dq
 
         dq = ops.full((r, q_s.shape[2]), 0.0)
-        dq = lax.fori_loop(lo, mid, functools.partial(body, masked=False), dq)
-        dq = lax.fori_loop(mid, hi, functools.partial(body, masked=cfg.causal or cfg.segments), dq)
+        start = lo  # (body's slots count from lo)
+        if cfg.window is not None:  # the window's far edge, masked
+            dq = lax.fori_loop(lo, bounds[3], functools.partial(body, masked=True), dq)
+            start = bounds[3]
+        dq = lax.fori_loop(start, mid, functools.partial(body, masked=False), dq)
+        dq = lax.fori_loop(mid, hi, functools.partial(body, masked=cfg.masked), dq)
         dq_ref.at[b, h, rows][...] = dq * cfg.scale
 
 
@@ -189,17 +212,27 @@ def visit(j, bounds, shift, n_blocks: int):
     backwards (the bounds index the reversed order, ``key_cta_bounds``), so a causal CTA meets its
     fully visible blocks first and its diagonal (masked) blocks last; the unmasked positions
     [lo, mid) are rotated by ``shift`` (the key CTA's index), so that CTAs running side by side send
-    their dq contributions to different query rows instead of all starting at the same block."""
+    their dq contributions to different query rows instead of all starting at the same block. With
+    a window (``bounds`` lo, mid, hi, edge) the rotation is that of the unmasked [edge, mid)."""
+    if len(bounds) == 4:
+        edge, mid = bounds[3], bounds[1]
+        full = jnp.maximum(mid - edge, 1)
+        rotated = (j >= edge) & (j < mid)
+        return n_blocks - 1 - jnp.where(rotated, edge + lax.rem(j - edge + shift, full), j)
     lo, mid, _ = bounds
     full = jnp.maximum(mid - lo, 1)
     r = jnp.where(j < mid, lo + lax.rem(j - lo + shift, full), j)  # reversed block index
     return n_blocks - 1 - r
 
 
-def key_cta_bounds(table, batch: int):
-    """lo/mid/hi int32 [B, nk] of each key CTA over the *reversed* query blocks, from a
-    SKIP/PARTIAL/FULL table [B|1, nq, nk] (``visit`` maps positions back to blocks)."""
-    return pg._bounds(jnp.flip(jnp.swapaxes(table, 1, 2), axis=2), batch)
+def key_cta_bounds(table, batch: int, window: int | None = None):
+    """lo/mid/hi (and with a window, edge) int32 [B, nk] of each key CTA over the *reversed* query
+    blocks, from a SKIP/PARTIAL/FULL table [B|1, nq, nk] (``visit`` maps positions back to
+    blocks)."""
+    reversed_table = jnp.flip(jnp.swapaxes(table, 1, 2), axis=2)
+    if window is None:
+        return pg._bounds(reversed_table, batch)
+    return pg._edge_bounds(reversed_table, batch)
 
 
 def query_issuer(cfg: BwdConfig, b, kvh, bounds, shift, gmem, smem):
@@ -207,7 +240,7 @@ def query_issuer(cfg: BwdConfig, b, kvh, bounds, shift, gmem, smem):
     of query head ``kvh * G + t // n`` (n = hi - lo). gmem: (q, do, lse2, delta, q_pos, q_seg)
     refs (None when unused); smem: their slot rings."""
     q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref = gmem
-    lo, _, hi = bounds
+    lo, _, hi = bounds[:3]
     n = hi - lo
 
     def issue(t, slot, bar):
@@ -216,7 +249,7 @@ def query_issuer(cfg: BwdConfig, b, kvh, bounds, shift, gmem, smem):
         h = kvh * cfg.groups + g
         cols = pl.ds(blk * cfg.block, cfg.block)
         srcs = (q_ref.at[b, cols, h], do_ref.at[b, cols, h], lse_ref.at[b, h, cols],
-                dl_ref.at[b, h, cols], qp_ref.at[cols] if cfg.causal else None,
+                dl_ref.at[b, h, cols], qp_ref.at[cols] if cfg.positions else None,
                 qs_ref.at[b, cols] if cfg.segments else None)
         for src, dst in zip(srcs, smem, strict=True):
             if dst is not None:
@@ -230,12 +263,12 @@ def load_keys(cfg: BwdConfig, ops: Ops, b, kvh, wg, rows, gmem, smem, bar):
     the key positions / ids as row vectors (None when unused)."""
     (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s) = gmem, smem
     for src, dst in ((k_ref.at[b, rows, kvh], k_s), (v_ref.at[b, rows, kvh], v_s),
-                     (kp_ref.at[rows] if cfg.causal else None, kp_s),
+                     (kp_ref.at[rows] if cfg.positions else None, kp_s),
                      (ks_ref.at[b, rows] if cfg.segments else None, ks_s)):
         if dst is not None:
             plgpu.copy_gmem_to_smem(src, dst.at[wg], bar)
     plgpu.barrier_wait(bar)
-    own_pos = ops.rows(kp_s.at[wg]) if cfg.causal else None
+    own_pos = ops.rows(kp_s.at[wg]) if cfg.positions else None
     own_seg = ops.rows(ks_s.at[wg]) if cfg.segments else None
     return own_pos, own_seg
 
@@ -273,11 +306,16 @@ def kv_update(ops: Ops, carry, p_t, ds_t, q_smem, do_smem):
 def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs) -> None:
     """dk/dv of one warpgroup's own keys: ``body(j, (dk, dv), g, masked)`` over query block j in
     [lo, mid) unmasked then [mid, hi) masked, for each query head g of the kv group; writes dk (scaled)
-    and dv [r, D] to ``out_refs``."""
-    lo, mid, hi = bounds
+    and dv [r, D] to ``out_refs``. With a window (bounds lo, mid, hi, edge): [lo, edge) masked first,
+    then [edge, mid) unmasked."""
+    lo, mid, hi = bounds[:3]
 
     def head(g, carry):  # query head kvh * G + g: full blocks, then masked ones
-        carry = lax.fori_loop(lo, mid, functools.partial(body, g=g, masked=False), carry)
+        start = lo
+        if len(bounds) == 4:  # the window's far edge
+            carry = lax.fori_loop(lo, bounds[3], functools.partial(body, g=g, masked=True), carry)
+            start = bounds[3]
+        carry = lax.fori_loop(start, mid, functools.partial(body, g=g, masked=False), carry)
         return lax.fori_loop(mid, hi, functools.partial(body, g=g, masked=masked), carry)
 
     zeros = ops.full((cfg.rows, d), 0.0)
@@ -296,10 +334,11 @@ def dkv_kernel(*refs, cfg: BwdConfig):
     bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
         (dk_ref, dv_ref), scratch = _split(refs, cfg, 2)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch
-    b, i, (lo, mid, hi) = _cta(cfg, bounds, reverse=False)  # causal: early keys are the heaviest
+    b, i, bounds = _cta(cfg, bounds, reverse=False)  # causal: early keys are the heaviest
+    lo, mid, hi = bounds[:3]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = query_issuer(cfg, b, kvh, (lo, mid, hi), i, (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
+    issue = query_issuer(cfg, b, kvh, bounds, i, (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
                          (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
 
     @pl.when(wg == COMPUTE_WGS)
@@ -313,7 +352,7 @@ def dkv_kernel(*refs, cfg: BwdConfig):
         own = load_keys(cfg, ops, b, kvh, wg, rows, (k_ref, v_ref, kp_ref, ks_ref),
                         (k_s, v_s, kp_s, ks_s), own_bar.at[wg])
         smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
-        masked = cfg.causal or cfg.segments
+        masked = cfg.masked
 
         def body(j, carry, g, masked: bool):
             slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
@@ -323,5 +362,5 @@ def dkv_kernel(*refs, cfg: BwdConfig):
             plgpu.barrier_arrive(free.at[slot])
             return carry
 
-        group_loop(cfg, ops, body, (lo, mid, hi), masked, k_s.shape[2],
+        group_loop(cfg, ops, body, bounds, masked, k_s.shape[2],
                    (dk_ref.at[b, kvh, rows], dv_ref.at[b, kvh, rows]))

@@ -78,10 +78,11 @@ def fused_kernel(*refs, cfg: hbk.BwdConfig):
         (dq_ref, dk_ref, dv_ref), scratch = hbk._split(refs, cfg, 3)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free, ds_s,
      dq_s) = scratch
-    b, i, (lo, mid, hi) = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
+    b, i, bounds = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
+    lo, mid, hi = bounds[:3]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = hbk.query_issuer(cfg, b, kvh, (lo, mid, hi), i,
+    issue = hbk.query_issuer(cfg, b, kvh, bounds, i,
                              (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
                              (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
 
@@ -110,23 +111,23 @@ def fused_kernel(*refs, cfg: hbk.BwdConfig):
             (dq,) = ops.mma(((cfg.block, d), hk.Smem(ds_s.at[wg], transposed=True),
                              hk.Smem(k_s.at[wg])))  # [c, D] = ds @ k
             h = kvh * cfg.groups + g
-            blk = hbk.visit(j, (lo, mid, hi), i, q_ref.shape[1] // cfg.block)
+            blk = hbk.visit(j, bounds, i, q_ref.shape[1] // cfg.block)
             rows_q = pl.ds(blk * cfg.block, cfg.block)
             ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[wg, b, h, rows_q])
             return carry
 
-        masked = cfg.causal or cfg.segments
+        masked = cfg.masked
 
-        hbk.group_loop(cfg, ops, body, (lo, mid, hi), masked, d,
+        hbk.group_loop(cfg, ops, body, bounds, masked, d,
                        (dk_ref.at[b, kvh, rows], dv_ref.at[b, kvh, rows]))
         ops.flush()
 
 
-def _scratch(d: int, dtype, stages: int, causal: bool, segments: bool):
+def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool):
     """The dk/dv kernel's buffers, then ds^T (16-bit) and the dq staging tile per warpgroup."""
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # 16-bit, 128 bytes
     f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
-    return [*hb._scratch(ROWS, ROWS, d, dtype, stages, 0, 2, causal, segments),
+    return [*hb._scratch(ROWS, ROWS, d, dtype, stages, 0, 2, positions, segments),
             plgpu.SMEM((WGS, ROWS, ROWS), dtype, transforms=tiles),  # ds^T [r keys, c queries]
             plgpu.SMEM((WGS, ROWS, d), F32, transforms=f32_tiles)]  # dq tile for the reduce-add
 
@@ -163,14 +164,14 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     dq_acc = jax.new_ref(jnp.zeros((WGS, B, H, sq, d), F32), memory_space=plgpu.GMEM)
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     dk, dv = _launch(functools.partial(fused_kernel, cfg=cfg), (out, out),
-                     _scratch(d, q.dtype, cfg.stages, cfg.causal, cfg.segments),
+                     _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),
                      grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                        lse2, delta, *extra, dq_acc)
     return dq_acc[...].sum(axis=0), dk, dv
 
 
 def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool):
+             softmax_scale: float, interpret: bool, window: int | None = None):
     """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``)."""
     B, Sq, H, D = q.shape
     Sk, K = k.shape[1], k.shape[2]
@@ -183,13 +184,16 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
                          f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
                          f"{hb.SMEM_LIMIT}); use fewer bwd_stages or backward='mosaic'/'triton'")
     segments = q_seg is not None
-    extra = ((q_pos, k_pos) if causal else ()) + ((q_seg, k_seg) if segments else ())
+    positions = causal or window is not None
+    extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
     cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
                         causal=causal, segments=segments, groups=H // K, n_cta=sk // CTA,
-                        qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret)
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA)  # [B|1, nq, nk]
-    bounds = hbk.key_cta_bounds(table, B)  # over the reversed query blocks, per key CTA
-    dq, dk, dv = _run(*bounds, q, k, v, do, lse2, delta, *extra, cfg=cfg)
+                        qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret,
+                        window=window)
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window)
+    bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
+    extra += tuple(bounds[3:])  # a window's edge bound is the last input
+    dq, dk, dv = _run(*bounds[:3], q, k, v, do, lse2, delta, *extra, cfg=cfg)
     dq = dq * softmax_scale
     cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :D]  # noqa: E731
     return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)

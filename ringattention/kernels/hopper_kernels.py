@@ -13,7 +13,9 @@ block is awaited while the current P·V product is in flight.
 Masking is the one of the Triton step (``gpu_kernels.py``): the wrapper derives per-CTA block
 bounds from ``masks.block_table``; blocks in ``[lo, mid)`` are fully visible and run without a mask,
 blocks in ``[mid, hi)`` compare global positions (``k_pos <= q_pos``) and segment ids elementwise,
-all other blocks are never loaded. Key positions / ids travel with their key block through TMA.
+all other blocks are never loaded. Key positions / ids travel with their key block through TMA. A
+sliding window (``|q_pos - k_pos| < window``) adds a bound ``edge``: blocks ``[lo, edge)`` at the
+window's far edge run masked before the fully visible ones (without a window the kernel is as before).
 
 ``Ops`` isolates the few operations that only exist on the device (wgmma through accumulator refs,
 register layouts); with ``interpret=True`` they become plain ``jnp`` so the same kernel, barriers
@@ -212,6 +214,19 @@ class FwdConfig:
     pingpong: bool
     interpret: bool
     registers: int = 232  # per compute-warpgroup thread (REGISTER_CHOICES)
+    window: int | None = None  # sliding window: keys with |q_pos - k_pos| >= window are hidden
+
+    @property
+    def positions(self) -> bool:
+        """Whether query / key positions are loaded (causal masks and windows compare them)."""
+        return self.causal or self.window is not None
+
+
+def window_mask(causal: bool, window: int, q_pos, k_pos):
+    """bool: ``|q_pos - k_pos| < window`` (q_pos, k_pos broadcast to one shape; causal: the upper
+    side only, the causal mask covers the other)."""
+    d = q_pos - k_pos
+    return d < window if causal else (d < window) & (-d < window)
 
 
 def _mask(cfg: FwdConfig, ops: Ops, s, q_pos, q_seg, kpos_smem, kseg_smem):
@@ -220,6 +235,10 @@ def _mask(cfg: FwdConfig, ops: Ops, s, q_pos, q_seg, kpos_smem, kseg_smem):
     col = lambda ref: lax.broadcast_in_dim(ops.cols(ref), s.shape, [1])  # noqa: E731
     if cfg.causal:
         vis = col(kpos_smem) <= lax.broadcast_in_dim(q_pos, s.shape, [0])
+    if cfg.window is not None:
+        near = window_mask(cfg.causal, cfg.window, lax.broadcast_in_dim(q_pos, s.shape, [0]),
+                           col(kpos_smem))
+        vis = near if vis is None else vis & near
     if cfg.segments:
         same = col(kseg_smem) == lax.broadcast_in_dim(q_seg, s.shape, [0])
         vis = same if vis is None else vis & same
@@ -229,15 +248,17 @@ def _mask(cfg: FwdConfig, ops: Ops, s, q_pos, q_seg, kpos_smem, kseg_smem):
 def fwd_kernel(*refs, cfg: FwdConfig):
     """Entry point for ``plgpu.kernel`` (grid axes "h", "i", "b"; warpgroup axis "wg").
 
-    GMEM inputs: lo/mid/hi int32 [B, nq]; q [B, Sq, H, D]; k, v [B, Sk, K, D]; then (causal) q_pos
-    [Sq], k_pos [Sk]; then (segments) q_seg [B, Sq], k_seg [B, Sk]. GMEM outputs: o f32 [B, H, Sq, D]
-    (head-major, so a warpgroup's tile is contiguous), lse f32 [B, H, Sq] (natural log).
+    GMEM inputs: lo/mid/hi int32 [B, nq]; q [B, Sq, H, D]; k, v [B, Sk, K, D]; then (causal or
+    window) q_pos [Sq], k_pos [Sk]; then (segments) q_seg [B, Sq], k_seg [B, Sk]; then (window) edge
+    int32 [B, nq]. GMEM outputs: o f32 [B, H, Sq, D] (head-major, so a warpgroup's tile is
+    contiguous), lse f32 [B, H, Sq] (natural log).
     """
-    n_in = 6 + 2 * cfg.causal + 2 * cfg.segments
+    n_in = 6 + 2 * cfg.positions + 2 * cfg.segments + (cfg.window is not None)
     ins, (o_ref, lse_ref), scratch = refs[:n_in], refs[n_in:n_in + 2], refs[n_in + 2:]
     lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, *rest = ins
-    qp_ref, kp_ref = (rest.pop(0), rest.pop(0)) if cfg.causal else (None, None)
+    qp_ref, kp_ref = (rest.pop(0), rest.pop(0)) if cfg.positions else (None, None)
     qs_ref, ks_ref = (rest.pop(0), rest.pop(0)) if cfg.segments else (None, None)
+    edge_ref = rest.pop(0) if cfg.window is not None else None
     b, h, qi = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("i")
     if cfg.causal:  # the heaviest query blocks (latest positions) start first
         qi = cfg.nq - 1 - qi
@@ -245,6 +266,8 @@ def fwd_kernel(*refs, cfg: FwdConfig):
     g = dict(b=b, h=h, qi=qi, lo=lo, mid=mid, hi=hi, q_ref=q_ref, k_ref=k_ref, v_ref=v_ref,
              qp_ref=qp_ref, kp_ref=kp_ref, qs_ref=qs_ref, ks_ref=ks_ref, o_ref=o_ref,
              lse_ref=lse_ref)
+    if edge_ref is not None:
+        g["edge"] = edge_ref[b, qi]
     wg = lax.axis_index("wg")
     pl.when(wg < COMPUTE_WGS)(lambda: _compute(cfg, wg, *scratch, **g))
     pl.when(wg == COMPUTE_WGS)(lambda: _produce(cfg, *scratch, **g))
@@ -266,7 +289,7 @@ def _produce(cfg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_
             plgpu.barrier_wait(k_free.at[slot])
 
         plgpu.copy_gmem_to_smem(k_ref.at[b, rows, kvh], k_smem.at[slot], k_bar.at[slot])
-        if cfg.causal:
+        if cfg.positions:
             plgpu.copy_gmem_to_smem(kp_ref.at[rows], kpos_smem.at[slot], k_bar.at[slot])
         if cfg.segments:
             plgpu.copy_gmem_to_smem(ks_ref.at[b, rows], kseg_smem.at[slot], k_bar.at[slot])
@@ -304,7 +327,7 @@ def _online_softmax(cfg: FwdConfig, s, acc, m, l, masked: bool):
 
 def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_smem, q_bar,
              k_bar, v_bar, k_free, v_free, sched, *, b, h, qi, lo, mid, hi, q_ref, qp_ref, qs_ref,
-             o_ref, lse_ref, **_):
+             o_ref, lse_ref, edge=None, **_):
     """Compute warpgroup ``wg``: rows [row0, row0 + bq) of the CTA's query block."""
     set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
     ops = Ops(cfg.interpret)
@@ -312,12 +335,12 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
     row0 = qi * (COMPUTE_WGS * bq) + wg * bq
     rows = pl.ds(row0, bq)
     plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[wg], q_bar.at[wg])
-    if cfg.causal:
+    if cfg.positions:
         plgpu.copy_gmem_to_smem(qp_ref.at[rows], qpos_smem.at[wg], q_bar.at[wg])
     if cfg.segments:
         plgpu.copy_gmem_to_smem(qs_ref.at[b, rows], qseg_smem.at[wg], q_bar.at[wg])
     plgpu.barrier_wait(q_bar.at[wg])
-    q_pos = ops.rows(qpos_smem.at[wg]) if cfg.causal else None  # [bq]
+    q_pos = ops.rows(qpos_smem.at[wg]) if cfg.positions else None  # [bq]
     q_seg = ops.rows(qseg_smem.at[wg]) if cfg.segments else None
 
     def turn():  # hand the tensor cores to the other compute warpgroup
@@ -355,8 +378,12 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
     carry = (ops.full((bq, d), 0.0), ops.full((bq,), -jnp.inf), ops.full((bq,), 0.0))
     wait_keys(lo)
     pl.when(wg == 1)(turn)
-    carry = lax.fori_loop(lo, mid, functools.partial(body, masked=False), carry)
-    masked = cfg.causal or cfg.segments
+    start = lo  # (body's slots count from lo)
+    if edge is not None:  # the window's far edge: masked, before the fully visible blocks
+        carry = lax.fori_loop(lo, edge, functools.partial(body, masked=True), carry)
+        start = edge
+    carry = lax.fori_loop(start, mid, functools.partial(body, masked=False), carry)
+    masked = cfg.causal or cfg.segments or cfg.window is not None
     carry = lax.fori_loop(mid, hi, functools.partial(body, masked=masked), carry)
     pl.when(wg == 0)(turn)
     acc, m, l = carry

@@ -10,10 +10,11 @@ both recomputing probabilities from the ring's global lse.
 Masks come from the global positions of the step (any layout: contiguous, striped, zigzag) and
 segment ids. The wrapper classifies block pairs with ``masks.block_table`` and hands every program
 the bounds of its fully visible and partially visible blocks; hidden blocks are skipped, fully
-visible ones run without the elementwise mask. Shards that are not a multiple of the block are
-padded with keys that no query sees (sentinel segment ids) and the padding is cut off again; head
-dims are padded to a power of two >= 16. Contract: ``ringattention/implementations.py``. Kernel
-bodies: ``gpu_kernels.py``.
+visible ones run without the elementwise mask. A sliding window (``|q_pos - k_pos| < window``) adds
+the blocks at the window's far edge as a masked range before the fully visible ones. Shards that
+are not a multiple of the block are padded with keys that no query sees (sentinel segment ids) and
+the padding is cut off again; head dims are padded to a power of two >= 16. Contract:
+``ringattention/implementations.py``. Kernel bodies: ``gpu_kernels.py``.
 """
 
 from __future__ import annotations
@@ -156,6 +157,29 @@ def _bounds(table, batch: int):
                  for x in (lo, mid, hi))
 
 
+def _edge_bounds(table, batch: int):
+    """Like :func:`_bounds` for rows that may start with partially visible blocks (a window's far
+    edge): int32 [B, n] lo, mid, hi, edge with [lo, edge) partial or hidden, [edge, mid) all FULL,
+    [mid, hi) the rest, and every non-SKIP column in [lo, hi)."""
+    m = table.shape[-1]
+    idx = jnp.arange(m, dtype=jnp.int32)
+    vis = table != masks.SKIP
+    hi = jnp.max(jnp.where(vis, idx + 1, 0), axis=-1)
+    lo = jnp.minimum(jnp.min(jnp.where(vis, idx, m), axis=-1), hi)
+    full = table == masks.FULL
+    edge = jnp.clip(jnp.min(jnp.where(full & (idx >= lo[..., None]), idx, m), axis=-1), lo, hi)
+    mid = jnp.clip(jnp.min(jnp.where(~full & (idx >= edge[..., None]), idx, m), axis=-1), edge, hi)
+    return tuple(jnp.broadcast_to(x, (batch, table.shape[1])).astype(jnp.int32)
+                 for x in (lo, mid, hi, edge))
+
+
+def block_bounds(table, batch: int, window):
+    """(lo, mid, hi, edge): ``_bounds`` and edge None without a window, else :func:`_edge_bounds`."""
+    if window is None:
+        return (*_bounds(table, batch), None)
+    return _edge_bounds(table, batch)
+
+
 def _precision(dtype):
     return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
@@ -180,21 +204,25 @@ def _params(warps: int, stages: int):
 
 
 def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_scale: float,
-                 block_sizes: BlockSizes | None = None, interpret: bool = False):
+                 block_sizes: BlockSizes | None = None, interpret: bool = False,
+                 window: int | None = None):
     """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
     _check(q, k, v, q_pos, k_pos, q_seg, k_seg)
     bs = block_sizes or default_block_sizes(q.shape[3])
     B, Sq, H, D = q.shape
     geo = _geometry(q, k, bs.block_q, bs.block_k)
     q, k, v, q_pos, k_pos, q_seg, k_seg = _pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.bq, geo.bk)  # [B|1, nq, nk]
-    o, lse = _fwd_call(_bounds(table, B), q, k, v, q_pos if causal else None,
-                       k_pos if causal else None, q_seg, k_seg, geo=geo, scale=softmax_scale,
-                       bs=bs, interpret=interpret)
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.bq, geo.bk,
+                              window)  # [B|1, nq, nk]
+    pos = causal or window is not None
+    o, lse = _fwd_call(block_bounds(table, B, window), q, k, v, q_pos if pos else None,
+                       k_pos if pos else None, q_seg, k_seg, geo=geo, scale=softmax_scale,
+                       bs=bs, interpret=interpret, causal=causal, window=window)
     return o[:, :Sq, :, :D], lse[:, :, :Sq]
 
 
-def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, *, geo, scale, bs, interpret):
+def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, *, geo, scale, bs, interpret,
+              causal=True, window=None):
     B, Sq, H, D = q.shape  # padded: [batch, q_shard, heads, head_dim]
     Sk, K = k.shape[1], k.shape[2]  # k, v: [batch, kv_shard, kv_heads, head_dim]
     G, nq, bq = H // K, Sq // geo.bq, geo.bq
@@ -202,7 +230,7 @@ def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, *, geo, scale, bs, in
     scalar = pl.BlockSpec((SQ, SQ), lambda i, b, h: (b, qi(i)))
     kv_spec = pl.BlockSpec((SQ, Sk, SQ, D), lambda i, b, h: (b, 0, h // G, 0))
     in_specs = [
-        scalar, scalar, scalar,
+        scalar, scalar, scalar, None if window is None else scalar,
         pl.BlockSpec((SQ, bq, SQ, D), lambda i, b, h: (b, qi(i), h, 0)),
         kv_spec, kv_spec,
         None if q_pos is None else pl.BlockSpec((bq,), lambda i, b, h: (qi(i),)),
@@ -214,7 +242,7 @@ def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, *, geo, scale, bs, in
                  pl.BlockSpec((SQ, SQ, bq), lambda i, b, h: (b, h, qi(i)))]
     out_shape = [jax.ShapeDtypeStruct((B, Sq, H, D), F32), jax.ShapeDtypeStruct((B, H, Sq), F32)]
     kernel = functools.partial(kern.fwd_kernel, qk_scale=scale * kern.LOG2E, block_k=geo.bk,
-                               precision=_precision(q.dtype))
+                               precision=_precision(q.dtype), causal=causal, window=window)
     return pl.pallas_call(
         kernel, grid=(nq, B, H), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=_params(bs.fwd_warps, bs.fwd_stages), interpret=interpret,
@@ -224,7 +252,7 @@ def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, *, geo, scale, bs, in
 
 def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
                   softmax_scale: float, block_sizes: BlockSizes | None = None,
-                  interpret: bool = False):
+                  interpret: bool = False, window: int | None = None):
     """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv."""
     _check(q, k, v, q_pos, k_pos, q_seg, k_seg)
     if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
@@ -235,6 +263,8 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     Sk = k.shape[1]
     lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * kern.LOG2E  # [B, H, Sq] log2 units
     kw = dict(causal=causal, scale=softmax_scale, bs=bs, interpret=interpret)
+    if window is not None:
+        kw["window"] = window
     geo = _geometry(q, k, bs.block_q_dq, bs.block_k_dq)
     args = _pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do)
     dq = _dq_call(geo, *args, _pad_to(lse2, 2, geo.sq_pad), _pad_to(delta, 2, geo.sq_pad), **kw)
@@ -246,73 +276,81 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
 
 
 def _dq_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, causal, scale, bs,
-             interpret):
+             interpret, window=None):
     B, Sq, H, D = q.shape  # padded
     Sk, K = k.shape[1], k.shape[2]
     G, nq, bq = H // K, Sq // geo.bq, geo.bq
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, bq, geo.bk)  # [B|1, nq, nk]
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, bq, geo.bk,
+                              window)  # [B|1, nq, nk]
+    pos = causal or window is not None
     qi = (lambda i: nq - 1 - i) if causal else (lambda i: i)
     scalar = pl.BlockSpec((SQ, SQ), lambda i, b, h: (b, qi(i)))
     q_spec = pl.BlockSpec((SQ, bq, SQ, D), lambda i, b, h: (b, qi(i), h, 0))
     kv_spec = pl.BlockSpec((SQ, Sk, SQ, D), lambda i, b, h: (b, 0, h // G, 0))
     row_spec = pl.BlockSpec((SQ, SQ, bq), lambda i, b, h: (b, h, qi(i)))
     in_specs = [
-        scalar, scalar, scalar, q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec,
-        pl.BlockSpec((bq,), lambda i, b, h: (qi(i),)) if causal else None,
-        pl.BlockSpec((Sk,), lambda i, b, h: (0,)) if causal else None,
+        scalar, scalar, scalar, None if window is None else scalar, q_spec, kv_spec, kv_spec,
+        q_spec, row_spec, row_spec,
+        pl.BlockSpec((bq,), lambda i, b, h: (qi(i),)) if pos else None,
+        pl.BlockSpec((Sk,), lambda i, b, h: (0,)) if pos else None,
         None if q_seg is None else pl.BlockSpec((SQ, bq), lambda i, b, h: (b, qi(i))),
         None if k_seg is None else pl.BlockSpec((SQ, Sk), lambda i, b, h: (b, 0)),
     ]
     kernel = functools.partial(kern.dq_kernel, qk_scale=scale * kern.LOG2E, scale=scale,
-                               block_k=geo.bk, precision=_precision(q.dtype))
+                               block_k=geo.bk, precision=_precision(q.dtype), causal=causal,
+                               window=window)
     return pl.pallas_call(
         kernel, grid=(nq, B, H), in_specs=in_specs, out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct((B, Sq, H, D), F32),
         compiler_params=_params(bs.bwd_warps, bs.bwd_stages), interpret=interpret,
         name="ring_step_dq",
-    )(*_bounds(table, B), q, k, v, do, lse2, delta, q_pos if causal else None,
-      k_pos if causal else None, q_seg, k_seg)
+    )(*block_bounds(table, B, window), q, k, v, do, lse2, delta, q_pos if pos else None,
+      k_pos if pos else None, q_seg, k_seg)
 
 
 def _dkv_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, causal, scale, bs,
-              interpret):
+              interpret, window=None):
     B, Sq, H, D = q.shape  # padded
     Sk, K = k.shape[1], k.shape[2]
     G, nk, bk = H // K, Sk // geo.bk, geo.bk
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.bq, bk)  # [B|1, nq, nk]
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.bq, bk,
+                              window)  # [B|1, nq, nk]
+    pos = causal or window is not None
     table_t = jnp.swapaxes(table, 1, 2)  # [B|1, nk, nq]
     scalar = pl.BlockSpec((SQ, SQ), lambda j, b, h: (b, j))
     kv_spec = pl.BlockSpec((SQ, bk, SQ, D), lambda j, b, h: (b, j, h, 0))
     group_spec = pl.BlockSpec((SQ, Sq, SQ, G, D), lambda j, b, h: (b, 0, h, 0, 0))
     rows_spec = pl.BlockSpec((SQ, SQ, G, Sq), lambda j, b, h: (b, h, 0, 0))
     in_specs = [
-        scalar, scalar, scalar, group_spec, kv_spec, kv_spec, group_spec, rows_spec, rows_spec,
-        pl.BlockSpec((Sq,), lambda j, b, h: (0,)) if causal else None,
-        pl.BlockSpec((bk,), lambda j, b, h: (j,)) if causal else None,
+        scalar, scalar, scalar, None if window is None else scalar, group_spec, kv_spec, kv_spec,
+        group_spec, rows_spec, rows_spec,
+        pl.BlockSpec((Sq,), lambda j, b, h: (0,)) if pos else None,
+        pl.BlockSpec((bk,), lambda j, b, h: (j,)) if pos else None,
         None if q_seg is None else pl.BlockSpec((SQ, Sq), lambda j, b, h: (b, 0)),
         None if k_seg is None else pl.BlockSpec((SQ, bk), lambda j, b, h: (b, j)),
     ]
     group = lambda x: x.reshape(B, Sq, K, G, D)  # noqa: E731  free reshape, no copy of kv
     rows = lambda x: x.reshape(B, K, G, Sq)  # noqa: E731
     kernel = functools.partial(kern.dkv_kernel, qk_scale=scale * kern.LOG2E, scale=scale,
-                               block_q=geo.bq, groups=G, precision=_precision(q.dtype))
+                               block_q=geo.bq, groups=G, precision=_precision(q.dtype),
+                               causal=causal, window=window)
     out_shape = [jax.ShapeDtypeStruct((B, Sk, K, D), F32)] * 2
     return pl.pallas_call(
         kernel, grid=(nk, B, K), in_specs=in_specs, out_specs=[kv_spec, kv_spec],
         out_shape=out_shape, compiler_params=_params(bs.bwd_warps, bs.bwd_stages),
         interpret=interpret, name="ring_step_dkv",
-    )(*_bounds(table_t, B), group(q), k, v, group(do), rows(lse2), rows(delta),
-      q_pos if causal else None, k_pos if causal else None, q_seg, k_seg)
+    )(*block_bounds(table_t, B, window), group(q), k, v, group(do), rows(lse2), rows(delta),
+      q_pos if pos else None, k_pos if pos else None, q_seg, k_seg)
 
 
 def reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
-                           softmax_scale: float):
+                           softmax_scale: float, window: int | None = None):
     """Naive float32 forward of one step (same contract): (o [B, Sq, H, D], lse [B, H, Sq])."""
     B, Sq, H, D = q.shape
     K = k.shape[2]
     s = jnp.einsum("bqkgd,bskd->bkgqs", q.reshape(B, Sq, K, H // K, D), k,
                    preferred_element_type=F32, precision=lax.Precision.HIGHEST) * softmax_scale
-    vis = masks.visible(q_pos, k_pos, q_seg, k_seg, causal)[:, None, None]  # [B|1, 1, 1, Sq, Sk]
+    vis = masks.visible(q_pos, k_pos, q_seg, k_seg, causal, window)[:, None, None]  # [B|1,1,1,Sq,Sk]
     s = jnp.where(vis, s, -jnp.inf)
     lse = jax.nn.logsumexp(s, axis=-1)  # [B, K, G, Sq], -inf where nothing is seen
     p = jnp.exp(s - jnp.where(jnp.isneginf(lse), 0.0, lse)[..., None])
@@ -321,7 +359,7 @@ def reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
 
 
 def reference_backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
-                            softmax_scale: float):
+                            softmax_scale: float, window: int | None = None):
     """Naive float32 backward of one step (same contract): dq, dk, dv."""
     B, Sq, H, D = q.shape
     K = k.shape[2]
@@ -329,7 +367,7 @@ def reference_backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
     qg, dog = (x.astype(F32).reshape(B, Sq, K, H // K, D) for x in (q, do))
     kf, vf = k.astype(F32), v.astype(F32)
     s = jnp.einsum("bqkgd,bskd->bkgqs", qg, kf, **hp) * softmax_scale
-    vis = masks.visible(q_pos, k_pos, q_seg, k_seg, causal)[:, None, None]
+    vis = masks.visible(q_pos, k_pos, q_seg, k_seg, causal, window)[:, None, None]
     lse_safe = jnp.where(jnp.isneginf(lse), 0.0, lse).reshape(B, K, H // K, Sq)
     p = jnp.where(vis, jnp.exp(s - lse_safe[..., None]), 0.0)  # [B, K, G, Sq, Sk]
     dp = jnp.einsum("bqkgd,bskd->bkgqs", dog, vf, **hp)

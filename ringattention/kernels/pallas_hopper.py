@@ -208,7 +208,8 @@ def _pad(geo: Geometry, q, k, v, q_pos, k_pos, q_seg, k_seg):
 
 
 def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_scale: float,
-                 block_sizes: BlockSizes | None = None, interpret: bool = False):
+                 block_sizes: BlockSizes | None = None, interpret: bool = False,
+                 window: int | None = None):
     """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
     _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale)
     bs = block_sizes or default_block_sizes(q.shape[3])
@@ -217,29 +218,30 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_s
     if jnp.dtype(q.dtype) not in HALF_DTYPES:  # float32: the Triton kernel, exact to ~1e-6
         return pg.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, causal=causal,
                                softmax_scale=softmax_scale, block_sizes=bs.triton,
-                               interpret=interpret)
+                               interpret=interpret, window=window)
     B, Sq, H, D = q.shape
     geo = geometry(Sq, k.shape[1], D, bs)
     q, k, v, q_pos, k_pos, q_seg, k_seg = _pad(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.cta_rows, geo.bk)
-    bounds = pg._bounds(table, B)  # 3 x int32 [B, nq]
-    extra = (q_pos, k_pos) if causal else ()
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.cta_rows, geo.bk, window)
+    *bounds, edge = pg.block_bounds(table, B, window)  # 3 x int32 [B, nq]; edge: window only
+    extra = (q_pos, k_pos) if causal or window is not None else ()
     extra += (q_seg, k_seg) if q_seg is not None else ()
+    extra += (edge,) if window is not None else ()
     o, lse = _fwd_call(geo, bs, *bounds, q, k, v, *extra, causal=causal, segments=q_seg is not None,
-                       scale=softmax_scale, interpret=interpret)
+                       scale=softmax_scale, interpret=interpret, window=window)
     return jnp.swapaxes(o, 1, 2)[:, :Sq, :, :D], lse[:, :, :Sq]
 
 
 def _fwd_call(geo: Geometry, bs: BlockSizes, lo, mid, hi, q, k, v, *extra, causal: bool,
-              segments: bool, scale: float, interpret: bool):
+              segments: bool, scale: float, interpret: bool, window: int | None = None):
     B, Sq, H, D = q.shape  # padded
     K = k.shape[2]
     nq = Sq // geo.cta_rows
     cfg = hk.FwdConfig(bq=geo.bq, bk=geo.bk, stages=bs.stages, causal=causal, segments=segments,
                        groups=H // K, nq=nq, qk_scale=scale * hk.LOG2E, pingpong=bs.pingpong,
-                       interpret=interpret, registers=bs.registers)
+                       interpret=interpret, registers=bs.registers, window=window)
     smem = (hk.COMPUTE_WGS * geo.bq + 2 * bs.stages * geo.bk) * D * q.dtype.itemsize
-    smem += 4 * (hk.COMPUTE_WGS * geo.bq + bs.stages * geo.bk) * (causal + segments)
+    smem += 4 * (hk.COMPUTE_WGS * geo.bq + bs.stages * geo.bk) * (cfg.positions + segments)
     if smem > SMEM_LIMIT - 1024:
         raise ValueError(f"pallas_hopper: block_k={geo.bk}, stages={bs.stages} at head dim {D} need "
                          f"{smem} bytes of shared memory (limit {SMEM_LIMIT}); use fewer/smaller")
@@ -254,12 +256,12 @@ def _scratch(cfg: hk.FwdConfig, d: int, dtype):
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     wgs, s = hk.COMPUTE_WGS, cfg.stages
     ivec = lambda n, length, on: plgpu.SMEM((n, length), jnp.int32) if on else None  # noqa: E731
-    q_copies = 1 + cfg.causal + cfg.segments
+    q_copies = 1 + cfg.positions + cfg.segments
     return [
         plgpu.SMEM((wgs, cfg.bq, d), dtype, transforms=tiles),  # q per compute warpgroup
         plgpu.SMEM((s, cfg.bk, d), dtype, transforms=tiles),  # k slots
         plgpu.SMEM((s, cfg.bk, d), dtype, transforms=tiles),  # v slots
-        ivec(wgs, cfg.bq, cfg.causal), ivec(s, cfg.bk, cfg.causal),  # q / k positions
+        ivec(wgs, cfg.bq, cfg.positions), ivec(s, cfg.bk, cfg.positions),  # q / k positions
         ivec(wgs, cfg.bq, cfg.segments), ivec(s, cfg.bk, cfg.segments),  # q / k segment ids
         plgpu.Barrier(num_arrivals=q_copies, num_barriers=wgs),  # q loaded
         plgpu.Barrier(num_arrivals=q_copies, num_barriers=s),  # k (+ positions, ids) loaded
@@ -272,7 +274,7 @@ def _scratch(cfg: hk.FwdConfig, d: int, dtype):
 
 def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
                   softmax_scale: float, block_sizes: BlockSizes | None = None,
-                  interpret: bool = False):
+                  interpret: bool = False, window: int | None = None):
     """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv.
 
     Runs the Triton step's kernels unless ``block_sizes.backward`` is "mosaic" or "fused" (and q is
@@ -286,6 +288,8 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
     kw = dict(causal=causal, softmax_scale=softmax_scale, interpret=interpret)
+    if window is not None:
+        kw["window"] = window
     if bs.backward == "triton" or jnp.dtype(q.dtype) not in HALF_DTYPES:
         return pg.backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
                                 block_sizes=bs.triton, **kw)

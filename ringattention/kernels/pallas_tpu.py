@@ -4,8 +4,8 @@ The inner loop of Ring Attention (Liu, Zaharia & Abbeel 2023) as FlashAttention-
 2023) written to TPU rules: a forward kernel over grid (batch, head, q block, kv block) with float32
 running max / denominator / output in VMEM scratch, a dq kernel over the same grid, and a dk/dv
 kernel over (batch, kv head, kv block, group, q block) that sums the query heads of a GQA group into
-one kv head's float32 dk/dv without repeating k/v. Causal and segment masks come from global
-positions and ids (any layout); per-block SKIP/PARTIAL/FULL kinds (``masks.block_table``) and the
+one kv head's float32 dk/dv without repeating k/v. Causal, sliding-window and segment masks come from
+global positions and ids (any layout); per-block SKIP/PARTIAL/FULL kinds (``masks.block_table``) and the
 block to hold at each grid step reach the kernels by scalar prefetch, so SKIP blocks are neither
 computed nor copied to VMEM and FULL blocks skip the elementwise mask. Contract:
 ``ringattention/implementations.py``.
@@ -53,10 +53,15 @@ class _Cfg:
     n_inner: int  # blocks along the reduction axis
     groups: int  # query heads per kv head
     f32_inputs: bool
+    window: int | None = None  # sliding window: |q_pos - k_pos| >= window is hidden
+
+    @property
+    def positions(self) -> bool:
+        return self.causal or self.window is not None
 
     @property
     def masked(self) -> bool:
-        return self.causal or self.has_seg
+        return self.causal or self.has_seg or self.window is not None
 
     def flat(self, b, outer, inner):
         tb = b if self.batch_table else 0
@@ -88,6 +93,10 @@ def _visible(pos_refs, seg_refs, cfg: _Cfg, rows_are_queries: bool):
     if cfg.causal:
         vis = (row(pos_refs) <= col(pos_refs)) if rows_are_queries else (
             col(pos_refs) <= row(pos_refs))
+    if cfg.window is not None:
+        d = col(pos_refs) - row(pos_refs) if rows_are_queries else row(pos_refs) - col(pos_refs)
+        near = d < cfg.window if cfg.causal else (d < cfg.window) & (-d < cfg.window)
+        vis = near if vis is None else vis & near
     if cfg.has_seg:
         same = col(seg_refs) == row(seg_refs)
         vis = same if vis is None else vis & same
@@ -96,8 +105,8 @@ def _visible(pos_refs, seg_refs, cfg: _Cfg, rows_are_queries: bool):
 
 def _split_refs(refs, cfg: _Cfg, n_main: int):
     main, rest = refs[:n_main], refs[n_main:]
-    pos = rest[:2] if cfg.causal else ()
-    rest = rest[2:] if cfg.causal else rest
+    pos = rest[:2] if cfg.positions else ()
+    rest = rest[2:] if cfg.positions else rest
     seg = rest[:2] if cfg.has_seg else ()
     return main, pos, seg, rest[2:] if cfg.has_seg else rest
 
@@ -150,7 +159,8 @@ def _fwd_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
 
 
 def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
-                 block_sizes: BlockSizes | None = None, interpret: bool = False):
+                 block_sizes: BlockSizes | None = None, interpret: bool = False,
+                 window: int | None = None):
     """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
     check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg)
     B, Sq, H, D = q.shape  # [batch, q_shard, heads, head_dim]
@@ -158,9 +168,9 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
     G = H // K
     bq, bk = resolve_blocks(block_sizes, Sq, Sk, backward=False)
     nq, nk = Sq // bq, Sk // bk
-    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk)  # [Bt, nq, nk]
+    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window)  # [Bt, nq, nk]
     cfg = _Cfg(bool(causal), float(softmax_scale), q_seg is not None, kind.shape[0] > 1, nq, nk, G,
-               q.dtype == jnp.float32)
+               q.dtype == jnp.float32, window)
     hv = HeadView.for_dim(D)
     kv_blk = lambda b, h, i, j, kr, fr: fr[cfg.flat(b, i, j)]  # noqa: E731
 
@@ -252,7 +262,8 @@ def _dkv_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
         dv_ref[...] = dv_sc[...]
 
 
-def _bwd_common(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, causal, block_sizes):
+def _bwd_common(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, causal, block_sizes,
+                window=None):
     check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg)
     if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
                                                                            q.shape[1]):
@@ -261,7 +272,7 @@ def _bwd_common(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, causal, blo
     B, Sq, H, D = q.shape
     Sk, K = k.shape[1], k.shape[2]
     bq, bk = resolve_blocks(block_sizes, Sq, Sk, backward=True)
-    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk)  # [Bt, nq, nk]
+    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window)  # [Bt, nq, nk]
     hv = HeadView.for_dim(D)
     lse_safe = jnp.where(jnp.isneginf(lse), 0.0, lse).astype(F32)
     rows = (hv.view(q), hv.view(k), hv.view(v), hv.view(do.astype(q.dtype)),
@@ -287,7 +298,7 @@ def _aux_spec(block: int, col: bool, batched: bool, index):
 def _aux(cfg: _Cfg, q_pos, k_pos, q_seg, k_seg, bq: int, bk: int, q_index, k_index, q_rows: bool):
     """Specs and args of positions / segment ids; ``q_rows``: queries index the score rows."""
     specs, args = [], []
-    pairs = [(q_pos, k_pos, False)] if cfg.causal else []
+    pairs = [(q_pos, k_pos, False)] if cfg.positions else []
     pairs += [(q_seg, k_seg, True)] if cfg.has_seg else []
     for qx, kx, batched in pairs:
         for x, block, index, col in ((qx, bq, q_index, q_rows), (kx, bk, k_index, not q_rows)):
@@ -347,14 +358,16 @@ def _dkv_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
 
 
 def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
-                  block_sizes: BlockSizes | None = None, interpret: bool = False):
+                  block_sizes: BlockSizes | None = None, interpret: bool = False,
+                  window: int | None = None):
     """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv."""
     dims, kind, fetch, hv, rows = _bwd_common(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
-                                              causal, block_sizes)
+                                              causal, block_sizes, window)
     B, Sq, H, D, Sk, K, bq, bk = dims
     nq, nk = Sq // bq, Sk // bk
     base = dict(causal=bool(causal), scale=float(softmax_scale), has_seg=q_seg is not None,
-                batch_table=kind.shape[0] > 1, groups=H // K, f32_inputs=q.dtype == jnp.float32)
+                batch_table=kind.shape[0] > 1, groups=H // K, f32_inputs=q.dtype == jnp.float32,
+                window=window)
     cfg_q = _Cfg(n_outer=nq, n_inner=nk, **base)
     aux = functools.partial(_aux, cfg_q, q_pos, k_pos, q_seg, k_seg, bq, bk)
     dq = _dq_call(cfg_q, dims, kind, fetch, hv, rows, aux, interpret)

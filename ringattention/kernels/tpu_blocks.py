@@ -115,13 +115,13 @@ def check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg) -> None:
         raise ValueError(f"segment ids must be [B, Sq], [B, Sk]; got {q_seg.shape=} {k_seg.shape=}")
 
 
-def tables(q_pos, k_pos, q_seg, k_seg, causal: bool, bq: int, bk: int):
+def tables(q_pos, k_pos, q_seg, k_seg, causal: bool, bq: int, bk: int, window: int | None = None):
     """Block kinds and the block to hold at each grid step, both int32 [Bt, nq, nk] (Bt = B or 1).
 
     ``fetch[.., i, j]`` is ``j`` for computed blocks and the last computed block before ``j`` (else
     the next one) for SKIP blocks, so the pipeline re-uses the buffer and issues no DMA for them.
     """
-    kind = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, bq, bk)  # [Bt, nq, nk]
+    kind = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window)  # [Bt, nq, nk]
     return kind, fetch_index(kind)
 
 
