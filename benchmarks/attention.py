@@ -9,7 +9,8 @@ and the median of repeated runs, and writes JSON plus a Markdown table.
   python benchmarks/attention.py --impls xla --seqs 16384,65536 --out benchmarks/results/xla_h200
 
 FLOPs: forward 4*B*H*L*L*D (halved when causal); forward+backward 3.5x forward (the FlashAttention
-convention: the backward does 2.5x the forward's matmul work).
+convention: the backward does 2.5x the forward's matmul work). ``--sp 1,2`` also times rings of several
+devices (inputs in ``--layout`` order, sharded once outside the timing); TFLOP/s are per device.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import ringattention
@@ -95,16 +96,28 @@ def block_sizes_for(impl, spec, head_dim=None):
     return mod.BlockSizes(**fields)
 
 
-def ring_fn(impl, causal, block_sizes=None, deterministic=False):
-    mesh = Mesh(np.array(jax.devices()[:1]), ("sp",))
+def ring_fn(impl, causal, block_sizes=None, deterministic=False, n=1, layout="zigzag"):
+    """ring_attention on a ring of the first ``n`` devices; inputs in ``layout`` order for ``n``."""
+    mesh = Mesh(np.array(jax.devices()[:n]), ("sp",))
     spec = P(None, "sp")
 
     def local(q, k, v):
         return ringattention.ring_attention(q, k, v, "sp", causal=causal, implementation=impl,
-                                            block_sizes=block_sizes, deterministic=deterministic)
+                                            block_sizes=block_sizes, deterministic=deterministic,
+                                            layout=layout if n > 1 else "contiguous")
 
     return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
                          check_vma=False)
+
+
+def layout_io(n, layout):
+    """(to, back): a natural-order array to ``layout`` order sharded over the first ``n`` devices, and
+    a ring output back to natural order (outside the timed functions)."""
+    if n == 1:
+        return (lambda x: x), (lambda x: x)
+    sharding = NamedSharding(Mesh(np.array(jax.devices()[:n]), ("sp",)), P(None, "sp"))
+    to = lambda x: jax.device_put(ringattention.layouts.to_layout(x, layout, n), sharding)  # noqa: E731
+    return to, jax.jit(lambda x: ringattention.layouts.from_layout(x, layout, n))
 
 
 def bare_fns(impl, causal, block_sizes=None, deterministic=False):
@@ -172,32 +185,37 @@ def bench_shape(args, impls, b, l, h, kvh, d, causal):
     do = jax.random.normal(kd, (b, l, h, d), jnp.float32)
     platform = jax.default_backend()
     base, base_name = baseline_fn(platform, causal)
-    fns = {base_name: (base, fwdbwd(base))}
+    fns = {base_name: (base, fwdbwd(base), 1)}  # name -> (fwd, fwd+bwd, devices)
+    rings = [int(x) for x in str(args.sp).split(",")]
     for impl in impls:
         bs = block_sizes_for(impl, args.block, d)
         for det in (False, True) if args.deterministic else (False,):
             tag = f"{impl}" + (f" {args.block}" if args.block else "") + (" deterministic" if det
                                                                            else "")
-            if not args.sweep:
-                f = ring_fn(impl, causal, bs, det)
-                fns[f"ring[{tag}]"] = (f, fwdbwd(f))
+            for n in rings if not args.sweep else ():
+                f = ring_fn(impl, causal, bs, det, n, args.layout)
+                fns[f"ring[{tag}]" + (f" sp={n} {args.layout}" if n > 1 else "")] = (f, fwdbwd(f), n)
             if args.bare:
-                fns[f"bare[{tag}]"] = bare_fns(impl, causal, bs, det)
+                fns[f"bare[{tag}]"] = (*bare_fns(impl, causal, bs, det), 1)
         for spec in filter(None, args.sweep.split(";")):  # bare step per BlockSizes candidate
-            fns[f"bare[{impl} {spec}]"] = bare_fns(impl, causal, block_sizes_for(impl, spec, d))
-    errs = check({n: f for n, (f, _) in fns.items()}, q, k, v, causal)
+            fns[f"bare[{impl} {spec}]"] = (*bare_fns(impl, causal, block_sizes_for(impl, spec, d)), 1)
+    io = {n: layout_io(n, args.layout) for n in {n for *_, n in fns.values()}}
+    natural = lambda f, n: lambda *a: io[n][1](f(*map(io[n][0], a)))  # noqa: E731 (not timed)
+    errs = check({name: natural(f, n) for name, (f, _, n) in fns.items()}, q, k, v, causal)
     base_out = jax.jit(base)(q, k, v)
     rows = []
-    for name, (f, fb) in fns.items():
+    for name, (f, fb, n) in fns.items():
         row = dict(name=name, batch=b, seq=l, heads=h, kv_heads=kvh, head_dim=d, causal=causal,
-                   dtype=args.dtype, err_vs_f32_ref_prefix=errs[name])
+                   dtype=args.dtype, devices=n, err_vs_f32_ref_prefix=errs[name])
         try:
-            row["err_vs_baseline"] = rel(jax.jit(f)(q, k, v), base_out)
+            to = io[n][0]
+            ins = (to(q), to(k), to(v))
+            row["err_vs_baseline"] = rel(io[n][1](jax.jit(f)(*ins)), base_out)
             for mode, g in (("fwd", jax.jit(f)), ("fwdbwd", jax.jit(fb))):
-                a = (q, k, v) if mode == "fwd" else (q, k, v, do)
+                a = ins if mode == "fwd" else (*ins, to(do))
                 t = time_fn(g, a, reps=args.reps)
                 row[f"{mode}_ms"] = t * 1e3
-                row[f"{mode}_tflops"] = flops(b, h, l, d, causal, mode) / t / 1e12
+                row[f"{mode}_tflops"] = flops(b, h, l, d, causal, mode) / t / 1e12 / n  # per device
         except Exception as e:  # noqa: BLE001 - a failing variant is recorded, not fatal
             row["error"] = repr(e)[:300]
         rows.append(row)
@@ -211,8 +229,8 @@ def bench_shape(args, impls, b, l, h, kvh, d, causal):
 
 
 def table(rows):
-    cols = ["name", "seq", "heads", "kv_heads", "head_dim", "causal", "fwd_tflops", "fwdbwd_tflops",
-            "err_vs_baseline"]
+    cols = ["name", "devices", "seq", "heads", "kv_heads", "head_dim", "causal", "fwd_tflops",
+            "fwdbwd_tflops", "err_vs_baseline"]
     ratio_cols = sorted({c for r in rows for c in r if "_vs_" in c and c != "err_vs_baseline"})
     cols += ratio_cols
     fmt = lambda x: f"{x:.3g}" if isinstance(x, float) else str(x)
@@ -237,6 +255,9 @@ def main(argv=None):
     ap.add_argument("--deterministic", action="store_true",
                     help="also time every implementation with deterministic=True (rows tagged "
                          '"deterministic"): the speed cost of kernels whose sums have a fixed order')
+    ap.add_argument("--sp", default="1", help="comma-separated ring sizes (devices on the ring); "
+                    "TFLOP/s are per device")
+    ap.add_argument("--layout", default="zigzag", help="layout of rings of more than one device")
     ap.add_argument("--out", default=None, help="path prefix for .json and .md")
     args = ap.parse_args(argv)
     impls = args.impls.split(",")

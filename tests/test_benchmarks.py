@@ -228,3 +228,18 @@ def test_window_benchmark_times_window_and_full_causal(bench, tmp_path):
     assert skipped == [("xla", 256), ("xla_sdpa", 256)]
     assert json.load(open(out + ".json"))["summary"] == json.loads(json.dumps(result["summary"]))
     assert "not run (seq > --full-max 128)" in open(out + ".md").read()
+
+
+def test_attention_times_a_ring_of_two_per_device(bench, tmp_path):
+    """``attention.py --sp 1,2``: the ring of two runs on layout-ordered, sharded inputs, agrees with
+    the baseline, and reports TFLOP/s per device."""
+    out = str(tmp_path / "attn_sp")
+    rows = bench("attention").main(["--impls", "xla", "--seqs", "128", "--causal", "1", "--shapes",
+                                    "2:1:64", "--reps", "1", "--dtype", "float32", "--sp", "1,2",
+                                    "--out", out])
+    assert [(r["name"], r["devices"]) for r in rows] == [
+        ("xla_sdpa", 1), ("ring[xla]", 1), ("ring[xla] sp=2 zigzag", 2)]
+    for r in rows:
+        assert r["err_vs_baseline"] < 1e-5 and r["err_vs_f32_ref_prefix"] < 1e-5
+        assert r["fwd_tflops"] == pytest.approx(4 * 2 * 128 * 128 * 64 / 2 / r["fwd_ms"] / 1e9
+                                                / r["devices"])
