@@ -144,6 +144,7 @@ def check(args, fns) -> dict:
 
 
 def measure(fn, name, args, seq, window, reps) -> dict:
+    print(f"RUN {name} seq={seq} window={window}", flush=True)  # names a hung or failing run
     q, k, v, do = inputs(args, seq)
     row = dict(name=name, seq=seq, window=window, heads=args.heads, kv_heads=args.kv_heads,
                head_dim=args.head_dim, dtype=args.dtype)
