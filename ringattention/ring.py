@@ -291,8 +291,13 @@ def _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window=None):
     masks.check_window(sliding_window)
 
 
-def _axis_size(axis_name) -> int:
-    return lax.psum(1, axis_name)
+def _axis_size(axis_name, argument: str = "axis_name") -> int:
+    """The size of a mesh axis bound by the enclosing shard_map; ValueError naming ``argument``."""
+    try:
+        return lax.psum(1, axis_name)
+    except NameError as e:
+        raise ValueError(f"{argument}={axis_name!r} is not an axis of the enclosing shard_map "
+                         f"({e})") from None
 
 
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causal: bool = False,
@@ -345,7 +350,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1])
     ring_size = _axis_size(axis_name)
     # the ring's shard: with Ulysses, the U pieces of a ring shard held by the Ulysses group
-    shard = q.shape[1] * (1 if ulysses_axis is None else _axis_size(ulysses_axis))
+    shard = q.shape[1] * (1 if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis"))
     if layout == "zigzag" and ring_size > 1 and shard % 2:
         raise ValueError(f"zigzag needs an even shard length on a ring of {ring_size}; got "
                          f"{q.shape[1]=} (x {shard // q.shape[1]} Ulysses pieces)")

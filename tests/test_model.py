@@ -145,8 +145,9 @@ def test_params_are_sharded_by_logical_rules():
     mesh = make_mesh(MeshConfig(fsdp=2, tp=2, sp=2))
     params = llama.init_params(config, jax.random.key(0), mesh)
     spec = params["layers"]["attn"]["wq"].sharding.spec  # [layers, embed, heads, head_dim]
-    assert tuple(spec) == (None, ("fsdp", "sp"), "tp", None)
-    assert tuple(params["layers"]["mlp"]["w_down"].sharding.spec) == (None, "tp", ("fsdp", "sp"))
+    fsdp = ("fsdp", "sp", "usp")  # parameters are sharded over the context axes too (usp has size 1)
+    assert tuple(spec) == (None, fsdp, "tp", None)
+    assert tuple(params["layers"]["mlp"]["w_down"].sharding.spec) == (None, "tp", fsdp)
     assert llama.num_params(config) == sum(x.size for x in jax.tree.leaves(params))
 
 

@@ -15,8 +15,8 @@ import pytest
 from ringcheck import F32_RTOL
 from test_model_hf import LOGITS_RTOL, hf_logits, mesh_of, rel_err
 
+from models import flops, kvcache, llama
 from models import generate as gen
-from models import kvcache, llama
 from models.hf import config_from_hf
 from models.sharding import MeshConfig
 
@@ -110,9 +110,13 @@ def test_config_rejects_bad_windows(window):
 def test_flops_count_only_keys_in_the_window():
     config = llama.get_config("debug", sliding_window=4096)
     full = dataclasses.replace(config, sliding_window=None)
-    seq = 1 << 20
-    attn = lambda c: llama.flops_per_token(c, seq) - llama.flops_per_token(c, 0)  # noqa: E731
-    assert attn(config) == pytest.approx(attn(full) * (4096 - 4096 * 4095 / (2 * seq)) / (seq / 2))
+    seq, w = 1 << 20, 4096
+    dense = 6 * flops.matmul_params(config)
+    per_pair = 12 * config.num_layers * config.num_heads * config.head_dim
+    # causal: the first W queries see 1..W keys, every later one exactly W
+    keys_per_query = (w * (w + 1) / 2 + (seq - w) * w) / seq
+    assert llama.flops_per_token(config, seq) == pytest.approx(dense + per_pair * keys_per_query)
+    assert llama.flops_per_token(full, seq) == pytest.approx(dense + per_pair * (seq + 1) / 2)
     assert llama.flops_per_token(config, 1000) == llama.flops_per_token(full, 1000)
 
 
