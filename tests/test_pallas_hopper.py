@@ -127,12 +127,16 @@ def test_forward_step_with_window():
 
 
 @needs_interpret
-@pytest.mark.parametrize("backward", [pytest.param("mosaic", marks=pytest.mark.slow), "fused"])
+@pytest.mark.parametrize("backward", [pytest.param("mosaic", marks=pytest.mark.slow), "fused",
+                                      "fused/cta"])
 def test_backward_step_with_window(backward):
+    """("fused/cta": dq_tile="cta" has no window mask; the step runs the Triton backward.)"""
     rng = np.random.default_rng(13)
     inputs = _inputs(rng, sq=256, sk=256, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
                      where="overlap", segments=False, batch=1)
-    _check_backward(inputs, True, ph.BlockSizes(backward=backward), window=300)
+    name, _, tile = backward.partition("/")
+    bs = ph.BlockSizes(backward=name, **({"dq_tile": tile} if tile else {}))
+    _check_backward(inputs, True, bs, window=300)
 
 
 @pytest.mark.slow
@@ -148,7 +152,7 @@ def test_window_steps_both_ways(backward):
 
 
 @needs_interpret
-@pytest.mark.parametrize("backward", ["mosaic", "fused"])
+@pytest.mark.parametrize("backward", [pytest.param("mosaic", marks=pytest.mark.slow), "fused"])
 def test_key_ctas_rotate_their_query_blocks(backward):
     """Three key CTAs over four fully visible query blocks: each CTA starts at a different block
     (``hopper_bwd_kernels.visit``) and the dq contributions still land on the right rows."""
@@ -167,18 +171,28 @@ def test_mosaic_backward_with_128_key_blocks():
     _check_backward(inputs, True, ph.BlockSizes(backward="mosaic", bwd_block_k=128))
 
 
-@needs_interpret
-def test_head_dim_256_forward_and_split_backwards():
-    """Head dim 256 with its defaults: the forward, then the backwards whose warpgroups split the
-    head dim (``hopper_split_bwd``): the fused one (the default) and the deterministic dq + dk/dv
-    kernels ("mosaic"); causal, GQA, segment ids, ragged shards, two key and two query CTAs."""
+def _head_dim_256_inputs():
     rng = np.random.default_rng(12)
-    inputs = _inputs(rng, sq=72, sk=130, heads=2, kv_heads=1, dim=256, dtype="bfloat16",
-                     where="overlap", segments=True, batch=1)
+    return _inputs(rng, sq=72, sk=130, heads=2, kv_heads=1, dim=256, dtype="bfloat16",
+                   where="overlap", segments=True, batch=1)
+
+
+@needs_interpret
+def test_head_dim_256_forward_and_split_backward():
+    """Head dim 256 with its defaults: the forward, then the fused backward whose warpgroups split
+    the head dim (``hopper_split_bwd``); causal, GQA, segment ids, ragged shards, two key and two
+    query CTAs."""
+    inputs = _head_dim_256_inputs()
     _check_forward(inputs, True)
     assert ph.default_block_sizes(256).backward == "fused"
     _check_backward(inputs, True, None)
-    _check_backward(inputs, True, ph.BlockSizes(backward="mosaic", registers=240))
+
+
+@pytest.mark.slow
+@needs_interpret
+def test_head_dim_256_deterministic_split_backward():
+    """The same step with the deterministic dq + dk/dv kernels ("mosaic") of ``hopper_split_bwd``."""
+    _check_backward(_head_dim_256_inputs(), True, ph.BlockSizes(backward="mosaic", registers=240))
 
 
 @needs_interpret
@@ -192,7 +206,7 @@ def test_fused_backward_with_one_dq_tile_per_cta():
 
 
 @needs_interpret
-@pytest.mark.parametrize("backward", ["mosaic", "fused"])
+@pytest.mark.parametrize("backward", ["mosaic", pytest.param("fused", marks=pytest.mark.slow)])
 def test_ring_on_one_device(backward):
     check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=4,
                        kv_heads=2, head_dim=32, dtype="bfloat16"),
