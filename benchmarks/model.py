@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from models import flops as flops_lib  # noqa: E402
 from models import llama  # noqa: E402
 from models.sharding import BATCH, MeshConfig, make_mesh  # noqa: E402
-from ringattention import implementations, layouts  # noqa: E402
+from ringattention import implementations, layouts, remat  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -296,6 +296,8 @@ def main(argv=None) -> dict:
             args.fit_seqs = "256,512"
         args.steps, args.warmup = 1, 1
     config = make_config(args)
+    if "offload_attn" in (config.remat, args.fit_remat):
+        remat.allow_host_offload()  # before the first computation creates the GPU client
     mesh = make_mesh_for(args)
     if args.hopper_backward:
         _use_hopper_backward(args.hopper_backward)

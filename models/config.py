@@ -121,7 +121,7 @@ def _llama3(factor: float) -> RopeScaling:
                        original_max_position_embeddings=8192)
 
 
-_LONG = dict(dtype="bfloat16", param_dtype="float32", remat="full", scan_layers=True,
+_LONG = dict(dtype="bfloat16", param_dtype="float32", remat="save_attn", scan_layers=True,
              loss_chunk=2048, mlp_chunk=None)
 
 PRESETS: dict[str, LlamaConfig] = {

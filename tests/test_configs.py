@@ -47,6 +47,8 @@ def test_progressive_stages_chain():
     assert lengths == sorted(lengths) and len(set(lengths)) == len(lengths)
     assert thetas == sorted(thetas)
     assert len({s.run_dir for s in stages}) == len(stages)
+    remats = [s.model.overrides["remat"] for s in stages]  # a stage may change the remat policy
+    assert remats[0] == config.model.overrides["remat"] == "save_attn" and remats[-1] == "full"
 
 
 def test_overrides_are_typed():

@@ -9,6 +9,7 @@ Mosaic GPU kernel calls in the step lowered for CUDA), (2) give the loss and gra
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from unittest import mock
 
@@ -19,6 +20,7 @@ from test_model import GRAD_RTOL, LOSS_RTOL, assert_trees_close, packed_batch, r
 
 from models import llama
 from models.sharding import MeshConfig, make_mesh
+from ringattention import remat as ra_remat
 from ringattention import ring
 
 SEQ = 256
@@ -104,3 +106,14 @@ def test_saved_attention_matches_no_remat(remat, scan_layers, sp):
     (ref_loss, _), ref_grads = results[0]
     assert rel_err(loss, ref_loss) < LOSS_RTOL
     assert_trees_close(grads, ref_grads, GRAD_RTOL)
+
+
+def test_allow_host_offload_sets_the_pool_once(monkeypatch):
+    monkeypatch.delenv(ra_remat.HOST_LIMIT_ENV, raising=False)
+    ram_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    gb = ra_remat.allow_host_offload(0.5)
+    assert gb == max(1, int(ram_gb * 0.5)) and os.environ[ra_remat.HOST_LIMIT_ENV] == str(gb)
+    monkeypatch.setenv(ra_remat.HOST_LIMIT_ENV, "100")
+    assert ra_remat.allow_host_offload() == 100  # a value the user set is kept
+    with pytest.raises(ValueError, match="fraction=0"):
+        ra_remat.allow_host_offload(0)

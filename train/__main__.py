@@ -98,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         use_cpu_devices(config.cpu_devices)
     if config.deterministic:
         use_deterministic_ops()
+    if any(s.model.overrides.get("remat") == "offload_attn" for s in config_lib.stage_configs(config)):
+        from ringattention import remat  # before the GPU client exists: its pinned-host pool
+
+        remat.allow_host_offload()
     import jax
 
     from train import distributed, train

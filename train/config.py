@@ -164,6 +164,8 @@ class StageSection:
     rope_theta: float = opt(0.0, "RoPE base of this stage (0: unchanged).")
     batch_size: int = opt(0, "data.batch_size of this stage (0: unchanged).")
     lr: float = opt(0.0, "optim.lr of this stage (0: unchanged).")
+    remat: str = opt("", "model remat policy of this stage ('': unchanged), e.g. offload_attn or "
+                         "full where the saved attention of save_attn no longer fits.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -423,9 +425,10 @@ def stage_configs(config: TrainConfig) -> list[TrainConfig]:
             data = dataclasses.replace(data, batch_size=stage.batch_size)
         if stage.lr:
             optim = dataclasses.replace(optim, lr=stage.lr)
-        if stage.rope_theta:
-            model = dataclasses.replace(
-                model, overrides={**model.overrides, "rope_theta": stage.rope_theta})
+        over = {"rope_theta": stage.rope_theta, "remat": stage.remat}
+        over = {k: v for k, v in over.items() if v}
+        if over:
+            model = dataclasses.replace(model, overrides={**model.overrides, **over})
         out.append(dataclasses.replace(
             config, run_dir=f"{config.run_dir.rstrip('/')}/stage_{i}", steps=stage.steps,
             data=data, optim=optim, model=model, stages=[]))
