@@ -37,7 +37,8 @@ Memory at long context (``scan_layers=True``): ``remat="full"`` saves one [batch
 per layer and recomputes each block, ring attention's forward lap included; ``remat="save_attn"``
 also saves each layer's attention output and float32 lse ([batch, seq, heads, head_dim] +
 [batch, heads, seq]) so that the backward pass never re-runs the forward lap (about 1/3.5 less
-attention work); ``remat="offload_attn"`` keeps those two in pinned host memory instead (GPU/TPU).
+attention work; the long presets' default); ``remat="offload_attn"`` keeps those two in pinned host
+memory instead (GPU/TPU; ``ringattention.remat.allow_host_offload`` raises jax's pinned-host pool).
 """
 
 from __future__ import annotations

@@ -46,8 +46,9 @@ def test_matrix_float32(case):
 
 
 def _bf16_marks(case):
-    # kv_heads=2 with segment ids runs by default; the rest of the bf16 product with `make test-all`.
-    return [] if case[4] == 2 and case[3] else [pytest.mark.slow]
+    # causal with segment ids and kv_heads=2 on every ring and layout by default; the rest of the
+    # bf16 product with `make test-all`.
+    return [] if case[4] == 2 and case[3] and case[2] else [pytest.mark.slow]
 
 
 @pytest.mark.parametrize(
