@@ -135,7 +135,14 @@ def check_ring(pb: Problem, rtol: float | None = None, **kwargs) -> list[float]:
     q, k, v, do, seg = make_inputs(pb)
     got = run_ring(pb, q, k, v, do, seg, **kwargs)
     want = reference64(q, k, v, do, causal=pb.causal, seg=seg, window=pb.window)
-    errs = [rel_err(g, w) for g, w in zip(got, want)]
+    # dq and dk are exactly zero in float64 where every query sees one key (the softmax is constant)
+    # and only rounding remains in float32: those are measured on the scale of dv, the gradient that
+    # does flow, instead of against zero.
+    dv_norm = np.linalg.norm(np.asarray(want[3], np.float64))
+    assert all(np.all(np.isfinite(np.asarray(g))) for g in got), "non-finite values in result"
+    errs = [rel_err(g, w) if np.any(np.asarray(w)) or i == 3 else
+            float(np.linalg.norm(np.asarray(g, np.float64)) / max(dv_norm, 1e-30))
+            for i, (g, w) in enumerate(zip(got, want))]
     tol = RTOL[pb.dtype] if rtol is None else rtol
     names = ("o", "dq", "dk", "dv")
     bad = {n: e for n, e in zip(names, errs) if not e <= tol}
