@@ -14,10 +14,13 @@ also lowers every Mosaic GPU kernel for CUDA (wgmma, layouts, TMA, ``setmaxnreg`
 GPU, so lowering errors show up here rather than on the device.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from ringcheck import BF16_RTOL, F32_RTOL, Problem, check_ring, rel_err
 
 from ringattention import implementations
@@ -314,11 +317,18 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
 ]
 
 
+@pytest.mark.parametrize("semantics", ["default", "warpgroup"])
 @pytest.mark.parametrize("case", LOWER_CASES,
                          ids=lambda c: f"{c[0]}-d{c[1]}-{c[2]}-{c[3]}" + "".join(f"-w{w}" for w in c[6:]))
-def test_kernels_lower_for_cuda(case):
+def test_kernels_lower_for_cuda(case, semantics, monkeypatch):
     """Every Mosaic GPU kernel goes through Mosaic GPU's lowering for CUDA (no GPU needed): one
-    custom call for the forward, two for the two-kernel backward, one for the fused one."""
+    custom call for the forward, two for the two-kernel backward, one for the fused one. Under
+    both lowering semantics: jax 0.10 defaults to lane semantics, jax >= 0.11 (the GPU machine's)
+    to warpgroup semantics, which rejects some kernels that lane semantics accepts."""
+    if semantics == "warpgroup":
+        monkeypatch.setattr(plgpu, "CompilerParams", functools.partial(
+            plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+        jax.clear_caches()  # the kernels' jitted wrappers would reuse the default lowering
     backward, dim, causal, segments, kv_heads, fields, *window = case
     bs = ph.BlockSizes(backward=backward, **fields)
     q = jax.ShapeDtypeStruct((1, 384, 4, dim), jnp.bfloat16)

@@ -53,11 +53,14 @@ def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape):
     if ops.interpret:
         return sum(ops._dot(a, b) for a, b in terms)
 
-    def scope(acc_ref):
+    def scope(acc_ref):  # a fresh accumulator starts at zero
         for a, b in terms:
             ops._issue(acc_ref, a, b)
+        return acc_ref[...]
 
-    return pl.run_state(scope)(plgpu.WGMMAAccumulatorRef.init(ops.full(shape, 0.0)))
+    # run_scoped, not run_state: run_state returns the literal indices w that the terms close
+    # over as outputs, which Mosaic GPU's warpgroup lowering (jax >= 0.11's default) rejects
+    return pl.run_scoped(scope, plgpu.WGMMAAccumulatorRef(shape, F32))
 
 
 def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
