@@ -1,0 +1,28 @@
+"""Every relative link in the README and docs/ names a file that exists (results the README cites
+must be committed)."""
+
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "benchmarks" / "results").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _relative_links(path: pathlib.Path) -> list[str]:
+    links = [m.group(1).split("#")[0] for m in LINK.finditer(path.read_text())]
+    return [x for x in links if x and not re.match(r"[a-z]+:", x)]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_exist(doc):
+    missing = [x for x in _relative_links(doc) if not (doc.parent / x).exists()]
+    assert not missing, f"{doc.relative_to(ROOT)} links to missing files: {missing}"
+
+
+def test_readme_cites_result_files():
+    cited = [x for x in _relative_links(ROOT / "README.md") if x.startswith("benchmarks/results/")]
+    assert len(cited) >= 10, cited
