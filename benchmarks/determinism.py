@@ -9,11 +9,12 @@ the three runs. Prints PASS or FAIL and writes ``<out>.json``.
     python benchmarks/determinism.py --out benchmarks/results/determinism_h200   # one H200
     python benchmarks/determinism.py --preset 3b --out ...    # head dim 128 (the fused backward)
     python benchmarks/determinism.py --no-deterministic ...   # the control: expected to differ
+    python benchmarks/determinism.py --gpus 2 --out ...       # a ring of 2 GPUs (mesh sp=2)
     python benchmarks/determinism.py --cpu --out /tmp/det     # CPU smoke test (debug preset)
 
 On a GPU the model is the preset with ``--layers`` layers at ``--seq`` tokens, batch 1, on the
 embedded corpus; A, B and C run side by side on the one GPU (each limited to a share of its memory;
-``--sequential`` runs them one after another), then C'.
+``--sequential``, or ``--gpus`` > 1, runs them one after another), then C'.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--no-deterministic", dest="deterministic", action="store_false",
                    help="the control: the same runs without deterministic: true")
     p.add_argument("--sequential", action="store_true", help="run A, B and C one after another")
+    p.add_argument("--gpus", type=int, default=1, help="GPU runs: a ring of this many GPUs "
+                   "(mesh sp=N, CUDA devices 0..N-1); more than one runs A, B, C one after another")
     p.add_argument("--cpu", action="store_true", help="CPU smoke test: debug preset, a ring of 2 "
                                                       "virtual devices, 64 tokens, run after run")
     p.add_argument("--workdir", default=None, help="run directories (default: <out>_runs)")
@@ -48,6 +51,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not 0 < args.stop < args.steps:
         p.error(f"need 0 < --stop < --steps; got {args.stop=} {args.steps=}")
+    if args.gpus < 1 or args.seq % (2 * args.gpus):
+        p.error(f"need --gpus >= 1 and --seq divisible by 2 x --gpus (zigzag); got {args.gpus=} "
+                f"{args.seq=}")
     return args
 
 
@@ -64,15 +70,15 @@ def train_args(args, run_dir: str) -> list[str]:
     return ["--config", os.path.join(ROOT, "configs", "llama1b_long.yaml"), *common,
             f"--model.preset={args.preset}", f"--model.overrides.num_layers={args.layers}",
             f"--data.seq_len={args.seq}", "--data.batch_size=1", "--optim.accum_steps=1",
-            "--mesh.sp=1"]
+            f"--mesh.sp={args.gpus}"]
 
 
 def launch(args, runs: dict[str, list[str]], parallel: bool) -> dict[str, dict]:
     """Starts ``python -m train`` for every run (all at once when ``parallel``); waits for them."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    if not args.cpu:  # every run on the same single GPU
-        env.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    if not args.cpu:  # every run on the same GPUs
+        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(args.gpus))))
         if parallel and len(runs) > 1:  # sharing its memory
             env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.9 / len(runs):.2f}"
     out, procs = {}, {}
@@ -154,7 +160,7 @@ def main(argv=None) -> dict:
     t0 = time.time()
     runs = launch(args, {"a": train_args(args, dirs["a"]), "b": train_args(args, dirs["b"]),
                          "c": [*train_args(args, dirs["c"]), f"--stop_at={args.stop}"]},
-                  parallel=not (args.sequential or args.cpu))
+                  parallel=not (args.sequential or args.cpu or args.gpus > 1))
     runs["c_resumed"] = launch(args, {"c_resumed": train_args(args, dirs["c"])},
                                parallel=False)["c_resumed"]
     result = {"args": vars(args), "runs": runs, "wall_seconds": None}

@@ -245,3 +245,14 @@ def test_attention_times_a_ring_of_two_per_device(bench, tmp_path):
         assert r["err_vs_baseline"] < 1e-5 and r["err_vs_f32_ref_prefix"] < 1e-5
         assert r["fwd_tflops"] == pytest.approx(4 * 2 * 128 * 128 * 64 / 2 / r["fwd_ms"] / 1e9
                                                 / r["devices"])
+
+
+def test_determinism_gpu_ring_command(bench):
+    """``determinism.py --gpus 2``: the runs train on a ring of two GPUs, one after another; a
+    sequence the zigzag layout cannot split is refused."""
+    det = bench("determinism")
+    args = det.parse_args(["--gpus", "2", "--out", "/tmp/x"])
+    assert "--mesh.sp=2" in det.train_args(args, "/tmp/run")
+    assert "--mesh.sp=1" in det.train_args(det.parse_args(["--out", "/tmp/x"]), "/tmp/run")
+    with pytest.raises(SystemExit):
+        det.parse_args(["--gpus", "3", "--seq", "8192", "--out", "/tmp/x"])
