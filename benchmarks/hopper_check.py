@@ -5,7 +5,8 @@ One run on an H100/H200 (no network needed), well under five minutes:
 1. kernel matrix: ``pallas_hopper.forward_step`` / ``backward_step`` on small ring-step problems
    (causal with the query block after / overlapping / before the key block, segment ids with random
    boundaries, GQA and MHA, head dims 64, 80, 128, 192 and 256, bf16 and fp16, shards that are not a
-   multiple of the block) against the float32 step reference; one PASS/FAIL line per case;
+   multiple of the block, sliding windows: ``--cases window``) against the float32 step reference;
+   one PASS/FAIL line per case;
 2. ``ring_attention(implementation="pallas_hopper")`` on a one-device mesh against the reference
    (head dims ``--ring-dims``);
 3. timing of the bare step (forward, forward + backward with each backward: triton, mosaic and the
@@ -121,6 +122,7 @@ class Case:
     sq: int = 256
     sk: int = 256
     stride: int = 1  # positions step (striped layout: ring size)
+    window: int | None = None  # sliding window (passed as window=W to the steps and the reference)
 
 
 CASES = [
@@ -145,6 +147,12 @@ CASES = [
     Case("ragged-causal-after-gqa-d192-bf16", where="after", dim=192, sq=200, sk=328),
     Case("ragged-noncausal-gqa4-d256-bf16", causal=False, heads=8, dim=256, sq=200, sk=136),
     Case("long-d256-causal-overlap-seg-gqa-bf16", segments=True, dim=256, sq=1024, sk=1536),
+    # sliding windows: masked blocks at the window's far edge, fully visible ones, the diagonal
+    Case("window300-causal-overlap-seg-gqa-d64-bf16", segments=True, window=300),
+    Case("window200-noncausal-mha-d128-bf16", causal=False, kv_heads=4, dim=128, window=200),
+    Case("window200-causal-overlap-gqa-d256-bf16", dim=256, window=200),
+    Case("window150-ragged-noncausal-seg-gqa-d192-fp16", causal=False, segments=True, dim=192,
+         dtype="float16", sq=200, sk=328, window=150),
 ]
 
 
@@ -177,6 +185,8 @@ def run_case(c: Case):
     rng = np.random.default_rng(sum(map(ord, c.name)))
     q, k, v, do, q_pos, k_pos, q_seg, k_seg = step_inputs(c, rng)
     kw = dict(causal=c.causal, softmax_scale=c.dim**-0.5)
+    if c.window is not None:
+        kw["window"] = c.window
     ro, rlse = jax.jit(lambda *a: pg.reference_forward_step(*a, **kw))(q, k, v, q_pos, k_pos, q_seg,
                                                                         k_seg)
     tol = RTOL[c.dtype]

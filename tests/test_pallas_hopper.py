@@ -130,16 +130,12 @@ def test_forward_step_with_window():
 
 
 @needs_interpret
-@pytest.mark.parametrize("backward", [pytest.param("mosaic", marks=pytest.mark.slow), "fused",
-                                      "fused/cta"])
+@pytest.mark.parametrize("backward", [pytest.param("mosaic", marks=pytest.mark.slow), "fused"])
 def test_backward_step_with_window(backward):
-    """("fused/cta": dq_tile="cta" has no window mask; the step runs the Triton backward.)"""
     rng = np.random.default_rng(13)
     inputs = _inputs(rng, sq=256, sk=256, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
                      where="overlap", segments=False, batch=1)
-    name, _, tile = backward.partition("/")
-    bs = ph.BlockSizes(backward=name, **({"dq_tile": tile} if tile else {}))
-    _check_backward(inputs, True, bs, window=300)
+    _check_backward(inputs, True, ph.BlockSizes(backward=backward), window=300)
 
 
 @pytest.mark.slow
@@ -152,6 +148,53 @@ def test_window_steps_both_ways(backward):
                      where="overlap", segments=True, batch=1)
     _check_forward(inputs, True, window=300)
     _check_backward(inputs, False, ph.BlockSizes(backward=backward), window=200)
+
+
+# Windows for the head-dim-split backwards (64-key CTAs, 64-query blocks) and the forward at head
+# dim 256 (block_k=64): causal, W = 200, queries at 96..223, keys at 0..191. The dq kernel meets a
+# window-edge (masked), a fully visible and diagonal blocks; key CTA 0 runs its edge block, then a
+# fully visible one, key CTA 1 a fully visible one, then the diagonal. ``dq_tile="cta"`` (128-key
+# CTAs): queries at 128..255, keys at 0..255, key CTA 0 starts at the window's edge, key CTA 1 runs
+# two diagonal blocks.
+@needs_interpret
+def test_head_dim_256_split_backwards_with_window():
+    rng = np.random.default_rng(15)
+    inputs = _inputs(rng, sq=128, sk=192, heads=1, kv_heads=1, dim=256, dtype="bfloat16",
+                     where="overlap", segments=False, batch=1)
+    _check_forward(inputs, True, window=200)
+    _check_backward(inputs, True, None, window=200)
+    _check_backward(inputs, True, ph.BlockSizes(backward="mosaic", registers=240), window=200)
+
+
+@needs_interpret
+def test_cta_dq_backward_with_window():
+    rng = np.random.default_rng(16)
+    inputs = _inputs(rng, sq=128, sk=256, heads=2, kv_heads=1, dim=128, dtype="bfloat16",
+                     where="overlap", segments=False, batch=1)
+    _check_backward(inputs, True, ph.BlockSizes(backward="fused", dq_tile="cta", registers=240),
+                    window=200)
+
+
+WINDOW_SLOW_CASES = [  # (dim, BlockSizes): the head-dim-split backwards, dq_tile="cta"
+    (256, ph.BlockSizes(backward="fused", block_k=64, registers=240)),
+    (200, ph.BlockSizes(backward="mosaic", block_k=64, registers=240)),
+    (128, ph.BlockSizes(backward="fused", dq_tile="cta", bwd_stages=3)),
+]
+
+
+@pytest.mark.slow
+@needs_interpret
+@pytest.mark.parametrize("case", WINDOW_SLOW_CASES, ids=lambda c: f"{c[1].backward}-d{c[0]}")
+def test_window_steps_both_ways_wide_heads(case):
+    """As ``test_window_steps_both_ways`` for the backwards of wider heads: causal forward,
+    non-causal backward, segment ids, GQA, a ragged query shard; key CTAs with two fully visible
+    query blocks rotate them."""
+    dim, bs = case
+    rng = np.random.default_rng(dim)
+    inputs = _inputs(rng, sq=200, sk=256, heads=4, kv_heads=2, dim=dim, dtype="bfloat16",
+                     where="overlap", segments=True, batch=1)
+    _check_forward(inputs, True, bs, window=300)
+    _check_backward(inputs, False, bs, window=150)
 
 
 @needs_interpret
@@ -300,6 +343,18 @@ def test_ring_on_one_device_head_dim_256():
                implementation="pallas_hopper", interpret=True)
 
 
+@pytest.mark.slow
+@needs_interpret
+@pytest.mark.parametrize("dim, bs", [(256, None), (128, ph.BlockSizes(backward="fused", dq_tile="cta"))],
+                         ids=["split", "cta"])
+def test_ring_on_one_device_with_window_wide_heads(dim, bs):
+    """The float64 global reference through ring_attention(sliding_window=...) for the backwards
+    of wider heads (the head-dim-split default at 256, ``dq_tile="cta"`` at 128)."""
+    check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=192, heads=2,
+                       kv_heads=1, head_dim=dim, dtype="bfloat16", window=100),
+               implementation="pallas_hopper", interpret=True, block_sizes=bs)
+
+
 # ---- pure-JAX parts: always run ----------------------------------------------------------------
 
 
@@ -314,6 +369,9 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("fused", 128, True, True, 2, dict(dq_tile="cta", bwd_stages=3)),  # hopper_cta_dq_bwd
     ("mosaic", 64, False, True, 2, {}, 100),
     ("fused", 128, True, False, 2, dict(registers=240), 200),
+    ("fused", 256, True, True, 2, dict(block_k=64, registers=240), 200),
+    ("mosaic", 256, False, False, 1, dict(block_k=64, registers=240), 100),
+    ("fused", 128, False, True, 2, dict(dq_tile="cta", bwd_stages=3), 150),
 ]
 
 

@@ -197,14 +197,21 @@ def dq_kernel(*refs, cfg: BwdConfig):
             plgpu.barrier_arrive(free.at[slot])
             return dq
 
-        dq = ops.full((r, q_s.shape[2]), 0.0)
-        start = lo  # (body's slots count from lo)
-        if cfg.window is not None:  # the window's far edge, masked
-            dq = lax.fori_loop(lo, bounds[3], functools.partial(body, masked=True), dq)
-            start = bounds[3]
-        dq = lax.fori_loop(start, mid, functools.partial(body, masked=False), dq)
-        dq = lax.fori_loop(mid, hi, functools.partial(body, masked=cfg.masked), dq)
+        dq = block_loops(body, bounds, cfg.masked, ops.full((r, q_s.shape[2]), 0.0))  # slots from lo
         dq_ref.at[b, h, rows][...] = dq * cfg.scale
+
+
+def block_loops(body, bounds, masked: bool, carry):
+    """``carry = body(j, carry, masked=...)`` over the visited blocks j: with a window (bounds lo,
+    mid, hi, edge) [lo, edge) at the window's far edge masked first; then [lo or edge, mid) fully
+    visible, unmasked; then [mid, hi) (diagonal, segment boundaries) masked if ``masked``."""
+    lo, mid, hi = bounds[:3]
+    start = lo
+    if len(bounds) == 4:  # the window's far edge
+        carry = lax.fori_loop(lo, bounds[3], functools.partial(body, masked=True), carry)
+        start = bounds[3]
+    carry = lax.fori_loop(start, mid, functools.partial(body, masked=False), carry)
+    return lax.fori_loop(mid, hi, functools.partial(body, masked=masked), carry)
 
 
 def visit(j, bounds, shift, n_blocks: int):
@@ -311,12 +318,7 @@ def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs) -> None:
     lo, mid, hi = bounds[:3]
 
     def head(g, carry):  # query head kvh * G + g: full blocks, then masked ones
-        start = lo
-        if len(bounds) == 4:  # the window's far edge
-            carry = lax.fori_loop(lo, bounds[3], functools.partial(body, g=g, masked=True), carry)
-            start = bounds[3]
-        carry = lax.fori_loop(start, mid, functools.partial(body, g=g, masked=False), carry)
-        return lax.fori_loop(mid, hi, functools.partial(body, g=g, masked=masked), carry)
+        return block_loops(functools.partial(body, g=g), bounds, masked, carry)
 
     zeros = ops.full((cfg.rows, d), 0.0)
     if cfg.groups == 1:

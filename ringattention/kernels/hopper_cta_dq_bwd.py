@@ -12,8 +12,9 @@ float32 dq accumulator is one [B, H, Sq, D] buffer (not two), and the dq accumul
 [64, D/2] (32 registers per thread at D = 128 instead of 64); the price is a barrier between the two
 warpgroups per pair (ds^T of both written) and one before ds^T is overwritten (both have read it).
 
-Everything else (dk/dv of the own keys, the visiting order, the GQA group loop, the producer) is the
-fused kernel's, through the same ``hopper_bwd_kernels`` helpers. dq sums in a run-dependent order
+Everything else (dk/dv of the own keys, the visiting order, the GQA group loop, the producer, the
+masks and a sliding window's ``edge`` bound) is the fused kernel's, through the same
+``hopper_bwd_kernels`` helpers. dq sums in a run-dependent order
 (TMA reduce-adds), as in the fused kernel. Interpret mode: the reduce-add is a read-modify-write
 (``hopper_fused_bwd.FusedOps``), exact because grid points run one after another and the two
 warpgroups own disjoint columns.
@@ -34,7 +35,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ringattention import masks
 from ringattention.kernels import hopper_backward as hb
 from ringattention.kernels import hopper_bwd_kernels as hbk
 from ringattention.kernels import hopper_fused_bwd as hfb
@@ -71,10 +71,11 @@ def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
         (dq_ref, dk_ref, dv_ref), scratch = hbk._split(refs, cfg, 3)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free, ds_s,
      dq_s, ds_ready, ds_free) = scratch
-    b, i, (lo, mid, hi) = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
+    b, i, bounds = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
+    lo, mid, hi = bounds[:3]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = hbk.query_issuer(cfg, b, kvh, (lo, mid, hi), i,
+    issue = hbk.query_issuer(cfg, b, kvh, bounds, i,
                              (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
                              (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
 
@@ -107,23 +108,23 @@ def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
             plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
             dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS))  # [c, D/2]
             plgpu.barrier_arrive(ds_free)
-            blk = hbk.visit(j, (lo, mid, hi), i, q_ref.shape[1] // cfg.block)
+            blk = hbk.visit(j, bounds, i, q_ref.shape[1] // cfg.block)
             h = kvh * cfg.groups + g
             ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[b, h, pl.ds(blk * cfg.block, cfg.block), dw])
             return carry
 
-        hbk.group_loop(cfg, ops, body, (lo, mid, hi), cfg.causal or cfg.segments, d,
+        hbk.group_loop(cfg, ops, body, bounds, cfg.masked, d,
                        (dk_ref.at[b, kvh, rows], dv_ref.at[b, kvh, rows]))
         pl.when(n > 0)(lambda: plgpu.barrier_wait(ds_free))  # observe the last phase
         ops.flush()
 
 
-def _scratch(d: int, dtype, stages: int, causal: bool, segments: bool):
+def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool):
     """The dk/dv kernel's buffers, ds^T per warpgroup, half a dq tile per warpgroup, then the
     barriers: ds^T of both written, ds^T of both read."""
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # 16-bit, 128 bytes
     f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
-    return [*hb._scratch(ROWS, ROWS, d, dtype, stages, 0, 2, causal, segments),
+    return [*hb._scratch(ROWS, ROWS, d, dtype, stages, 0, 2, positions, segments),
             plgpu.SMEM((WGS, ROWS, ROWS), dtype, transforms=tiles),  # ds^T [r keys, c queries]
             plgpu.SMEM((WGS, ROWS, d // WGS), F32, transforms=f32_tiles),  # dq half tile
             plgpu.Barrier(num_arrivals=WGS), plgpu.Barrier(num_arrivals=WGS)]
@@ -143,35 +144,25 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     dq_acc = jax.new_ref(jnp.zeros((B, H, sq, d), F32), memory_space=plgpu.GMEM)
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     dk, dv = hfb._launch(functools.partial(cta_dq_kernel, cfg=cfg), (out, out),
-                         _scratch(d, q.dtype, cfg.stages, cfg.causal, cfg.segments),
+                         _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),
                          grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                          lse2, delta, *extra, dq_acc)
     return dq_acc[...], dk, dv
 
 
 def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool):
+             softmax_scale: float, interpret: bool, window: int | None = None):
     """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``)."""
-    B, Sq, H, D = q.shape
-    Sk, K = k.shape[1], k.shape[2]
-    q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg = hb._pad(q, k, v, do, lse, delta, q_pos,
-                                                                   k_pos, q_seg, k_seg)
-    sk, d = k.shape[1], q.shape[3]  # padded
-    smem = smem_bytes(d, q.dtype, bs.bwd_stages)
-    if d != 128:  # each warpgroup's half of the columns must be whole 64-column tiles
-        raise ValueError(f"pallas_hopper dq_tile='cta': head dim {D} (padded {d}) must pad to 128")
-    if smem > hb.SMEM_LIMIT - 4096:
-        raise ValueError(f"pallas_hopper backward='fused', dq_tile='cta': head dim {D} with "
-                         f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
-                         f"{hb.SMEM_LIMIT}); use fewer bwd_stages")
-    segments = q_seg is not None
-    extra = ((q_pos, k_pos) if causal else ()) + ((q_seg, k_seg) if segments else ())
-    cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
-                        causal=causal, segments=segments, groups=H // K, n_cta=sk // CTA,
-                        qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret)
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA)  # [B|1, nq, nk]
-    bounds = hbk.key_cta_bounds(table, B)  # over the reversed query blocks, per key CTA
-    dq, dk, dv = _run(*bounds, q, k, v, do, lse2, delta, *extra, cfg=cfg)
-    dq = dq * softmax_scale
-    cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :D]  # noqa: E731
-    return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)
+
+    def check(D: int, d: int):
+        if d != 128:  # each warpgroup's half of the columns must be whole 64-column tiles
+            raise ValueError(f"pallas_hopper dq_tile='cta': head dim {D} (padded {d}) must pad to 128")
+        smem = smem_bytes(d, q.dtype, bs.bwd_stages)
+        if smem > hb.SMEM_LIMIT - 4096:
+            raise ValueError(f"pallas_hopper backward='fused', dq_tile='cta': head dim {D} with "
+                             f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
+                             f"{hb.SMEM_LIMIT}); use fewer bwd_stages")
+
+    return hfb.key_cta_backward(_run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
+                                bs=bs, causal=causal, softmax_scale=softmax_scale,
+                                interpret=interpret, window=window)

@@ -170,30 +170,44 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     return dq_acc[...].sum(axis=0), dk, dv
 
 
-def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool, window: int | None = None):
-    """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``)."""
+def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs,
+                     causal: bool, softmax_scale: float, interpret: bool, window: int | None):
+    """What the fused backward and ``hopper_cta_dq_bwd`` share around their kernels: pads, calls
+    ``check(D, padded D)`` (raises for shapes the kernel cannot take), builds the config, the
+    key-CTA bounds and the extra inputs, runs ``run`` (-> unscaled dq f32 [B, H, Sq, D], dk, dv f32
+    [B, K, Sk, D]) and cuts the padding: float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D]."""
     B, Sq, H, D = q.shape
     Sk, K = k.shape[1], k.shape[2]
     q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg = hb._pad(q, k, v, do, lse, delta, q_pos,
                                                                    k_pos, q_seg, k_seg)
-    sk, d = k.shape[1], q.shape[3]  # padded
-    smem = smem_bytes(d, q.dtype, bs.bwd_stages)
-    if smem > hb.SMEM_LIMIT - 4096:
-        raise ValueError(f"pallas_hopper backward='fused': head dim {D} (padded {d}) with "
-                         f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
-                         f"{hb.SMEM_LIMIT}); use fewer bwd_stages or backward='mosaic'/'triton'")
+    check(D, q.shape[3])
     segments = q_seg is not None
     positions = causal or window is not None
     extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
     cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
-                        causal=causal, segments=segments, groups=H // K, n_cta=sk // CTA,
+                        causal=causal, segments=segments, groups=H // K, n_cta=k.shape[1] // CTA,
                         qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret,
                         window=window)
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window)
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
     extra += tuple(bounds[3:])  # a window's edge bound is the last input
-    dq, dk, dv = _run(*bounds[:3], q, k, v, do, lse2, delta, *extra, cfg=cfg)
+    dq, dk, dv = run(*bounds[:3], q, k, v, do, lse2, delta, *extra, cfg=cfg)
     dq = dq * softmax_scale
     cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :D]  # noqa: E731
     return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)
+
+
+def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
+             softmax_scale: float, interpret: bool, window: int | None = None):
+    """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``)."""
+
+    def check(D: int, d: int):
+        smem = smem_bytes(d, q.dtype, bs.bwd_stages)
+        if smem > hb.SMEM_LIMIT - 4096:
+            raise ValueError(f"pallas_hopper backward='fused': head dim {D} (padded {d}) with "
+                             f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
+                             f"{hb.SMEM_LIMIT}); use fewer bwd_stages or backward='mosaic'/'triton'")
+
+    return key_cta_backward(_run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, bs=bs,
+                            causal=causal, softmax_scale=softmax_scale, interpret=interpret,
+                            window=window)

@@ -27,6 +27,11 @@ two warpgroups the same way (s and dp split by keys, ds through shared memory, d
 registers and written once): 7 tile products per pair instead of 5, no atomics, every output
 element written by one warpgroup after a loop in a fixed order.
 
+Masks as in ``hopper_bwd_kernels``: blocks outside the causal mask, the segments or a sliding window
+are never loaded; with a window (``window=W``) both kernels take the ``edge`` bound as their last
+input and run the blocks at the window's far edge masked before the fully visible ones, and
+positions are loaded whenever a window is set. Without a window the kernels are unchanged.
+
 Budgets (bf16/fp16, D = 256, per CTA of 2 compute warpgroups + 1 producer):
 
 * shared memory (``smem_bytes``, the larger of the dk/dv and dq kernels'): own k, v 2 x 32 KB;
@@ -98,10 +103,11 @@ def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
     dq_ref, dk_ref, dv_ref = outs if with_dq else (None, *outs)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, pt_s, dst_s, own_bar, loaded, free,
      pds_ready, pds_free) = scratch
-    b, i, (lo, mid, hi) = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
+    b, i, bounds = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
+    lo, mid, hi = bounds[:3]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = hbk.query_issuer(cfg, b, kvh, (lo, mid, hi), i,
+    issue = hbk.query_issuer(cfg, b, kvh, bounds, i,
                              (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
                              (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
 
@@ -139,11 +145,11 @@ def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
             plgpu.barrier_arrive(free.at[slot])
             plgpu.barrier_arrive(pds_free)
             if with_dq:
-                blk = hbk.visit(j, (lo, mid, hi), i, q_ref.shape[1] // ROWS)
+                blk = hbk.visit(j, bounds, i, q_ref.shape[1] // ROWS)
                 _add(cfg, dq[0], dq_ref.at[b, kvh * cfg.groups + g, pl.ds(blk * ROWS, ROWS), dw])
             return dk, dv
 
-        hbk.group_loop(cfg, ops, body, (lo, mid, hi), cfg.causal or cfg.segments, DW,
+        hbk.group_loop(cfg, ops, body, bounds, cfg.masked, DW,
                        (dk_ref.at[b, kvh, keys, dw], dv_ref.at[b, kvh, keys, dw]))
         pl.when(n > 0)(lambda: plgpu.barrier_wait(pds_free))  # observe the last phase
 
@@ -158,7 +164,8 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
         (dq_ref,), scratch = hbk._split(refs, cfg, 1)
     (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free, ds_s,
      ds_ready, ds_free) = scratch
-    b, i, (lo, mid, hi) = hbk._cta(cfg, bounds, reverse=cfg.causal)  # causal: latest rows first
+    b, i, bounds = hbk._cta(cfg, bounds, reverse=cfg.causal)  # causal: latest rows first
+    lo, mid, hi = bounds[:3]
     h, wg = lax.axis_index("h"), lax.axis_index("wg")
     kvh = lax.div(h, jnp.int32(cfg.groups))
 
@@ -174,7 +181,7 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
         rows = pl.ds(i * ROWS, ROWS)
         lse, delta, own_pos, own_seg = _load_own_queries(
             cfg, ops, wg, (q_ref.at[b, rows, h], do_ref.at[b, rows, h], lse_ref.at[b, h, rows],
-                           dl_ref.at[b, h, rows], qp_ref.at[rows] if cfg.causal else None,
+                           dl_ref.at[b, h, rows], qp_ref.at[rows] if cfg.positions else None,
                            qs_ref.at[b, rows] if cfg.segments else None),
             (q_s, do_s, lse_s, dl_s, qp_s, qs_s), own_bar)
         half, dw = pl.ds(wg * HALF, HALF), pl.ds(wg * DW, DW)
@@ -205,9 +212,7 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
             plgpu.barrier_arrive(ds_free)
             return dq
 
-        dq = ops.full((ROWS, DW), 0.0)
-        dq = lax.fori_loop(lo, mid, functools.partial(body, masked=False), dq)
-        dq = lax.fori_loop(mid, hi, functools.partial(body, masked=cfg.causal or cfg.segments), dq)
+        dq = hbk.block_loops(body, bounds, cfg.masked, ops.full((ROWS, DW), 0.0))  # slots from lo
         pl.when(hi > lo)(lambda: plgpu.barrier_wait(ds_free))  # observe the last phase
         dq_ref.at[b, h, rows, dw][...] = dq * cfg.scale
 
@@ -219,7 +224,7 @@ def _key_issuer(cfg, b, kvh, lo, gmem, smem):
     def issue(t, slot, bar):
         cols = pl.ds((lo + t) * ROWS, ROWS)
         for src, dst in ((k_ref.at[b, cols, kvh], k_s), (v_ref.at[b, cols, kvh], v_s),
-                         (kp_ref.at[cols] if cfg.causal else None, kp_s),
+                         (kp_ref.at[cols] if cfg.positions else None, kp_s),
                          (ks_ref.at[b, cols] if cfg.segments else None, ks_s)):
             if dst is not None:
                 plgpu.copy_gmem_to_smem(src, dst.at[slot], bar)
@@ -238,7 +243,7 @@ def _load_own_queries(cfg, ops, wg, gmem, smem, bar):
 
     plgpu.barrier_wait(bar)
     _, _, lse_s, dl_s, qp_s, qs_s = smem
-    return (ops.rows(lse_s), ops.rows(dl_s), ops.rows(qp_s) if cfg.causal else None,
+    return (ops.rows(lse_s), ops.rows(dl_s), ops.rows(qp_s) if cfg.positions else None,
             ops.rows(qs_s) if cfg.segments else None)
 
 
@@ -250,13 +255,13 @@ def _load_own_keys(cfg, ops, b, kvh, wg, keys, gmem, smem, bar):
     @pl.when(wg == 0)
     def _():
         for src, dst in ((k_ref.at[b, keys, kvh], k_s), (v_ref.at[b, keys, kvh], v_s),
-                         (kp_ref.at[keys] if cfg.causal else None, kp_s),
+                         (kp_ref.at[keys] if cfg.positions else None, kp_s),
                          (ks_ref.at[b, keys] if cfg.segments else None, ks_s)):
             if dst is not None:
                 plgpu.copy_gmem_to_smem(src, dst, bar)
 
     plgpu.barrier_wait(bar)
-    return (ops.rows(kp_s) if cfg.causal else None), (ops.rows(ks_s) if cfg.segments else None)
+    return (ops.rows(kp_s) if cfg.positions else None), (ops.rows(ks_s) if cfg.segments else None)
 
 
 def _add(cfg: hbk.BwdConfig, x, gmem):
@@ -268,7 +273,7 @@ def _add(cfg: hbk.BwdConfig, x, gmem):
         plgpu.atomic_add(gmem, x)
 
 
-def _scratch(dtype, stages: int, causal: bool, segments: bool):
+def _scratch(dtype, stages: int, positions: bool, segments: bool):
     """Own k, v (+ positions, ids); per stage q, do, lse2, delta (+ positions, ids); p^T, ds^T;
     barriers: own keys loaded, slot loaded, slot free, p^T/ds^T written, p^T/ds^T read. The dk/dv
     kernels' buffers; ``_dq_scratch`` has the dq kernel's."""
@@ -276,13 +281,13 @@ def _scratch(dtype, stages: int, causal: bool, segments: bool):
     # 32-column half of p^T / ds^T, which must be whole tiles of the layout.
     tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
     ivec = lambda shape, on: plgpu.SMEM(shape, jnp.int32) if on else None  # noqa: E731
-    extra = causal + segments
+    extra = positions + segments
     return [plgpu.SMEM((ROWS, D), dtype, transforms=tiles), plgpu.SMEM((ROWS, D), dtype, transforms=tiles),
-            ivec((ROWS,), causal), ivec((ROWS,), segments),
+            ivec((ROWS,), positions), ivec((ROWS,), segments),
             plgpu.SMEM((stages, ROWS, D), dtype, transforms=tiles),
             plgpu.SMEM((stages, ROWS, D), dtype, transforms=tiles),
             plgpu.SMEM((stages, ROWS), F32), plgpu.SMEM((stages, ROWS), F32),
-            ivec((stages, ROWS), causal), ivec((stages, ROWS), segments),
+            ivec((stages, ROWS), positions), ivec((stages, ROWS), segments),
             plgpu.SMEM((ROWS, ROWS), dtype, transforms=tiles),  # p^T [64 keys, 64 queries]
             plgpu.SMEM((ROWS, ROWS), dtype, transforms=tiles),  # ds^T
             plgpu.Barrier(num_arrivals=2 + extra),
@@ -291,18 +296,18 @@ def _scratch(dtype, stages: int, causal: bool, segments: bool):
             plgpu.Barrier(num_arrivals=WGS), plgpu.Barrier(num_arrivals=WGS)]
 
 
-def _dq_scratch(dtype, stages: int, causal: bool, segments: bool):
+def _dq_scratch(dtype, stages: int, positions: bool, segments: bool):
     """Own q, do, lse2, delta (+ positions, ids); per stage k, v (+ positions, ids); ds; barriers:
     own rows loaded, slot loaded, slot free, ds written, ds read."""
     tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))  # as in ``_scratch``
     ivec = lambda shape, on: plgpu.SMEM(shape, jnp.int32) if on else None  # noqa: E731
-    extra = causal + segments
+    extra = positions + segments
     return [plgpu.SMEM((ROWS, D), dtype, transforms=tiles), plgpu.SMEM((ROWS, D), dtype, transforms=tiles),
             plgpu.SMEM((ROWS,), F32), plgpu.SMEM((ROWS,), F32),
-            ivec((ROWS,), causal), ivec((ROWS,), segments),
+            ivec((ROWS,), positions), ivec((ROWS,), segments),
             plgpu.SMEM((stages, ROWS, D), dtype, transforms=tiles),
             plgpu.SMEM((stages, ROWS, D), dtype, transforms=tiles),
-            ivec((stages, ROWS), causal), ivec((stages, ROWS), segments),
+            ivec((stages, ROWS), positions), ivec((stages, ROWS), segments),
             plgpu.Barrier(num_arrivals=4 + extra),
             plgpu.Barrier(num_arrivals=2 + extra, num_barriers=stages),
             plgpu.Barrier(num_arrivals=WGS, num_barriers=stages),
@@ -310,11 +315,11 @@ def _dq_scratch(dtype, stages: int, causal: bool, segments: bool):
             plgpu.Barrier(num_arrivals=WGS), plgpu.Barrier(num_arrivals=WGS)]
 
 
-def smem_bytes(dtype, stages: int, causal: bool = True, segments: bool = True) -> int:
+def smem_bytes(dtype, stages: int, positions: bool = True, segments: bool = True) -> int:
     """Shared memory of the buffers above (barriers and alignment excluded)."""
     tile = ROWS * D * jnp.dtype(dtype).itemsize
-    vecs = 4 * ROWS * (2 + causal + segments)  # per stage: lse2, delta (+ positions, ids)
-    return (2 * tile + 4 * ROWS * (causal + segments) + stages * (2 * tile + vecs)
+    vecs = 4 * ROWS * (2 + positions + segments)  # per stage: lse2, delta (+ positions, ids)
+    return (2 * tile + 4 * ROWS * (positions + segments) + stages * (2 * tile + vecs)
             + 2 * ROWS * ROWS * jnp.dtype(dtype).itemsize)
 
 
@@ -326,7 +331,7 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     dq_acc = jax.new_ref(jnp.zeros((B, H, sq, d), F32), memory_space=plgpu.GMEM)
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     dk, dv = hfb._launch(functools.partial(split_kernel, cfg=cfg), (out, out),
-                         _scratch(q.dtype, cfg.stages, cfg.causal, cfg.segments),
+                         _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments),
                          grid=(K, sk // ROWS, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                           lse2, delta, *extra, dq_acc)
     return dq_acc[...], dk, dv
@@ -335,23 +340,27 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run_two(q_bounds, k_bounds, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     """The deterministic variant: dq f32 [B, H, Sq, 256] (scaled) from ``dq_kernel``, then dk, dv
-    f32 [B, K, Sk, 256] from ``split_kernel`` without its dq."""
+    f32 [B, K, Sk, 256] from ``split_kernel`` without its dq. q_bounds / k_bounds: lo, mid, hi (and
+    a window's edge, each kernel's last input) over the key blocks / the reversed query blocks."""
     B, sq, H, d = q.shape
     sk, K = k.shape[1], k.shape[2]
     args = (q, k, v, do, lse2, delta, *extra)
     dq_cfg = dataclasses.replace(cfg, n_cta=sq // ROWS)
     dq = hk.launch(functools.partial(dq_kernel, cfg=dq_cfg), jax.ShapeDtypeStruct((B, H, sq, d), F32),
-                   _dq_scratch(q.dtype, cfg.stages, cfg.causal, cfg.segments),
-                   grid=(H, sq // ROWS, B), interpret=cfg.interpret)(*q_bounds, *args)
+                   _dq_scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments),
+                   grid=(H, sq // ROWS, B), interpret=cfg.interpret)(*q_bounds[:3], *args,
+                                                                        *q_bounds[3:])
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     dk, dv = hk.launch(functools.partial(split_kernel, cfg=cfg, with_dq=False), (out, out),
-                       _scratch(q.dtype, cfg.stages, cfg.causal, cfg.segments),
-                       grid=(K, sk // ROWS, B), interpret=cfg.interpret)(*k_bounds, *args)
+                       _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments),
+                       grid=(K, sk // ROWS, B), interpret=cfg.interpret)(*k_bounds[:3], *args,
+                                                                        *k_bounds[3:])
     return dq, dk, dv
 
 
 def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool, deterministic: bool = False):
+             softmax_scale: float, interpret: bool, deterministic: bool = False,
+             window: int | None = None):
     """float32 dq [B, Sq, H, Dh], dk, dv [B, Sk, K, Dh] for head dims 129-256 (padded to 256;
     contract in ``implementations.py``). ``deterministic``: a dq kernel and the dk/dv kernel
     without atomics (``BlockSizes(backward="mosaic")``) instead of the fused kernel."""
@@ -359,7 +368,8 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     Sk, K = k.shape[1], k.shape[2]
     if not 128 < Dh <= D:
         raise ValueError(f"hopper_split_bwd: head dim {Dh} ({q.shape=}) must be in (128, {D}]")
-    smem = smem_bytes(q.dtype, bs.bwd_stages, causal, q_seg is not None)  # >= the dq kernel's
+    positions = causal or window is not None
+    smem = smem_bytes(q.dtype, bs.bwd_stages, positions, q_seg is not None)  # >= the dq kernel's
     if smem > hb.SMEM_LIMIT - 4096:
         raise ValueError(f"pallas_hopper backward={bs.backward!r}: head dim {Dh} (padded {D}) with "
                          f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
@@ -371,17 +381,18 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * hk.LOG2E  # [B, H, Sq] log2 units
     lse2, delta = (pg._pad_to(x, 2, geo.sq_pad) for x in (lse2, delta))
     segments = q_seg is not None
-    extra = ((q_pos, k_pos) if causal else ()) + ((q_seg, k_seg) if segments else ())
+    extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
     cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
                         causal=causal, segments=segments, groups=H // K, n_cta=geo.sk_pad // ROWS,
-                        qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret)
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, ROWS)  # [B|1, nq, nk]
-    bounds = hbk.key_cta_bounds(table, B)  # over the reversed query blocks, per key CTA
-    if deterministic:
-        dq, dk, dv = _run_two(pg._bounds(table, B), bounds, q, k, v, do, lse2, delta, *extra,
-                              cfg=cfg)
-    else:
-        dq, dk, dv = _run(*bounds, q, k, v, do, lse2, delta, *extra, cfg=cfg)
+                        qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret,
+                        window=window)
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, ROWS, window)
+    bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
+    if deterministic:  # the dq kernel's bounds are over the key blocks
+        q_bounds = pg._bounds(table, B) if window is None else pg._edge_bounds(table, B)
+        dq, dk, dv = _run_two(q_bounds, bounds, q, k, v, do, lse2, delta, *extra, cfg=cfg)
+    else:  # a window's edge bound is the last input
+        dq, dk, dv = _run(*bounds[:3], q, k, v, do, lse2, delta, *extra, *bounds[3:], cfg=cfg)
         dq = dq * softmax_scale
     cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :Dh]  # noqa: E731
     return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)

@@ -278,8 +278,7 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv.
 
     Runs the Triton step's kernels unless ``block_sizes.backward`` is "mosaic" or "fused" (and q is
-    16-bit). A sliding window at head dims above 128, or with ``dq_tile="cta"``, also runs the Triton
-    kernels: the head-dim-split and one-dq-tile-per-CTA Mosaic backwards have no window mask yet.
+    16-bit). Every Mosaic backward takes a sliding window (``window``).
     """
     _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale)
     if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
@@ -291,9 +290,7 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     kw = dict(causal=causal, softmax_scale=softmax_scale, interpret=interpret)
     if window is not None:
         kw["window"] = window
-    no_window = q.shape[3] > 128 or bs.dq_tile == "cta"  # Mosaic backwards without a window mask
-    if (bs.backward == "triton" or jnp.dtype(q.dtype) not in HALF_DTYPES
-            or (window is not None and no_window)):
+    if bs.backward == "triton" or jnp.dtype(q.dtype) not in HALF_DTYPES:
         return pg.backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
                                 block_sizes=bs.triton, **kw)
     mosaic = hb.backward
