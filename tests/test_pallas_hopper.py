@@ -383,10 +383,10 @@ def test_kernels_lower_for_cuda(case, semantics, monkeypatch):
     custom call for the forward, two for the two-kernel backward, one for the fused one. Under
     both lowering semantics: jax 0.10 defaults to lane semantics, jax >= 0.11 (the GPU machine's)
     to warpgroup semantics, which rejects some kernels that lane semantics accepts."""
+    jax.clear_caches()  # the kernels' jitted wrappers would reuse the other semantics' lowering
     if semantics == "warpgroup":
         monkeypatch.setattr(plgpu, "CompilerParams", functools.partial(
             plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
-        jax.clear_caches()  # the kernels' jitted wrappers would reuse the default lowering
     backward, dim, causal, segments, kv_heads, fields, *window = case
     bs = ph.BlockSizes(backward=backward, **fields)
     q = jax.ShapeDtypeStruct((1, 384, 4, dim), jnp.bfloat16)

@@ -149,7 +149,7 @@ def dq_kernel(*refs, cfg: BwdConfig):
         (dq_ref,), scratch = _split(refs, cfg, 1)
     (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free) = scratch
     b, i, bounds = _cta(cfg, bounds, reverse=cfg.causal)
-    lo, mid, hi = bounds[:3]
+    lo, hi = bounds[0], bounds[2]
     h, wg = lax.axis_index("h"), lax.axis_index("wg")
     kvh = lax.div(h, jnp.int32(cfg.groups))
     r, c = cfg.rows, cfg.block
@@ -315,7 +315,6 @@ def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs) -> None:
     [lo, mid) unmasked then [mid, hi) masked, for each query head g of the kv group; writes dk (scaled)
     and dv [r, D] to ``out_refs``. With a window (bounds lo, mid, hi, edge): [lo, edge) masked first,
     then [edge, mid) unmasked."""
-    lo, mid, hi = bounds[:3]
 
     def head(g, carry):  # query head kvh * G + g: full blocks, then masked ones
         return block_loops(functools.partial(body, g=g), bounds, masked, carry)

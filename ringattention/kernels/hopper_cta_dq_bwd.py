@@ -72,7 +72,7 @@ def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free, ds_s,
      dq_s, ds_ready, ds_free) = scratch
     b, i, bounds = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
-    lo, mid, hi = bounds[:3]
+    lo, hi = bounds[0], bounds[2]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
     issue = hbk.query_issuer(cfg, b, kvh, bounds, i,

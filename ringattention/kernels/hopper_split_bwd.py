@@ -104,7 +104,7 @@ def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, pt_s, dst_s, own_bar, loaded, free,
      pds_ready, pds_free) = scratch
     b, i, bounds = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
-    lo, mid, hi = bounds[:3]
+    lo, hi = bounds[0], bounds[2]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
     issue = hbk.query_issuer(cfg, b, kvh, bounds, i,
@@ -165,7 +165,7 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
     (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free, ds_s,
      ds_ready, ds_free) = scratch
     b, i, bounds = hbk._cta(cfg, bounds, reverse=cfg.causal)  # causal: latest rows first
-    lo, mid, hi = bounds[:3]
+    lo, hi = bounds[0], bounds[2]
     h, wg = lax.axis_index("h"), lax.axis_index("wg")
     kvh = lax.div(h, jnp.int32(cfg.groups))
 
