@@ -15,8 +15,8 @@ One run on an H100/H200 (no network needed), well under five minutes:
 4. a block-size sweep at 16K tokens (forward tiles, backward stages).
 
 A ``--backwards`` entry that resolves to the same BlockSizes as an earlier one at a head dim (e.g.
-"default" and "mosaic" at 64), or that does not apply there (``dq_tile=cta`` outside head dims
-65-128), is skipped with a "note" line.
+"default" and "mosaic" at 256), or that does not apply there (``dq_tile=cta`` above head dim
+128), is skipped with a "note" line.
 
 Every case catches its own exception (printed, traceback cut short) so one failure hides nothing;
 the output files are rewritten after every line, and a watchdog writes them and exits if the run
@@ -77,6 +77,8 @@ def block_sizes(spec: str, d: int) -> ph.BlockSizes:
     over = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in (f.split("=") for f in fields)}
     if name != "default":
         over["backward"] = name
+    if over.get("backward", "fused") != "fused":  # dq_tile is the fused backward's field
+        over.setdefault("dq_tile", "warpgroup")
     return dataclasses.replace(ph.default_block_sizes(d), **over)
 INTERPRET = {"on": False}  # --interpret: a CPU dry run of the checks in Mosaic GPU interpret mode
 
@@ -318,15 +320,15 @@ def cudnn_fns(causal):
 def distinct_backwards(d: int, label: str = "") -> list[tuple[str, ph.BlockSizes]]:
     """The --backwards entries at head dim ``d`` as (entry, BlockSizes); an entry that resolves to
     the BlockSizes of an earlier one, or that does not apply at this head dim (``dq_tile="cta"``
-    outside 65-128), is left out with a line saying so."""
+    above 128), is left out with a line saying so."""
     out, seen = [], {}
     for backward in BACKWARDS:
         bs = block_sizes(backward, d)
         if bs in seen:
             log(f"note {label}D={d}: backward={backward} is backward={seen[bs]} (same BlockSizes)")
-        elif bs.dq_tile == "cta" and (bs.backward != "fused" or -(-d // 64) * 64 != 128):
+        elif bs.dq_tile == "cta" and (bs.backward != "fused" or d > 128):
             log(f"note {label}D={d}: backward={backward} (dq_tile=cta) applies to the fused "
-                "backward at head dims 65-128 only")
+                "backward at head dims <= 128 only")
         else:
             seen[bs] = backward
             out.append((backward, bs))

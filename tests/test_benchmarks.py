@@ -94,18 +94,24 @@ def test_hopper_check_variants_become_block_sizes(bench):
 
 
 def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
-    """``--backwards default,mosaic,fused``: at head dim 64 "default" is "mosaic" (timed once), at
-    128 and 256 "default" is "fused"; dq_tile=cta applies at 128 only: each skip is a note line."""
+    """``--backwards default,mosaic,fused``: at head dims 64 and 128 "default" is "fused" (at 128
+    with one dq tile per CTA; "mosaic" drops the tile choice), at 256 "mosaic" (each timed once);
+    an explicit dq_tile=cta applies at 128 only: each skip is a note line."""
     hc = bench("hopper_check")
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused"])
     monkeypatch.setattr(hc, "write_out", lambda: None)
-    assert [name for name, _ in hc.distinct_backwards(64)] == ["default", "fused"]
+    assert [name for name, _ in hc.distinct_backwards(64)] == ["default", "mosaic"]
     assert [name for name, _ in hc.distinct_backwards(128)] == ["default", "mosaic"]
-    assert [bs.backward for _, bs in hc.distinct_backwards(256)] == ["fused", "mosaic"]
+    assert [bs.backward for _, bs in hc.distinct_backwards(256)] == ["mosaic", "fused"]
     assert any("is backward=default" in line for line in hc.LINES)
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused/dq_tile=cta", "fused/dq_tile=cta/bwd_stages=3"])
-    assert len(hc.distinct_backwards(128)) == 3 and len(hc.distinct_backwards(256)) == 1
-    assert any("applies to the fused backward at head dims 65-128 only" in line for line in hc.LINES)
+    assert hc.block_sizes("mosaic", 128).dq_tile == "warpgroup"
+    assert hc.block_sizes("default", 128).dq_tile == "cta"
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused/dq_tile=warpgroup", "fused/dq_tile=cta",
+                                          "fused/dq_tile=cta/bwd_stages=3"])
+    assert [n for n, _ in hc.distinct_backwards(128)] == ["default", "fused/dq_tile=warpgroup",
+                                                          "fused/dq_tile=cta/bwd_stages=3"]
+    assert len(hc.distinct_backwards(256)) == 2  # default (mosaic), fused; both cta entries noted
+    assert any("applies to the fused backward at head dims <= 128 only" in line for line in hc.LINES)
     assert hc.parse_shapes("32:8:128@65536,16:16:256", [1, 2]) == [(32, 8, 128, [65536]),
                                                                     (16, 16, 256, [1, 2])]
 
@@ -125,7 +131,7 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
 
     monkeypatch.setattr(hc, "cudnn_fns", xla_fns)
     monkeypatch.setattr(hc, "step_fns", xla_fns)
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused", "mosaic"])  # "fused" is "default"
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused"])  # "mosaic" is "default"
     monkeypatch.setattr(hc, "REPS", {"n": 1})
     monkeypatch.setattr(hc, "RECORDS", [])
     monkeypatch.setattr(hc, "write_out", lambda: None)
@@ -133,7 +139,7 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
     times = [r for r in hc.RECORDS if r["kind"] == "time"]
     assert [(r["name"], r["mode"]) for r in times] == [
         ("cudnn", "fwd"), ("cudnn", "fwdbwd"), ("pallas_hopper backward=default", "fwd"),
-        ("pallas_hopper backward=default", "fwdbwd"), ("pallas_hopper backward=mosaic", "fwdbwd")]
+        ("pallas_hopper backward=default", "fwdbwd"), ("pallas_hopper backward=fused", "fwdbwd")]
     assert all((r["heads"], r["kv_heads"], r["head_dim"]) == (4, 2, 256) for r in times)
     assert times[0]["vs_cudnn"] == 1.0 and times[2]["vs_cudnn"] > 0
 
@@ -256,3 +262,25 @@ def test_determinism_gpu_ring_command(bench):
     assert "--mesh.sp=1" in det.train_args(det.parse_args(["--out", "/tmp/x"]), "/tmp/run")
     with pytest.raises(SystemExit):
         det.parse_args(["--gpus", "3", "--seq", "8192", "--out", "/tmp/x"])
+
+
+def test_hopper_dq_cost_drops_the_adds_then_runs_hopper_check(bench, monkeypatch):
+    """``hopper_dq_cost.py --drop ...``: the named dq adds become no-ops (the other kind stays),
+    then hopper_check.py runs with the remaining arguments; an unknown name is a ValueError."""
+    from ringattention.kernels import hopper_fused_bwd as hfb
+    from ringattention.kernels import hopper_split_bwd as hss
+
+    hdc = bench("hopper_dq_cost")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(hss, "_add", hss._add)  # restored after the test
+    monkeypatch.setattr(hfb.FusedOps, "reduce_add", hfb.FusedOps.reduce_add)
+    fused_add, runs = hfb.FusedOps.reduce_add, []
+    monkeypatch.setattr(hdc.runpy, "run_path", lambda path, run_name: runs.append((path, sys.argv)))
+    hdc.main(["--drop", "split_add", "--parts", "bench", "--seqs", "64"])
+    assert hss._add(None, 1.0, None) is None and hfb.FusedOps.reduce_add is fused_add
+    assert runs[0][0].endswith("hopper_check.py")
+    assert runs[0][1] == ["hopper_check.py", "--parts", "bench", "--seqs", "64"]
+    hdc.main(["--drop", "fused_add"])
+    assert hfb.FusedOps.reduce_add is not fused_add
+    with pytest.raises(ValueError, match="must be one of"):
+        hdc.drop("dk_add")

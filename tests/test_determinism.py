@@ -19,6 +19,7 @@ import pytest
 from models import llama
 from ringattention import implementations, ring_attention
 from ringattention.kernels import hopper_backward as hb
+from ringattention.kernels import hopper_cta_dq_bwd as hcb
 from ringattention.kernels import hopper_fused_bwd as hfb
 from ringattention.kernels import pallas_hopper as ph
 from tests.test_train import small
@@ -31,13 +32,15 @@ needs_interpret = pytest.mark.skipif(ph.interpret_params() is None,
 
 
 def test_hopper_deterministic_block_sizes():
-    """The fused backward (default at head dim 65-128) becomes the two-kernel one; the others stay."""
+    """The fused backward (default at head dim 65-128, one dq tile per CTA) becomes the two-kernel
+    one; the others stay."""
     for d in (64, 96, 128, 256):
         got = ph.deterministic_block_sizes(None, d)
         default = ph.default_block_sizes(d)
         assert got.backward != "fused"
-        assert got == dataclasses.replace(default, backward="mosaic" if default.backward == "fused"
-                                          else default.backward)
+        want = (dataclasses.replace(default, backward="mosaic", dq_tile="warpgroup")
+                if default.backward == "fused" else default)
+        assert got == want
     mine = ph.BlockSizes(backward="triton", block_k=64)
     assert ph.deterministic_block_sizes(mine, 128) is mine
     with pytest.raises(ValueError, match="fused"):
@@ -50,7 +53,7 @@ def test_hopper_deterministic_block_sizes():
 def backward_calls(monkeypatch):
     """Records which pallas_hopper backward runs ("mosaic" / "fused") while tracing."""
     calls = []
-    for name, module in (("mosaic", hb), ("fused", hfb)):
+    for name, module in (("mosaic", hb), ("fused", hfb), ("fused", hcb)):
         original = module.backward
         monkeypatch.setattr(module, "backward", lambda *a, _o=original, _n=name, **k: (
             calls.append(_n), _o(*a, **k))[1])

@@ -24,6 +24,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ringcheck import BF16_RTOL, F32_RTOL, Problem, check_ring, rel_err
 
 from ringattention import implementations
+from ringattention.kernels import hopper_backward as hb
+from ringattention.kernels import hopper_cta_dq_bwd as hcb
+from ringattention.kernels import hopper_fused_bwd as hfb
+from ringattention.kernels import hopper_split_bwd as hsb
 from ringattention.kernels import pallas_gpu as pg
 from ringattention.kernels import pallas_hopper as ph
 
@@ -179,6 +183,7 @@ WINDOW_SLOW_CASES = [  # (dim, BlockSizes): the head-dim-split backwards, dq_til
     (256, ph.BlockSizes(backward="fused", block_k=64, registers=240)),
     (200, ph.BlockSizes(backward="mosaic", block_k=64, registers=240)),
     (128, ph.BlockSizes(backward="fused", dq_tile="cta", bwd_stages=3)),
+    (64, ph.BlockSizes(backward="fused", dq_tile="cta")),
 ]
 
 
@@ -225,28 +230,30 @@ def _head_dim_256_inputs():
 
 @needs_interpret
 def test_head_dim_256_forward_and_split_backward():
-    """Head dim 256 with its defaults: the forward, then the fused backward whose warpgroups split
-    the head dim (``hopper_split_bwd``); causal, GQA, segment ids, ragged shards, two key and two
-    query CTAs."""
+    """Head dim 256 with its defaults: the forward, then the deterministic dq + dk/dv kernels whose
+    warpgroups split the head dim (``hopper_split_bwd``, "mosaic"); causal, GQA, segment ids,
+    ragged shards, two key and two query CTAs."""
     inputs = _head_dim_256_inputs()
     _check_forward(inputs, True)
-    assert ph.default_block_sizes(256).backward == "fused"
+    assert ph.default_block_sizes(256).backward == "mosaic"
     _check_backward(inputs, True, None)
 
 
 @pytest.mark.slow
 @needs_interpret
-def test_head_dim_256_deterministic_split_backward():
-    """The same step with the deterministic dq + dk/dv kernels ("mosaic") of ``hopper_split_bwd``."""
-    _check_backward(_head_dim_256_inputs(), True, ph.BlockSizes(backward="mosaic", registers=240))
+def test_head_dim_256_fused_split_backward():
+    """The same step with the fused split kernel ("fused": one kernel, dq by atomic adds)."""
+    _check_backward(_head_dim_256_inputs(), True, ph.BlockSizes(backward="fused", registers=240))
 
 
 @needs_interpret
-def test_fused_backward_with_one_dq_tile_per_cta():
+@pytest.mark.parametrize("dim", [128, 64])
+def test_fused_backward_with_one_dq_tile_per_cta(dim):
     """``dq_tile="cta"`` (``hopper_cta_dq_bwd``): the two warpgroups of a key CTA add one dq tile,
-    half its columns each; causal, GQA, segment ids, ragged, two key CTAs."""
+    half its columns each (128) or taking turns by pair parity (64: four pairs per key CTA, so
+    both parities' buffers are reused); causal, GQA, segment ids, ragged, two key CTAs."""
     rng = np.random.default_rng(13)
-    inputs = _inputs(rng, sq=72, sk=200, heads=2, kv_heads=1, dim=128, dtype="bfloat16",
+    inputs = _inputs(rng, sq=72, sk=200, heads=2, kv_heads=1, dim=dim, dtype="bfloat16",
                      where="overlap", segments=True, batch=1)
     _check_backward(inputs, True, ph.BlockSizes(backward="fused", dq_tile="cta", registers=240))
 
@@ -345,8 +352,9 @@ def test_ring_on_one_device_head_dim_256():
 
 @pytest.mark.slow
 @needs_interpret
-@pytest.mark.parametrize("dim, bs", [(256, None), (128, ph.BlockSizes(backward="fused", dq_tile="cta"))],
-                         ids=["split", "cta"])
+@pytest.mark.parametrize("dim, bs", [(256, None), (128, ph.BlockSizes(backward="fused", dq_tile="cta")),
+                                     (64, ph.BlockSizes(backward="fused", dq_tile="cta"))],
+                         ids=["split", "cta", "cta64"])
 def test_ring_on_one_device_with_window_wide_heads(dim, bs):
     """The float64 global reference through ring_attention(sliding_window=...) for the backwards
     of wider heads (the head-dim-split default at 256, ``dq_tile="cta"`` at 128)."""
@@ -372,6 +380,9 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("fused", 256, True, True, 2, dict(block_k=64, registers=240), 200),
     ("mosaic", 256, False, False, 1, dict(block_k=64, registers=240), 100),
     ("fused", 128, False, True, 2, dict(dq_tile="cta", bwd_stages=3), 150),
+    ("fused", 64, True, True, 2, {}),  # hopper_fused_bwd at head dim 64 (the default there)
+    ("fused", 64, True, True, 2, dict(dq_tile="cta")),  # hopper_cta_dq_bwd.alternating_kernel
+    ("fused", 40, False, False, 4, dict(dq_tile="cta", bwd_stages=4), 100),
 ]
 
 
@@ -460,6 +471,40 @@ def test_block_sizes_are_validated():
     assert ph.default_block_sizes(64) != ph.default_block_sizes(128)
 
 
+def test_default_backward_by_head_dim(backward_used):
+    """The default backward, checked by the kernel each head dim's default calls: fused with one
+    dq tile per CTA up to 128 (the alternating kernel at 64 and below, the column split at
+    65-128: ``hopper_cta_dq_bwd`` both), the deterministic head-dim-split pair above 128."""
+    for d, name in ((40, "cta"), (64, "cta"), (96, "cta"), (128, "cta"), (256, "split")):
+        q = jax.ShapeDtypeStruct((1, 256, 4, d), jnp.bfloat16)
+        k = jax.ShapeDtypeStruct((1, 64, 2, d), jnp.bfloat16)
+        ints = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in ((256,), (64,))]
+        lse = jax.ShapeDtypeStruct((1, 4, 256), jnp.float32)
+        backward_used.clear()
+        jax.eval_shape(functools.partial(ph.backward_step, causal=True, softmax_scale=0.1,
+                                         interpret=True), q, k, k, q, lse, lse, *ints, None, None)
+        assert backward_used == [name], d
+    assert ph.deterministic_block_sizes(None, 64).backward == "mosaic"
+
+
+@pytest.fixture
+def backward_used(monkeypatch):
+    """Records which Mosaic backward module ``pallas_hopper.backward_step`` calls (without running
+    it: each returns zeros of the contract's shapes)."""
+    calls = []
+
+    def fake(name):
+        def backward(q, k, *args, **kw):
+            calls.append(name)
+            return (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
+                    jnp.zeros(k.shape, jnp.float32))
+        return backward
+
+    for name, module in (("mosaic", hb), ("fused", hfb), ("cta", hcb), ("split", hsb)):
+        monkeypatch.setattr(module, "backward", fake(name))
+    return calls
+
+
 def test_bad_inputs_are_rejected_before_tracing():
     q = jnp.zeros((1, 64, 4, 64), jnp.bfloat16)
     k = jnp.zeros((1, 64, 3, 64), jnp.bfloat16)
@@ -498,10 +543,11 @@ def test_shared_memory_budget_is_checked():
         ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
                          block_sizes=ph.BlockSizes(backward="fused", dq_tile="cta", bwd_stages=4),
                          **kw)
-    with pytest.raises(ValueError, match="pad to 128"):
-        ph.backward_step(q[..., :64], q[..., :64], q[..., :64], q[..., :64], lse, lse, pos, pos,
-                         None, None, block_sizes=ph.BlockSizes(backward="fused", dq_tile="cta"),
-                         **kw)
+    wide = jnp.zeros(q.shape[:3] + (192,), q.dtype)
+    with pytest.raises(ValueError, match="must pad to 64 or 128"):
+        hcb.backward(wide, wide, wide, wide, lse, lse, pos, pos, None, None, interpret=True,
+                     bs=ph.BlockSizes(backward="fused", dq_tile="cta"), causal=True,
+                     softmax_scale=0.1)
 
 
 def test_registered_and_not_picked_on_cpu():

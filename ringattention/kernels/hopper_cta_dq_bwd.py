@@ -1,16 +1,21 @@
-"""Fused Pallas Mosaic GPU (Hopper) ring-step backward with one dq tile per CTA (head dims 65-128).
+"""Fused Pallas Mosaic GPU (Hopper) ring-step backward with one dq tile per CTA (head dims <= 128).
 
 A variant of ``hopper_fused_bwd.py`` (FlashAttention-3 backward, Shah et al. 2024, for one step of
 Ring Attention, Liu, Zaharia & Abbeel 2023), selected by ``pallas_hopper.BlockSizes(backward="fused",
 dq_tile="cta")``. There each compute warpgroup reduce-adds its own dq contribution ``ds_w @ k_w``
 ([64 queries, D] float32) for every query block it visits: two tiles per CTA and pair. Here the two
-warpgroups of a CTA (which visit the same query blocks in the same order) share one: after both
-have written ds^T of their 64 keys to shared memory, warpgroup w computes the columns
-Dw = [w D/2, (w + 1) D/2) of ``dq = ds_0 @ k_0 + ds_1 @ k_1`` (two wgmmas into one [64, D/2]
-accumulator) and reduce-adds that half tile. The reduce-add traffic and the staging buffers halve, the
-float32 dq accumulator is one [B, H, Sq, D] buffer (not two), and the dq accumulator in registers is
-[64, D/2] (32 registers per thread at D = 128 instead of 64); the price is a barrier between the two
-warpgroups per pair (ds^T of both written) and one before ds^T is overwritten (both have read it).
+warpgroups of a CTA (which visit the same query blocks in the same order) share one, so the
+reduce-add traffic (what limits the fused backward: removing it makes the step 1.22-1.25x faster on
+an H200) and the float32 dq accumulator halve, and the accumulator is one [B, H, Sq, D] buffer:
+
+* head dims 65-128 (``cta_dq_kernel``): after both have written ds^T of their 64 keys to shared
+  memory, warpgroup w computes the columns Dw = [w D/2, (w + 1) D/2) of
+  ``dq = ds_0 @ k_0 + ds_1 @ k_1`` (two wgmmas into one [64, D/2] accumulator, 32 registers per
+  thread at D = 128 instead of 64) and reduce-adds that half tile; the price is a barrier between
+  the two warpgroups per pair (ds^T of both written) and one before ds^T is overwritten;
+* head dims <= 64 (``alternating_kernel``; half of 64 columns is not a whole swizzle tile): the
+  warpgroups take turns, warpgroup t % 2 computing and adding pair t's whole tile, with ds^T
+  double-buffered by the pair's parity so that the other one runs on.
 
 Everything else (dk/dv of the own keys, the visiting order, the GQA group loop, the producer, the
 masks and a sliding window's ``edge`` bound) is the fused kernel's, through the same
@@ -64,59 +69,92 @@ def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape):
 
 
 def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
-    """Grid ("h", "i", "b") over kv heads and key CTAs, warpgroups "wg". GMEM inputs as
-    ``hbk.dkv_kernel``, then the dq accumulator f32 [B, H, Sq, D] (a Ref, added to). Out: dk, dv
-    f32 [B, K, Sk, D]."""
-    bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
-        (dq_ref, dk_ref, dv_ref), scratch = hbk._split(refs, cfg, 3)
-    (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free, ds_s,
-     dq_s, ds_ready, ds_free) = scratch
-    b, i, bounds = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
-    lo, hi = bounds[0], bounds[2]
-    kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
-    n = hi - lo  # query blocks per head of the group
-    issue = hbk.query_issuer(cfg, b, kvh, bounds, i,
-                             (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
-                             (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
+    """``hfb.key_cta_kernel`` with the dq accumulator f32 [B, H, Sq, D], a ds^T tile and half a dq
+    staging tile per warpgroup, and the barriers ds^T written / ds^T read. Out: dk, dv f32
+    [B, K, Sk, D]."""
+    hfb.key_cta_kernel(refs, cfg, _split_columns)
 
-    @pl.when(wg == WGS)
-    def _():
-        hbk._stream(cfg, n * cfg.groups, issue, loaded, free)
 
-    @pl.when(wg < WGS)
-    def _():
-        hk.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
-        ops = hfb.FusedOps(cfg.interpret)
-        rows = pl.ds(i * (WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
-        own = hbk.load_keys(cfg, ops, b, kvh, wg, rows, (k_ref, v_ref, kp_ref, ks_ref),
-                            (k_s, v_s, kp_s, ks_s), own_bar.at[wg])
-        smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
-        d = k_s.shape[2]
-        dw = pl.ds(wg * (d // WGS), d // WGS)
+def _split_columns(c: hfb.KeyCta):
+    cfg, ops, wg, kvh, bounds = c.cfg, c.ops, c.wg, c.kvh, c.bounds
+    k_s, _, q_s, do_s = c.smem[:4]
+    ds_s, dq_s, ds_ready, ds_free = c.scratch
+    dq_ref, dk_ref, dv_ref = c.outs
+    lo, n, d = bounds[0], c.n, k_s.shape[2]
+    dw = pl.ds(wg * (d // WGS), d // WGS)
 
-        def body(j, carry, g, masked: bool):
-            t = g * n + j - lo
-            slot = lax.rem(t, jnp.int32(cfg.stages))
-            plgpu.barrier_wait(loaded.at[slot])
-            p_t, ds_t = hbk.kv_probs(cfg, ops, wg, slot, own, smem, masked)  # [r, c]
-            ds_t = ds_t.astype(ds_s.dtype)
-            pl.when(t > 0)(lambda: plgpu.barrier_wait(ds_free))  # both read the last ds^T
-            ops.stage(ds_s.at[wg], ds_t)
-            plgpu.barrier_arrive(ds_ready)
-            carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
-            plgpu.barrier_arrive(free.at[slot])
-            plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
-            dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS))  # [c, D/2]
-            plgpu.barrier_arrive(ds_free)
-            blk = hbk.visit(j, bounds, i, q_ref.shape[1] // cfg.block)
+    def body(j, carry, g, masked: bool):
+        t = g * n + j - lo
+        slot = lax.rem(t, jnp.int32(cfg.stages))
+        plgpu.barrier_wait(c.loaded.at[slot])
+        p_t, ds_t = hbk.kv_probs(cfg, ops, wg, slot, c.own, c.smem, masked)  # [r, c]
+        ds_t = ds_t.astype(ds_s.dtype)
+        pl.when(t > 0)(lambda: plgpu.barrier_wait(ds_free))  # both read the last ds^T
+        ops.stage(ds_s.at[wg], ds_t)
+        plgpu.barrier_arrive(ds_ready)
+        carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
+        plgpu.barrier_arrive(c.free.at[slot])
+        plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
+        dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS))  # [c, D/2]
+        plgpu.barrier_arrive(ds_free)
+        blk = hbk.visit(j, bounds, c.i, c.q_ref.shape[1] // cfg.block)
+        h = kvh * cfg.groups + g
+        ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[c.b, h, pl.ds(blk * cfg.block, cfg.block), dw])
+        return carry
+
+    hbk.group_loop(cfg, ops, body, bounds, cfg.masked, d,
+                   (dk_ref.at[c.b, kvh, c.rows], dv_ref.at[c.b, kvh, c.rows]))
+    pl.when(n > 0)(lambda: plgpu.barrier_wait(ds_free))  # observe the last phase
+    ops.flush()
+
+
+def alternating_kernel(*refs, cfg: hbk.BwdConfig):
+    """Head dim 64: as ``cta_dq_kernel``, but the warpgroups take turns instead of splitting the
+    columns (half of 64 columns is not a whole 128-byte swizzle tile): pair t's whole dq tile
+    ``ds_0 @ k_0 + ds_1 @ k_1`` ([64 queries, 64] float32) is computed and reduce-added by
+    warpgroup t % 2 alone. ds^T is double-buffered by the pair's parity (``ds_s[t % 2]``), with a
+    barrier pair per parity: ``ready[p]`` (both ds^T written; waited by warpgroup p only) and
+    ``done[p]`` (warpgroup p has read them; waited by both before they overwrite ds_s[p] two pairs
+    later), so every thread waits on every phase of a barrier it uses, and the warpgroup whose turn
+    it is not runs ahead into the next pair."""
+    hfb.key_cta_kernel(refs, cfg, _take_turns)
+
+
+def _take_turns(c: hfb.KeyCta):
+    cfg, ops, wg, kvh, bounds = c.cfg, c.ops, c.wg, c.kvh, c.bounds
+    k_s, _, q_s, do_s = c.smem[:4]
+    ds_s, dq_s, ready, done = c.scratch
+    dq_ref, dk_ref, dv_ref = c.outs
+    lo, n, d = bounds[0], c.n, k_s.shape[2]
+
+    def body(j, carry, g, masked: bool):
+        t = g * n + j - lo
+        slot, par = lax.rem(t, jnp.int32(cfg.stages)), lax.rem(t, jnp.int32(2))
+        plgpu.barrier_wait(c.loaded.at[slot])
+        p_t, ds_t = hbk.kv_probs(cfg, ops, wg, slot, c.own, c.smem, masked)  # [r, c]
+        ds_t = ds_t.astype(ds_s.dtype)
+        pl.when(t >= 2)(lambda: plgpu.barrier_wait(done.at[par]))  # read two pairs ago
+        ops.stage(ds_s.at[par, wg], ds_t)
+        plgpu.barrier_arrive(ready.at[par])
+        carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
+        plgpu.barrier_arrive(c.free.at[slot])
+
+        @pl.when(wg == par)
+        def _():
+            plgpu.barrier_wait(ready.at[par])  # ds^T of both warpgroups written
+            dq = _dq_half(ops, ds_s.at[par], k_s, pl.ds(0, d), (cfg.block, d))  # [c, D]
+            plgpu.barrier_arrive(done.at[par])
+            blk = hbk.visit(j, bounds, c.i, c.q_ref.shape[1] // cfg.block)
             h = kvh * cfg.groups + g
-            ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[b, h, pl.ds(blk * cfg.block, cfg.block), dw])
-            return carry
+            ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[c.b, h, pl.ds(blk * cfg.block, cfg.block)])
 
-        hbk.group_loop(cfg, ops, body, bounds, cfg.masked, d,
-                       (dk_ref.at[b, kvh, rows], dv_ref.at[b, kvh, rows]))
-        pl.when(n > 0)(lambda: plgpu.barrier_wait(ds_free))  # observe the last phase
-        ops.flush()
+        return carry
+
+    hbk.group_loop(cfg, ops, body, bounds, cfg.masked, d,
+                   (dk_ref.at[c.b, kvh, c.rows], dv_ref.at[c.b, kvh, c.rows]))
+    for par in range(2):  # observe the last phase of each parity's done barrier
+        pl.when(n * cfg.groups > par)(lambda par=par: plgpu.barrier_wait(done.at[par]))
+    ops.flush()
 
 
 def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool):
@@ -124,7 +162,13 @@ def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool):
     barriers: ds^T of both written, ds^T of both read."""
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # 16-bit, 128 bytes
     f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
-    return [*hb._scratch(ROWS, ROWS, d, dtype, stages, 0, 2, positions, segments),
+    common = hb._scratch(ROWS, ROWS, d, dtype, stages, 0, 2, positions, segments)
+    if d == 64:  # alternating_kernel: ds^T per parity, a whole dq tile per warpgroup
+        return [*common, plgpu.SMEM((2, WGS, ROWS, ROWS), dtype, transforms=tiles),
+                plgpu.SMEM((WGS, ROWS, d), F32, transforms=f32_tiles),
+                plgpu.Barrier(num_arrivals=WGS, num_barriers=2),
+                plgpu.Barrier(num_arrivals=1, num_barriers=2)]
+    return [*common,
             plgpu.SMEM((WGS, ROWS, ROWS), dtype, transforms=tiles),  # ds^T [r keys, c queries]
             plgpu.SMEM((WGS, ROWS, d // WGS), F32, transforms=f32_tiles),  # dq half tile
             plgpu.Barrier(num_arrivals=WGS), plgpu.Barrier(num_arrivals=WGS)]
@@ -133,6 +177,8 @@ def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool):
 def smem_bytes(d: int, dtype, stages: int) -> int:
     """Shared memory of the tiles (k, v own; q, do streamed; ds^T; dq staging), ints excluded."""
     tiles = 2 * (WGS + stages) * ROWS * d * jnp.dtype(dtype).itemsize
+    if d == 64:  # two parities of ds^T, a whole dq tile per warpgroup
+        return tiles + WGS * ROWS * (2 * ROWS * jnp.dtype(dtype).itemsize + d * 4)
     return tiles + WGS * ROWS * (ROWS * jnp.dtype(dtype).itemsize + d // WGS * 4)
 
 
@@ -143,7 +189,8 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     sk, K = k.shape[1], k.shape[2]
     dq_acc = jax.new_ref(jnp.zeros((B, H, sq, d), F32), memory_space=plgpu.GMEM)
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
-    dk, dv = hfb._launch(functools.partial(cta_dq_kernel, cfg=cfg), (out, out),
+    kernel = alternating_kernel if d == 64 else cta_dq_kernel
+    dk, dv = hfb._launch(functools.partial(kernel, cfg=cfg), (out, out),
                          _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),
                          grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                          lse2, delta, *extra, dq_acc)
@@ -155,8 +202,9 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``)."""
 
     def check(D: int, d: int):
-        if d != 128:  # each warpgroup's half of the columns must be whole 64-column tiles
-            raise ValueError(f"pallas_hopper dq_tile='cta': head dim {D} (padded {d}) must pad to 128")
+        if d not in (64, 128):  # 128: halves of whole 64-column tiles; 64: alternating_kernel
+            raise ValueError(f"pallas_hopper dq_tile='cta': head dim {D} (padded {d}) must pad to "
+                             "64 or 128")
         smem = smem_bytes(d, q.dtype, bs.bwd_stages)
         if smem > hb.SMEM_LIMIT - 4096:
             raise ValueError(f"pallas_hopper backward='fused', dq_tile='cta': head dim {D} with "

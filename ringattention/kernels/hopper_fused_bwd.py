@@ -1,10 +1,11 @@
 """Fused Pallas Mosaic GPU (Hopper) ring-step backward: one kernel for dq, dk and dv.
 
 The FlashAttention-3 backward (Shah et al. 2024) for one step of Ring Attention (Liu, Zaharia &
-Abbeel 2023), selected by ``pallas_hopper.BlockSizes(backward="fused")`` (the default at head dim
-128). Where the "mosaic" backward (``hopper_backward.py``) runs a dq kernel and a dk/dv kernel that
-both recompute the probabilities (7 tile matmuls per query block x key block pair), this one runs
-only the key-CTA kernel (grid: kv head, key CTA, batch): each compute warpgroup keeps dk/dv of its
+Abbeel 2023), selected by ``pallas_hopper.BlockSizes(backward="fused", dq_tile="warpgroup")``
+(the defaults at head dims <= 128 use ``dq_tile="cta"``, ``hopper_cta_dq_bwd.py``). Where the
+"mosaic" backward (``hopper_backward.py``) runs a dq kernel and a dk/dv kernel that both recompute
+the probabilities (7 tile matmuls per query block x key block pair), this one runs only the key-CTA
+kernel (grid: kv head, key CTA, batch): each compute warpgroup keeps dk/dv of its
 64 keys in float32 registers, loops over the G query heads of the kv group and their visible query
 blocks (the same lo/mid/hi bounds and visiting order as the dk/dv kernel,
 ``hopper_bwd_kernels.visit``) and sends its dq contribution ``ds @ k`` (float32) to global memory
@@ -70,14 +71,36 @@ class FusedOps(hk.Ops):
             plgpu.wait_smem_to_gmem(0)
 
 
-def fused_kernel(*refs, cfg: hbk.BwdConfig):
-    """Grid ("h", "i", "b") over kv heads and key CTAs, warpgroups "wg". GMEM inputs as
-    ``hbk.dkv_kernel``, then the dq accumulator f32 [2, B, H, Sq, D] (a Ref, added to). Out: dk, dv
-    f32 [B, K, Sk, D]."""
+@dataclasses.dataclass(frozen=True)
+class KeyCta:
+    """What the compute warpgroups of a fused key-CTA kernel work with (``key_cta_kernel``)."""
+
+    cfg: hbk.BwdConfig
+    b: jax.Array  # batch row
+    i: jax.Array  # key CTA index
+    kvh: jax.Array  # kv head
+    wg: jax.Array  # compute warpgroup
+    bounds: tuple  # lo, mid, hi (+ edge) over the reversed query blocks
+    ops: FusedOps
+    rows: pl.Slice  # the warpgroup's own 64 keys
+    own: tuple  # their positions, ids as row vectors (None when unused)
+    smem: tuple  # k, v, q, do, lse2, delta, positions, ids: ``hbk.kv_probs``'s order
+    loaded: object  # barriers: query slot loaded, slot free
+    free: object
+    q_ref: object
+    outs: tuple  # dq accumulator, dk, dv (GMEM)
+    scratch: tuple  # the kernel's own buffers after the dk/dv kernel's
+    n: jax.Array  # visible query blocks per head of the group
+
+
+def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
+    """The frame of the fused key-CTA kernels (grid ("h", "i", "b") over kv heads and key CTAs,
+    warpgroups "wg"; GMEM inputs as ``hbk.dkv_kernel``, then the dq accumulator, a Ref added to;
+    out: dk, dv): the producer warpgroup streams the visible query blocks of every head of the kv
+    group, each compute warpgroup loads its own 64 keys and runs ``compute(KeyCta)``."""
     bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
-        (dq_ref, dk_ref, dv_ref), scratch = hbk._split(refs, cfg, 3)
-    (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free, ds_s,
-     dq_s) = scratch
+        outs, scratch = hbk._split(refs, cfg, 3)
+    (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch[:13]
     b, i, bounds = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
     lo, hi = bounds[0], bounds[2]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
@@ -98,29 +121,42 @@ def fused_kernel(*refs, cfg: hbk.BwdConfig):
         own = hbk.load_keys(cfg, ops, b, kvh, wg, rows, (k_ref, v_ref, kp_ref, ks_ref),
                             (k_s, v_s, kp_s, ks_s), own_bar.at[wg])
         smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
-        d = k_s.shape[2]
+        compute(KeyCta(cfg, b, i, kvh, wg, bounds, ops, rows, own, smem, loaded, free, q_ref,
+                       tuple(outs), tuple(scratch[13:]), n))
 
-        def body(j, carry, g, masked: bool):
-            slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
-            plgpu.barrier_wait(loaded.at[slot])
-            p_t, ds_t = hbk.kv_probs(cfg, ops, wg, slot, own, smem, masked)  # [r, c]
-            ds_t = ds_t.astype(ds_s.dtype)
-            ops.stage(ds_s.at[wg], ds_t)  # for dq, which reads it transposed
-            carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
-            plgpu.barrier_arrive(free.at[slot])  # dq needs only ds and the own keys
-            (dq,) = ops.mma(((cfg.block, d), hk.Smem(ds_s.at[wg], transposed=True),
-                             hk.Smem(k_s.at[wg])))  # [c, D] = ds @ k
-            h = kvh * cfg.groups + g
-            blk = hbk.visit(j, bounds, i, q_ref.shape[1] // cfg.block)
-            rows_q = pl.ds(blk * cfg.block, cfg.block)
-            ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[wg, b, h, rows_q])
-            return carry
 
-        masked = cfg.masked
+def fused_kernel(*refs, cfg: hbk.BwdConfig):
+    """``key_cta_kernel`` with the dq accumulator f32 [2, B, H, Sq, D] (one slice per compute
+    warpgroup) and per warpgroup a ds^T tile and a dq staging tile. Out: dk, dv f32 [B, K, Sk, D]."""
+    key_cta_kernel(refs, cfg, _fused_compute)
 
-        hbk.group_loop(cfg, ops, body, bounds, masked, d,
-                       (dk_ref.at[b, kvh, rows], dv_ref.at[b, kvh, rows]))
-        ops.flush()
+
+def _fused_compute(c: KeyCta):
+    cfg, ops, wg, kvh, bounds = c.cfg, c.ops, c.wg, c.kvh, c.bounds
+    k_s, _, q_s, do_s = c.smem[:4]
+    ds_s, dq_s = c.scratch
+    dq_ref, dk_ref, dv_ref = c.outs
+    lo, n, d = bounds[0], c.n, k_s.shape[2]
+
+    def body(j, carry, g, masked: bool):
+        slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
+        plgpu.barrier_wait(c.loaded.at[slot])
+        p_t, ds_t = hbk.kv_probs(cfg, ops, wg, slot, c.own, c.smem, masked)  # [r, c]
+        ds_t = ds_t.astype(ds_s.dtype)
+        ops.stage(ds_s.at[wg], ds_t)  # for dq, which reads it transposed
+        carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
+        plgpu.barrier_arrive(c.free.at[slot])  # dq needs only ds and the own keys
+        (dq,) = ops.mma(((cfg.block, d), hk.Smem(ds_s.at[wg], transposed=True),
+                         hk.Smem(k_s.at[wg])))  # [c, D] = ds @ k
+        h = kvh * cfg.groups + g
+        blk = hbk.visit(j, bounds, c.i, c.q_ref.shape[1] // cfg.block)
+        rows_q = pl.ds(blk * cfg.block, cfg.block)
+        ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[wg, c.b, h, rows_q])
+        return carry
+
+    hbk.group_loop(cfg, ops, body, bounds, cfg.masked, d,
+                   (dk_ref.at[c.b, kvh, c.rows], dv_ref.at[c.b, kvh, c.rows]))
+    ops.flush()
 
 
 def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool):

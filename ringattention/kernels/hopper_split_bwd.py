@@ -1,9 +1,11 @@
 """Fused Pallas Mosaic GPU (Hopper) ring-step backward for head dim 256: the head dim split in two.
 
 The FlashAttention-3 backward (Shah et al. 2024; its head-dim-256 configuration) for one step of
-Ring Attention (Liu, Zaharia & Abbeel 2023), selected by ``pallas_hopper.BlockSizes(backward="fused")``
-when the head dim pads to more than 128 (``hopper_fused_bwd.py`` does not fit there: each warpgroup
-would hold dk and dv of its 64 keys, [64, 256] float32 each, 256 registers per thread).
+Ring Attention (Liu, Zaharia & Abbeel 2023), for head dims that pad to more than 128
+(``hopper_fused_bwd.py`` does not fit there: each warpgroup would hold dk and dv of its 64 keys,
+[64, 256] float32 each, 256 registers per thread): ``pallas_hopper.BlockSizes(backward="mosaic")``,
+the default, runs the deterministic pair below; ``backward="fused"`` the one kernel whose atomics
+make it 2.2x slower on an H200 (``benchmarks/results/pallas_hopper_h200.md``).
 
 Here the two compute warpgroups of a CTA *share* its 64 keys (grid: kv head, key CTA, batch) and
 split the work of every (key block, query block) pair without doing any of it twice:

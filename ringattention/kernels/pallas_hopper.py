@@ -14,21 +14,21 @@ What runs where (stated plainly):
 
 * forward, bfloat16/float16: the Mosaic GPU kernel (head dims padded to a multiple of 64, <= 256).
 * forward, float32: delegated to the Triton step (wgmma would compute in tf32).
-* backward, 16-bit, head dim <= 64 (default; ``BlockSizes(backward="mosaic")``): Mosaic GPU dq and
-  dk/dv kernels (``hopper_backward.py``, ``hopper_bwd_kernels.py``).
-* backward, 16-bit, head dims 65-128 (default; ``BlockSizes(backward="fused")``): one
-  FlashAttention-3 style kernel over key CTAs with a TMA reduce-add of dq (``hopper_fused_bwd.py``;
-  its dq sums in a run-dependent order, so it is not bitwise deterministic, and it accumulates dq in
-  a float32 buffer twice the size of the float32 dq: pick "mosaic" for memory;
-  ``ring_attention(..., deterministic=True)`` picks it through :func:`deterministic_block_sizes`).
-  Both Mosaic backwards are checked on an H200 against the float32 step reference
+* backward, 16-bit, head dims <= 128 (default; ``BlockSizes(backward="fused")``): one
+  FlashAttention-3 style kernel over key CTAs with TMA reduce-adds of dq (``hopper_fused_bwd.py``,
+  or with ``dq_tile="cta"``, the default, ``hopper_cta_dq_bwd.py``); dq sums in a
+  run-dependent order, so it is not bitwise deterministic. With ``dq_tile="warpgroup"`` the float32
+  dq accumulator is twice the float32 dq (with "cta", the default, once).
+* ``BlockSizes(backward="mosaic")``: Mosaic GPU dq and dk/dv kernels (``hopper_backward.py``,
+  ``hopper_bwd_kernels.py``), deterministic; ``ring_attention(..., deterministic=True)`` picks it
+  through :func:`deterministic_block_sizes`.
+* backward, 16-bit, head dims 129-256 (default; ``BlockSizes(backward="mosaic")``): the dq and
+  dk/dv kernels with the head dim split across the two compute warpgroups
+  (``hopper_split_bwd.py``; FA3's head-dim-256 scheme, 64 rows per CTA, no atomics).
+  ``BlockSizes(backward="fused")`` there: one kernel adding dq by per-element atomics (not
+  deterministic, and 2.2x slower on an H200).
+  Every Mosaic backward is checked on an H200 against the float32 step reference
   (``benchmarks/results/pallas_hopper_h200.md``).
-* backward, 16-bit, head dims 129-256 (default; ``BlockSizes(backward="fused")``): the fused
-  kernel with the head dim split across the two compute warpgroups (``hopper_split_bwd.py``; FA3's
-  head-dim-256 scheme: 64 keys per CTA, dq by atomic adds, so again not bitwise deterministic).
-  ``BlockSizes(backward="mosaic")`` there: the deterministic split variant (a dq kernel and the
-  dk/dv kernel, no atomics). Interpret-mode and CUDA-lowering tests pass on CPU; not yet checked on
-  a device.
 * backward, float32, or ``BlockSizes(backward="triton")``: the Triton step
   ``pallas_gpu.backward_step`` (it needs only the global lse and delta, so it composes with this
   forward unchanged; deterministic at every head dim).
@@ -73,17 +73,19 @@ class BlockSizes:
     stage; ``stages``: shared-memory slots for keys/values; ``pingpong``: alternate the compute
     warpgroups on the tensor cores. ``backward``: "mosaic" (``hopper_bwd_kernels``: a dq and a dk/dv
     kernel, 64-row tiles, ``bwd_stages`` slots, the dq kernel streaming ``bwd_block_k`` keys per
-    block; deterministic; the default for head dim 64; above 128 ``hopper_split_bwd``'s
-    deterministic dq and dk/dv kernels, which split the head dim), "fused" (one kernel, dq
-    added to a float32 buffer in a run-dependent order: ``hopper_fused_bwd`` with a TMA reduce-add,
-    the default for head dim 128; above 128 ``hopper_split_bwd``, whose warpgroups split the head
-    dim and add dq with atomics, the default for head dim 256) or "triton" (``pallas_gpu``'s
-    kernels, any head dim).
+    block; deterministic; above 128 ``hopper_split_bwd``'s
+    deterministic dq and dk/dv kernels, which split the head dim: the default for head dim 256),
+    "fused" (one kernel, dq added to a float32 buffer in a run-dependent order:
+    ``hopper_fused_bwd`` / ``hopper_cta_dq_bwd`` with TMA reduce-adds, the default for head dims
+    64 and 128; above 128 ``hopper_split_bwd``, whose warpgroups split the head dim and add dq with
+    per-element atomics, 2.2x slower than "mosaic" there) or "triton" (``pallas_gpu``'s kernels,
+    any head dim).
     ``registers``: per thread of a compute warpgroup in every Mosaic kernel (224, 232 or 240; the
     producer keeps the rest of the launch allocation: 56, 40 or 24). ``dq_tile`` (fused backward,
-    head dims 65-128): "warpgroup" (each compute warpgroup reduce-adds its own [64, D] dq tile) or
-    "cta" (``hopper_cta_dq_bwd``: the two share one, each adding half its columns; half the
-    reduce-add traffic, a barrier between them per block; not yet timed on the device). Defaults:
+    head dims <= 128; the other backwards ignore it): "warpgroup" (each compute warpgroup
+    reduce-adds its own [64, D] dq tile) or "cta" (``hopper_cta_dq_bwd``: the two share one, each
+    adding half its columns, or at head dims <= 64 taking turns; half the reduce-add traffic, a
+    barrier between them per block; the default at head dims 64 and 128). Defaults:
     :func:`default_block_sizes`.
     """
 
@@ -120,14 +122,16 @@ class BlockSizes:
 
 
 _DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md
-    # D=64: the Mosaic backward, 232 registers (alternatives not timed at this head dim yet).
-    64: BlockSizes(block_k=128, stages=3, backward="mosaic"),
-    # D=128: the fused backward with 240 registers per compute thread (64K causal fwd+bwd 0.93x
-    # cuDNN against 0.91x for the two-kernel Mosaic one and 0.77x for the Triton one).
-    128: BlockSizes(block_k=128, stages=2, backward="fused", registers=240),
-    # D=256: the fused backward with the head dim split across the warpgroups (hopper_split_bwd;
-    # the others do not fit in shared memory or registers there); not yet timed on the device.
-    256: BlockSizes(block_k=64, stages=2, backward="fused", registers=240),
+    # D=64: the fused backward with one dq tile per CTA (the warpgroups take turns), 232 registers:
+    # 16K-128K fwd+bwd 0.89-1.01x cuDNN against 0.86-1.01x with one tile per warpgroup and
+    # 0.88-0.95x for the two-kernel one (2026-12-01), and a third of the former's dq memory.
+    64: BlockSizes(block_k=128, stages=3, backward="fused", dq_tile="cta"),
+    # D=128: the fused backward with one dq tile per CTA and 240 registers per compute thread
+    # (64K fwd+bwd 0.95-0.99x cuDNN against 0.91-0.94x for one dq tile per warpgroup, 2026-12-01).
+    128: BlockSizes(block_k=128, stages=2, backward="fused", registers=240, dq_tile="cta"),
+    # D=256: the deterministic head-dim-split pair (hopper_split_bwd, no atomics): 64K fwd+bwd
+    # 0.92-0.93x cuDNN; the fused split kernel's per-element float32 atomics run it at 0.37-0.43x.
+    256: BlockSizes(block_k=64, stages=2, backward="mosaic", registers=240),
 }
 
 
@@ -151,7 +155,8 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int) -> 
     """
     if block_sizes is None:
         bs = default_block_sizes(head_dim)
-        return dataclasses.replace(bs, backward="mosaic") if bs.backward == "fused" else bs
+        return (dataclasses.replace(bs, backward="mosaic", dq_tile="warpgroup")
+                if bs.backward == "fused" else bs)
     if not isinstance(block_sizes, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={block_sizes!r} must be a pallas_hopper.BlockSizes")
     if block_sizes.backward == "fused":
