@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One H100/H200 run (jax >= 0.11, no network, ~6.5 minutes) for issue 16's head-dim-256 backward,
-# the deterministic two-kernel backward and the one-dq-tile-per-CTA option of the fused backward:
+# the deterministic two-kernel backward and the one-dq-tile-per-CTA option of the fused backward
+# (written for the defaults of the morning of 2026-12-01; since its run the defaults are dq_tile=cta
+# at head dims <= 128 and the "mosaic" split pair at 256, so "default" below names those):
 #
 #   1. check: every new kernel against the float32 step reference (PASS/FAIL lines): the
 #      head-dim-split backwards (hopper_split_bwd: the fused default and the deterministic
