@@ -179,6 +179,17 @@ def test_cta_dq_backward_with_window():
                     window=200)
 
 
+@needs_interpret
+def test_alternating_dq_with_an_odd_number_of_pairs():
+    """Head dim 64, ``dq_tile="cta"``: three query heads per kv head and one query block, so a key
+    CTA has three pairs (or fewer where causal hides some): the last parity's barrier phase is
+    observed at the end and the first warpgroup adds two of the three dq tiles."""
+    rng = np.random.default_rng(17)
+    inputs = _inputs(rng, sq=64, sk=200, heads=3, kv_heads=1, dim=64, dtype="bfloat16",
+                     where="overlap", segments=False, batch=1)
+    _check_backward(inputs, True, ph.BlockSizes(backward="fused", dq_tile="cta"))
+
+
 WINDOW_SLOW_CASES = [  # (dim, BlockSizes): the head-dim-split backwards, dq_tile="cta"
     (256, ph.BlockSizes(backward="fused", block_k=64, registers=240)),
     (200, ph.BlockSizes(backward="mosaic", block_k=64, registers=240)),
