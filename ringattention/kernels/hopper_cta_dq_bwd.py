@@ -76,19 +76,15 @@ def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
 
 
 def _split_columns(c: hfb.KeyCta):
-    cfg, ops, wg, kvh, bounds = c.cfg, c.ops, c.wg, c.kvh, c.bounds
+    cfg, ops, wg = c.cfg, c.ops, c.wg
     k_s, _, q_s, do_s = c.smem[:4]
     ds_s, dq_s, ds_ready, ds_free = c.scratch
-    dq_ref, dk_ref, dv_ref = c.outs
-    lo, n, d = bounds[0], c.n, k_s.shape[2]
+    lo, d = c.bounds[0], k_s.shape[2]
     dw = pl.ds(wg * (d // WGS), d // WGS)
 
     def body(j, carry, g, masked: bool):
-        t = g * n + j - lo
-        slot = lax.rem(t, jnp.int32(cfg.stages))
-        plgpu.barrier_wait(c.loaded.at[slot])
-        p_t, ds_t = hbk.kv_probs(cfg, ops, wg, slot, c.own, c.smem, masked)  # [r, c]
-        ds_t = ds_t.astype(ds_s.dtype)
+        t = g * c.n + j - lo
+        slot, p_t, ds_t = c.probs(t, masked)  # [r, c]
         pl.when(t > 0)(lambda: plgpu.barrier_wait(ds_free))  # both read the last ds^T
         ops.stage(ds_s.at[wg], ds_t)
         plgpu.barrier_arrive(ds_ready)
@@ -97,14 +93,12 @@ def _split_columns(c: hfb.KeyCta):
         plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
         dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS))  # [c, D/2]
         plgpu.barrier_arrive(ds_free)
-        blk = hbk.visit(j, bounds, c.i, c.q_ref.shape[1] // cfg.block)
-        h = kvh * cfg.groups + g
-        ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[c.b, h, pl.ds(blk * cfg.block, cfg.block), dw])
+        h, rows_q = c.dq_rows(j, g)
+        ops.reduce_add(dq_s.at[wg], dq, c.outs[0].at[c.b, h, rows_q, dw])
         return carry
 
-    hbk.group_loop(cfg, ops, body, bounds, cfg.masked, d,
-                   (dk_ref.at[c.b, kvh, c.rows], dv_ref.at[c.b, kvh, c.rows]))
-    pl.when(n > 0)(lambda: plgpu.barrier_wait(ds_free))  # observe the last phase
+    c.loop(body)
+    pl.when(c.n > 0)(lambda: plgpu.barrier_wait(ds_free))  # observe the last phase
     ops.flush()
 
 
@@ -121,18 +115,15 @@ def alternating_kernel(*refs, cfg: hbk.BwdConfig):
 
 
 def _take_turns(c: hfb.KeyCta):
-    cfg, ops, wg, kvh, bounds = c.cfg, c.ops, c.wg, c.kvh, c.bounds
+    cfg, ops, wg = c.cfg, c.ops, c.wg
     k_s, _, q_s, do_s = c.smem[:4]
     ds_s, dq_s, ready, done = c.scratch
-    dq_ref, dk_ref, dv_ref = c.outs
-    lo, n, d = bounds[0], c.n, k_s.shape[2]
+    lo, d = c.bounds[0], k_s.shape[2]
 
     def body(j, carry, g, masked: bool):
-        t = g * n + j - lo
-        slot, par = lax.rem(t, jnp.int32(cfg.stages)), lax.rem(t, jnp.int32(2))
-        plgpu.barrier_wait(c.loaded.at[slot])
-        p_t, ds_t = hbk.kv_probs(cfg, ops, wg, slot, c.own, c.smem, masked)  # [r, c]
-        ds_t = ds_t.astype(ds_s.dtype)
+        t = g * c.n + j - lo
+        par = lax.rem(t, jnp.int32(2))
+        slot, p_t, ds_t = c.probs(t, masked)  # [r, c]
         pl.when(t >= 2)(lambda: plgpu.barrier_wait(done.at[par]))  # read two pairs ago
         ops.stage(ds_s.at[par, wg], ds_t)
         plgpu.barrier_arrive(ready.at[par])
@@ -144,16 +135,14 @@ def _take_turns(c: hfb.KeyCta):
             plgpu.barrier_wait(ready.at[par])  # ds^T of both warpgroups written
             dq = _dq_half(ops, ds_s.at[par], k_s, pl.ds(0, d), (cfg.block, d))  # [c, D]
             plgpu.barrier_arrive(done.at[par])
-            blk = hbk.visit(j, bounds, c.i, c.q_ref.shape[1] // cfg.block)
-            h = kvh * cfg.groups + g
-            ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[c.b, h, pl.ds(blk * cfg.block, cfg.block)])
+            h, rows_q = c.dq_rows(j, g)
+            ops.reduce_add(dq_s.at[wg], dq, c.outs[0].at[c.b, h, rows_q])
 
         return carry
 
-    hbk.group_loop(cfg, ops, body, bounds, cfg.masked, d,
-                   (dk_ref.at[c.b, kvh, c.rows], dv_ref.at[c.b, kvh, c.rows]))
+    c.loop(body)
     for par in range(2):  # observe the last phase of each parity's done barrier
-        pl.when(n * cfg.groups > par)(lambda par=par: plgpu.barrier_wait(done.at[par]))
+        pl.when(c.n * cfg.groups > par)(lambda par=par: plgpu.barrier_wait(done.at[par]))
     ops.flush()
 
 

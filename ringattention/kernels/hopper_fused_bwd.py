@@ -92,6 +92,28 @@ class KeyCta:
     scratch: tuple  # the kernel's own buffers after the dk/dv kernel's
     n: jax.Array  # visible query blocks per head of the group
 
+    def probs(self, t, masked: bool):
+        """The t-th streamed pair (over the group's heads): waits for its slot, then slot, p^T
+        (float32) and ds^T (16-bit) [r keys, c queries] (``hbk.kv_probs``)."""
+        slot = lax.rem(t, jnp.int32(self.cfg.stages))
+        plgpu.barrier_wait(self.loaded.at[slot])
+        p_t, ds_t = hbk.kv_probs(self.cfg, self.ops, self.wg, slot, self.own, self.smem, masked)
+        return slot, p_t, ds_t.astype(self.smem[2].dtype)
+
+    def dq_rows(self, j, g):
+        """Query head and rows of the dq tile of visit j of head g of the group."""
+        h = self.kvh * self.cfg.groups + g
+        blk = hbk.visit(j, self.bounds, self.i, self.q_ref.shape[1] // self.cfg.block)
+        return h, pl.ds(blk * self.cfg.block, self.cfg.block)
+
+    def loop(self, body) -> None:
+        """``hbk.group_loop`` of ``body(j, (dk, dv), g, masked)`` over the visible blocks of every
+        head of the group; writes the warpgroup's dk, dv rows."""
+        _, dk_ref, dv_ref = self.outs
+        d = self.smem[0].shape[2]
+        hbk.group_loop(self.cfg, self.ops, body, self.bounds, self.cfg.masked, d,
+                       (dk_ref.at[self.b, self.kvh, self.rows], dv_ref.at[self.b, self.kvh, self.rows]))
+
 
 def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
     """The frame of the fused key-CTA kernels (grid ("h", "i", "b") over kv heads and key CTAs,
@@ -132,30 +154,23 @@ def fused_kernel(*refs, cfg: hbk.BwdConfig):
 
 
 def _fused_compute(c: KeyCta):
-    cfg, ops, wg, kvh, bounds = c.cfg, c.ops, c.wg, c.kvh, c.bounds
+    cfg, ops, wg = c.cfg, c.ops, c.wg
     k_s, _, q_s, do_s = c.smem[:4]
     ds_s, dq_s = c.scratch
-    dq_ref, dk_ref, dv_ref = c.outs
-    lo, n, d = bounds[0], c.n, k_s.shape[2]
+    lo, d = c.bounds[0], k_s.shape[2]
 
     def body(j, carry, g, masked: bool):
-        slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
-        plgpu.barrier_wait(c.loaded.at[slot])
-        p_t, ds_t = hbk.kv_probs(cfg, ops, wg, slot, c.own, c.smem, masked)  # [r, c]
-        ds_t = ds_t.astype(ds_s.dtype)
+        slot, p_t, ds_t = c.probs(g * c.n + j - lo, masked)  # [r, c]
         ops.stage(ds_s.at[wg], ds_t)  # for dq, which reads it transposed
         carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
         plgpu.barrier_arrive(c.free.at[slot])  # dq needs only ds and the own keys
         (dq,) = ops.mma(((cfg.block, d), hk.Smem(ds_s.at[wg], transposed=True),
                          hk.Smem(k_s.at[wg])))  # [c, D] = ds @ k
-        h = kvh * cfg.groups + g
-        blk = hbk.visit(j, bounds, c.i, c.q_ref.shape[1] // cfg.block)
-        rows_q = pl.ds(blk * cfg.block, cfg.block)
-        ops.reduce_add(dq_s.at[wg], dq, dq_ref.at[wg, c.b, h, rows_q])
+        h, rows_q = c.dq_rows(j, g)
+        ops.reduce_add(dq_s.at[wg], dq, c.outs[0].at[wg, c.b, h, rows_q])
         return carry
 
-    hbk.group_loop(cfg, ops, body, bounds, cfg.masked, d,
-                   (dk_ref.at[c.b, kvh, c.rows], dv_ref.at[c.b, kvh, c.rows]))
+    c.loop(body)
     ops.flush()
 
 
