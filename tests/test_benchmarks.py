@@ -96,7 +96,7 @@ def test_hopper_check_variants_become_block_sizes(bench):
 def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
     """``--backwards default,mosaic,fused``: at head dims 64 and 128 "default" is "fused" (at 128
     with one dq tile per CTA; "mosaic" drops the tile choice), at 256 "mosaic" (each timed once);
-    an explicit dq_tile=cta applies at 128 only: each skip is a note line."""
+    an explicit dq_tile=cta applies at head dims <= 128 only: each skip is a note line."""
     hc = bench("hopper_check")
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused"])
     monkeypatch.setattr(hc, "write_out", lambda: None)

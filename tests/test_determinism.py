@@ -32,8 +32,8 @@ needs_interpret = pytest.mark.skipif(ph.interpret_params() is None,
 
 
 def test_hopper_deterministic_block_sizes():
-    """The fused backward (default at head dim 65-128, one dq tile per CTA) becomes the two-kernel
-    one; the others stay."""
+    """The fused backward (the default at head dims <= 128, one dq tile per CTA) becomes the
+    two-kernel one; the others (the split pair at 256) stay."""
     for d in (64, 96, 128, 256):
         got = ph.deterministic_block_sizes(None, d)
         default = ph.default_block_sizes(d)
