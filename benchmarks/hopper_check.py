@@ -132,6 +132,8 @@ CASES = [
     Case("causal-after-gqa-d64-bf16", where="after"),
     Case("causal-before-gqa-d64-bf16 (all hidden)", where="before"),
     Case("noncausal-mha-d64-bf16", causal=False, kv_heads=4),
+    Case("noncausal-gqa-d128-bf16", causal=False, dim=128),  # no mask: the flat group loop
+    Case("ragged-noncausal-gqa4-d64-bf16", causal=False, heads=8, sq=200, sk=328),
     Case("causal-overlap-seg-gqa-d64-bf16", segments=True),
     Case("noncausal-seg-mha-d128-bf16", causal=False, segments=True, kv_heads=4, dim=128),
     Case("causal-overlap-mha-d128-bf16", kv_heads=4, dim=128),

@@ -284,3 +284,37 @@ def test_hopper_dq_cost_drops_the_adds_then_runs_hopper_check(bench, monkeypatch
     assert hfb.FusedOps.reduce_add is not fused_add
     with pytest.raises(ValueError, match="must be one of"):
         hdc.drop("dk_add")
+
+
+def test_hopper_profile_runs_the_steps_once_and_summarizes_ncu_csv(bench, tmp_path):
+    """``hopper_profile.py``: a CPU dry run (interpret mode) of the calls it gives the profiler, and
+    ``--summarize`` of an ncu details CSV (one column per kernel, rules by estimated speedup); bad
+    shapes and empty CSVs are ValueErrors."""
+    hp = bench("hopper_profile")
+    out = hp.main(["--shape", "2:1:64", "--seq", "128", "--interpret"])
+    o, (dq, dk, dv) = out["pallas_hopper"]
+    assert o.shape == dq.shape == (1, 128, 2, 64) and dk.shape == dv.shape == (1, 128, 1, 64)
+    assert all(np.isfinite(np.asarray(g)).all() for g in (o, dq, dk, dv)) and "cudnn" not in out
+    head = ["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value",
+            "Rule Name", "Rule Description", "Estimated Speedup"]
+    rows = [["0", "fwd_kernel", "SOL", "Duration", "ms", "107.00", "", "", ""],
+            ["0", "fwd_kernel", "Mem", "Local Memory Spilling Requests", "", "0", "", "", ""],
+            ["1", "bwd_kernel", "SOL", "Duration", "ms", "338.84", "", "", ""],
+            ["1", "bwd_kernel", "Warp", "", "", "", "CPIStall", "3.2  cycles  stalled", "28.2"],
+            ["1", "bwd_kernel", "Mem", "", "", "", "MemoryCacheAccessPattern", "local loads", "69.6"],
+            ["1", "bwd_kernel", "Compute", "", "", "", "HighPipeUtilization", "Shared 58.8%", ""]]
+    path = tmp_path / "prof.csv"
+    path.write_text("\n".join(",".join(f'"{x}"' for x in r) for r in [head, *rows]) + "\n")
+    text = hp.main(["--summarize", str(path)])["summary"]
+    lines = text.splitlines()
+    assert "0:fwd_kernel" in lines[0] and "1:bwd_kernel" in lines[0]
+    assert "107.00 ms" in lines[1] and "338.84 ms" in lines[1]
+    bwd = lines[lines.index("1:bwd_kernel"):]
+    assert bwd[1].startswith("  HighPipeUtilization (-): Shared 58.8%")
+    assert bwd[2].startswith("  MemoryCacheAccessPattern (69.6%)") and "(28.2%)" in bwd[3]
+    assert "3.2 cycles stalled" in bwd[3]
+    path.write_text(",".join(head) + "\n")
+    with pytest.raises(ValueError, match="no kernel rows"):
+        hp.summarize(str(path))
+    with pytest.raises(ValueError, match="heads=3 must be a positive multiple of kv_heads=2"):
+        hp.parse_shape("3:2:64")

@@ -301,6 +301,20 @@ def test_forward_step_matrix(case):
     _check_forward(inputs, causal, bs)
 
 
+@needs_interpret
+@pytest.mark.parametrize("dim,backward", [(64, None), (128, None), (128, "mosaic")])
+def test_unmasked_gqa_backward(dim, backward):
+    """No mask at all (non-causal, no ids, no window) with two query heads per kv head: the key
+    CTAs run one flat loop over the group's (head, block) pairs (``hbk.group_loop``), the dq kernel
+    one loop over its blocks (``hbk.block_loops``). Default backward (the alternating / one dq tile
+    per CTA kernels) and the two-kernel one; two key CTAs, a ragged query shard (3 blocks)."""
+    rng = np.random.default_rng(11 + dim)
+    inputs = _inputs(rng, sq=136, sk=200, heads=4, kv_heads=2, dim=dim, dtype="bfloat16",
+                     where="overlap", segments=False, batch=1)
+    bs = None if backward is None else ph.BlockSizes(backward=backward)
+    _check_backward(inputs, False, bs)
+
+
 BWD_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, dim)
     ("float16", True, "overlap", False, 4, 2, 200, 328, 128),  # GQA group loop, ragged shards
     ("bfloat16", False, "overlap", True, 2, 2, 136, 72, 40),
@@ -398,6 +412,9 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("fused", 64, True, True, 2, {}),  # hopper_fused_bwd at head dim 64 (the default there)
     ("fused", 64, True, True, 2, dict(dq_tile="cta")),  # hopper_cta_dq_bwd.alternating_kernel
     ("fused", 40, False, False, 4, dict(dq_tile="cta", bwd_stages=4), 100),
+    ("fused", 128, False, False, 2, dict(dq_tile="cta")),  # no mask, GQA: the flat group loop
+    ("fused", 64, False, False, 1, dict(dq_tile="cta")),
+    ("mosaic", 256, False, False, 2, dict(block_k=64, registers=240)),  # the default at 256
 ]
 
 

@@ -206,6 +206,8 @@ def block_loops(body, bounds, masked: bool, carry):
     mid, hi, edge) [lo, edge) at the window's far edge masked first; then [lo or edge, mid) fully
     visible, unmasked; then [mid, hi) (diagonal, segment boundaries) masked if ``masked``."""
     lo, mid, hi = bounds[:3]
+    if not masked and len(bounds) == 3:  # nothing masked: one loop (one copy of the body)
+        return lax.fori_loop(lo, hi, functools.partial(body, masked=False), carry)
     start = lo
     if len(bounds) == 4:  # the window's far edge
         carry = lax.fori_loop(lo, bounds[3], functools.partial(body, masked=True), carry)
@@ -314,14 +316,22 @@ def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs) -> None:
     """dk/dv of one warpgroup's own keys: ``body(j, (dk, dv), g, masked)`` over query block j in
     [lo, mid) unmasked then [mid, hi) masked, for each query head g of the kv group; writes dk (scaled)
     and dv [r, D] to ``out_refs``. With a window (bounds lo, mid, hi, edge): [lo, edge) masked first,
-    then [edge, mid) unmasked."""
+    then [edge, mid) unmasked. Without any mask, one flat loop over the group's (head, block) pairs
+    in the same order (a loop nest carries dk and dv through every level: more registers)."""
 
     def head(g, carry):  # query head kvh * G + g: full blocks, then masked ones
         return block_loops(functools.partial(body, g=g), bounds, masked, carry)
 
+    def pair(t, carry):  # the t-th pair over the group's heads, none masked
+        g, j = lax.div(t, n), lo + lax.rem(t, n)  # n > 0 whenever a pair exists
+        return body(j, carry, g=g, masked=False)
+
     zeros = ops.full((cfg.rows, d), 0.0)
+    lo, n = bounds[0], bounds[2] - bounds[0]
     if cfg.groups == 1:
         dk, dv = head(jnp.int32(0), (zeros, zeros))
+    elif not masked and len(bounds) == 3:  # one flat loop: no loop nest carrying dk, dv
+        dk, dv = lax.fori_loop(0, cfg.groups * n, pair, (zeros, zeros))
     else:
         dk, dv = lax.fori_loop(0, cfg.groups, head, (zeros, zeros))
     dk_ref, dv_ref = out_refs

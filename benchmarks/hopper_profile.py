@@ -1,0 +1,169 @@
+"""One call of the Hopper ring step and of cuDNN's attention, for Nsight Compute to profile.
+
+``hopper_check.py`` times kernels; this script gives a profiler one launch of each, so that their
+hardware counters (DRAM and L2 traffic, tensor-pipe use, warp stalls) can be read side by side:
+the ``pallas_hopper`` forward and backward step with the default block sizes (or ``--backward``),
+then cuDNN's forward and its gradient, at batch 1, bf16, ``--shape`` heads:kv_heads:head_dim and
+``--seq`` tokens. Inputs are made on the host, so the only kernels are those of the four calls
+(in that order; XLA's small fusions around them too). On an H100/H200 with ``ncu``:
+
+  XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=--xla_gpu_enable_command_buffer= \\
+  ncu --clock-control none --set full -f --launch-count 8 \\
+      --kernel-name regex:"mosaic|sdpa|cudnn|fmha|flash" --export $OUT/prof \\
+      python3 benchmarks/hopper_profile.py --shape 32:8:128 --seq 65536 --causal 0
+  ncu --import $OUT/prof.ncu-rep --page details --csv > prof.csv
+  python3 benchmarks/hopper_profile.py --summarize prof.csv
+
+``--clock-control none`` leaves the clocks alone (METHOD.md); ncu replays each kernel once per pass
+and restores its memory in between, so the backward's in-place dq accumulator is profiled as one
+launch. Without the kernel filter the launches are spent on XLA's autotuning kernels; with jax's
+default preallocation of GPU memory ncu fails on the first kernel it profiles. ``--summarize``
+prints the metrics that compare the kernels (time, issue rate, spills, cache and DRAM traffic) and
+ncu's estimated speedups, one column per kernel. ``--interpret`` runs the Pallas calls on CPU in
+Mosaic GPU's interpret mode (cuDNN is left out): a dry run of the script itself. Results:
+``benchmarks/results/pallas_hopper_h200.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import dataclasses
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ringattention.kernels import pallas_hopper as ph
+
+
+def parse_shape(spec: str) -> tuple[int, int, int]:
+    """'heads:kv_heads:head_dim' -> ints; kv_heads must divide heads."""
+    try:
+        h, kvh, d = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise ValueError(f"--shape {spec!r}: expected heads:kv_heads:head_dim, e.g. 32:8:128") from None
+    if min(h, kvh, d) < 1 or h % kvh:
+        raise ValueError(f"--shape {spec!r}: heads={h} must be a positive multiple of kv_heads={kvh}")
+    return h, kvh, d
+
+
+def inputs(seq: int, h: int, kvh: int, d: int, seed: int = 0):
+    """q, k, v, do (bf16, batch 1) made with numpy, placed on the device without a kernel."""
+    rng = np.random.default_rng(seed)
+    make = lambda heads: jnp.asarray(  # noqa: E731
+        rng.standard_normal((1, seq, heads, d), np.float32), jnp.bfloat16)
+    return make(h), make(kvh), make(kvh), make(h)
+
+
+def pallas_fns(causal: bool, bs: ph.BlockSizes, interpret: bool):
+    """(forward, backward) of the bare ring step; the backward takes the forward's o and lse."""
+    kw = dict(causal=causal, block_sizes=bs, interpret=interpret)
+
+    @jax.jit
+    def fwd(q, k, v):
+        pos = jnp.arange(q.shape[1], dtype=jnp.int32)
+        return ph.forward_step(q, k, v, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5,
+                               **kw)
+
+    @jax.jit
+    def bwd(q, k, v, do, o, lse):
+        pos = jnp.arange(q.shape[1], dtype=jnp.int32)
+        delta = jnp.einsum("bshd,bshd->bhs", o, do.astype(jnp.float32))
+        return ph.backward_step(q, k, v, do, lse, delta, pos, pos, None, None,
+                                softmax_scale=q.shape[-1] ** -0.5, **kw)
+
+    return fwd, bwd
+
+
+def cudnn_fns(causal: bool):
+    def fwd(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+
+    def loss(q, k, v, do):
+        return jnp.sum(fwd(q, k, v).astype(jnp.float32) * do.astype(jnp.float32))
+
+    return jax.jit(fwd), jax.jit(jax.grad(loss, (0, 1, 2)))
+
+
+def block_sizes(head_dim: int, backward: str) -> ph.BlockSizes:
+    """The default block sizes at ``head_dim``, with ``backward`` ("default" keeps its own)."""
+    bs = ph.default_block_sizes(head_dim)
+    if backward == "default":
+        return bs
+    if backward not in ph.BACKWARDS:
+        raise ValueError(f"--backward {backward!r}: must be 'default' or one of {ph.BACKWARDS}")
+    return dataclasses.replace(bs, backward=backward)
+
+
+SUMMARY_METRICS = (  # ncu "details" page metric names, in the order printed
+    "Duration", "Elapsed Cycles", "SM Frequency", "Waves Per SM", "Registers Per Thread",
+    "Dynamic Shared Memory Per Block", "Executed Ipc Active", "Issue Slots Busy",
+    "Warp Cycles Per Issued Instruction", "Local Memory Spilling Requests",
+    "L1/TEX Cache Throughput", "L2 Cache Throughput", "L2 Hit Rate", "DRAM Throughput",
+)
+
+
+def summarize(path: str, rules: int = 4) -> str:
+    """A table of ``SUMMARY_METRICS`` (one column per profiled kernel) from ncu's details page as
+    CSV, then per kernel its pipe-utilization note and the ``rules`` rules with the largest
+    estimated speedup."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("ID", "").isdigit()]
+    if not rows:
+        raise ValueError(f"--summarize {path!r}: no kernel rows (expected ncu --page details --csv)")
+    metrics, notes = collections.defaultdict(dict), collections.defaultdict(list)
+    names = {}
+    for r in rows:
+        names[r["ID"]] = f"{r['ID']}:{r['Kernel Name'][:22]}"
+        if r["Metric Name"]:
+            metrics[r["ID"]][r["Metric Name"]] = f"{r['Metric Value']} {r['Metric Unit']}".strip()
+        elif r["Rule Name"] == "HighPipeUtilization" or r["Estimated Speedup"]:
+            speedup = float(r["Estimated Speedup"] or "inf")
+            notes[r["ID"]].append((speedup, r["Rule Name"], " ".join(r["Rule Description"].split())))
+    ids = list(names)
+    lines = [f"{'metric':36s}" + "".join(f"{names[i]:>28s}" for i in ids)]
+    for m in SUMMARY_METRICS:
+        lines.append(f"{m:36s}" + "".join(f"{metrics[i].get(m, '-'):>28s}" for i in ids))
+    for i in ids:
+        lines.append(f"\n{names[i]}")
+        for speedup, rule, text in sorted(notes[i], reverse=True)[:rules + 1]:
+            lines.append(f"  {rule} ({'-' if speedup == float('inf') else f'{speedup:.1f}%'}): "
+                         f"{text[:240]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--shape", default="32:8:128", help="heads:kv_heads:head_dim")
+    ap.add_argument("--seq", type=int, default=65536)
+    ap.add_argument("--causal", type=int, choices=(0, 1), default=0)
+    ap.add_argument("--backward", default="default")
+    ap.add_argument("--interpret", action="store_true", help="CPU dry run, no cuDNN")
+    ap.add_argument("--summarize", metavar="CSV", help="print the summary of an ncu details CSV")
+    args = ap.parse_args(argv)
+    if args.summarize:
+        text = summarize(args.summarize)
+        print(text)
+        return {"summary": text}
+    h, kvh, d = parse_shape(args.shape)
+    if args.seq < 1:
+        raise ValueError(f"--seq {args.seq}: must be positive")
+    bs = block_sizes(d, args.backward)
+    q, k, v, do = inputs(args.seq, h, kvh, d)
+    fwd, bwd = pallas_fns(bool(args.causal), bs, args.interpret)
+    o, lse = jax.block_until_ready(fwd(q, k, v))
+    grads = jax.block_until_ready(bwd(q, k, v, do, o, lse))
+    out = {"pallas_hopper": (o, grads), "block_sizes": bs}
+    if not args.interpret:
+        cf, cg = cudnn_fns(bool(args.causal))
+        out["cudnn"] = (jax.block_until_ready(cf(q, k, v)), jax.block_until_ready(cg(q, k, v, do)))
+    print(f"profiled L={args.seq} {args.shape} causal={args.causal} {bs}: pallas_hopper forward, "
+          f"backward{'' if args.interpret else ', cuDNN forward, cuDNN gradient'}", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
