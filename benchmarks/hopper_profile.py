@@ -14,6 +14,12 @@ then cuDNN's forward and its gradient, at batch 1, bf16, ``--shape`` heads:kv_he
   ncu --import $OUT/prof.ncu-rep --page details --csv > prof.csv
   python3 benchmarks/hopper_profile.py --summarize prof.csv
 
+Where the warps wait, instruction by instruction: profile one kernel with ``--launch-count 1
+--kernel-name regex:scoped_mosaic --import-source yes`` (the backward), then
+
+  ncu --import $OUT/prof.ncu-rep --page source --print-source sass --csv > sass.csv
+  python3 benchmarks/hopper_profile.py --sass sass.csv
+
 ``--clock-control none`` leaves the clocks alone (METHOD.md); ncu replays each kernel once per pass
 and restores its memory in between, so the backward's in-place dq accumulator is profiled as one
 launch. Without the kernel filter the launches are spent on XLA's autotuning kernels; with jax's
@@ -30,6 +36,7 @@ import argparse
 import collections
 import csv
 import dataclasses
+import gzip
 import sys
 
 import jax
@@ -135,6 +142,51 @@ def summarize(path: str, rules: int = 4) -> str:
     return "\n".join(lines)
 
 
+SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", "") or 0)
+
+
+def sass_summary(path: str, top: int = 30) -> str:
+    """Where a kernel's warps wait, from ncu's source page as CSV (``--page source --print-source
+    sass --csv``, plain or .gz; ncu writes a "Kernel Name" line before the header): the share of
+    the stall samples per opcode and per stall reason, then the ``top`` instructions with the most
+    samples, with how often each ran (a spin-wait loop runs a handful of instructions many times;
+    the producer's waits count as samples too)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", newline="") as f:
+        lines = f.read().splitlines()
+    start = next((i for i, line in enumerate(lines) if SAMPLES in line), None)
+    if start is None:
+        raise ValueError(f"--sass {path!r}: no {SAMPLES!r} column (expected ncu --page source "
+                         "--print-source sass --csv)")
+    head, *rows = csv.reader(lines[start:])
+    col = {name: i for i, name in enumerate(head)}
+    rows = [r for r in rows if len(r) == len(head)]
+    total = sum(_number(r[col[SAMPLES]]) for r in rows)
+    if not rows or total == 0:
+        raise ValueError(f"--sass {path!r}: no stall samples in {len(rows)} instruction rows")
+    by_op = collections.Counter()
+    for r in rows:
+        words = [w for w in r[col["Source"]].split() if not w.startswith("@")]
+        by_op[words[0].split(".")[0] if words else "?"] += _number(r[col[SAMPLES]])
+    out = [f"{len(rows)} instructions, {total:.0f} stall samples", "by opcode: " + ", ".join(
+        f"{op} {n / total:.1%}" for op, n in by_op.most_common(12))]
+    reasons = [(sum(_number(r[i]) for r in rows), name) for name, i in col.items()
+               if name.startswith("stall_") and "Not Issued" not in name]
+    out.append("by reason: " + ", ".join(f"{name[6:]} {n / total:.1%}"
+                                         for n, name in sorted(reasons, reverse=True) if n))
+    executed = col.get("Instructions Executed")
+    out.append(f"{'samples':>9s} {'share':>6s} {'executed':>12s}  instruction")
+    for r in sorted(rows, key=lambda r: -_number(r[col[SAMPLES]]))[:top]:
+        n = _number(r[col[SAMPLES]])
+        ran = "-" if executed is None else f"{_number(r[executed]):.0f}"
+        out.append(f"{n:9.0f} {n / total:6.1%} {ran:>12s}  {' '.join(r[col['Source']].split())}")
+    return "\n".join(out)
+
+
 def main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--shape", default="32:8:128", help="heads:kv_heads:head_dim")
@@ -143,7 +195,13 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--backward", default="default")
     ap.add_argument("--interpret", action="store_true", help="CPU dry run, no cuDNN")
     ap.add_argument("--summarize", metavar="CSV", help="print the summary of an ncu details CSV")
+    ap.add_argument("--sass", metavar="CSV", help="print where the warps of an ncu source-page "
+                    "CSV (SASS) wait")
     args = ap.parse_args(argv)
+    if args.sass:
+        text = sass_summary(args.sass)
+        print(text)
+        return {"sass": text}
     if args.summarize:
         text = summarize(args.summarize)
         print(text)

@@ -5,6 +5,7 @@ Speed is measured on the device, never here: these tests only keep the scripts f
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import importlib
 import json
@@ -318,3 +319,32 @@ def test_hopper_profile_runs_the_steps_once_and_summarizes_ncu_csv(bench, tmp_pa
         hp.summarize(str(path))
     with pytest.raises(ValueError, match="heads=3 must be a positive multiple of kv_heads=2"):
         hp.parse_shape("3:2:64")
+
+
+def test_hopper_profile_sass_shares_stall_samples_by_opcode_reason_and_line(bench, tmp_path):
+    """``--sass`` of an ncu source-page CSV (gzipped, with ncu's "Kernel Name" line before the
+    header): sample shares per opcode (predicates and modifiers stripped) and per stall reason, the
+    instructions ranked by samples; a CSV without the samples column is a ValueError."""
+    import gzip
+
+    hp = bench("hopper_profile")
+    head = ["Address", "Source", hp.SAMPLES, "Warp Stall Sampling (Not-issued Samples)",
+            "Instructions Executed", "stall_barrier", "stall_long_sb", "stall_long_sb (Not Issued)"]
+    rows = [["0x10", "@!P1  BRA 0x40", "600", "500", "16", "0", "600", "500"],
+            ["0x20", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "300", "200", "32", "300", "0", "0"],
+            ["0x30", "@P0 BRA 0x10", "100", "50", "32", "100", "0", "0"],
+            ["0x40", "EXIT", "0", "0", "1", "0", "0", "0"]]
+    path = tmp_path / "sass.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write('"Kernel Name","scoped_mosaic_gpu_kernel",\n')
+        csv.writer(f).writerows([head, *rows])
+    lines = hp.main(["--sass", str(path)])["sass"].splitlines()
+    assert lines[0] == "4 instructions, 1000 stall samples"
+    assert lines[1] == "by opcode: BRA 70.0%, WARPGROUP 30.0%, EXIT 0.0%"
+    assert lines[2] == "by reason: long_sb 60.0%, barrier 40.0%"
+    assert lines[4].split() == ["600", "60.0%", "16", "@!P1", "BRA", "0x40"]
+    assert lines[5].split()[:3] == ["300", "30.0%", "32"] and len(lines) == 8
+    plain = tmp_path / "details.csv"
+    plain.write_text('"ID","Kernel Name"\n"0","k"\n')
+    with pytest.raises(ValueError, match="no 'Warp Stall Sampling"):
+        hp.sass_summary(str(plain))
