@@ -164,7 +164,13 @@ def sass_summary(path: str, top: int = 30) -> str:
                          "--print-source sass --csv)")
     head, *rows = csv.reader(lines[start:])
     col = {name: i for i, name in enumerate(head)}
-    rows = [r for r in rows if len(r) == len(head)]
+    if "Source" not in col:
+        raise ValueError(f"--sass {path!r}: no 'Source' column in {head}")
+    rows = [r for r in rows if r]  # blank lines
+    bad = [i for i, r in enumerate(rows) if len(r) != len(head)]
+    if bad:
+        raise ValueError(f"--sass {path!r}: {len(bad)} rows (first: data row {bad[0]}) do not have "
+                         f"the header's {len(head)} columns")
     total = sum(_number(r[col[SAMPLES]]) for r in rows)
     if not rows or total == 0:
         raise ValueError(f"--sass {path!r}: no stall samples in {len(rows)} instruction rows")

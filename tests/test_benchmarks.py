@@ -348,3 +348,6 @@ def test_hopper_profile_sass_shares_stall_samples_by_opcode_reason_and_line(benc
     plain.write_text('"ID","Kernel Name"\n"0","k"\n')
     with pytest.raises(ValueError, match="no 'Warp Stall Sampling"):
         hp.sass_summary(str(plain))
+    plain.write_text(",".join(head) + "\n" + ",".join(rows[0][:-1]) + "\n")
+    with pytest.raises(ValueError, match="1 rows .* do not have the header's 8 columns"):
+        hp.sass_summary(str(plain))

@@ -201,12 +201,17 @@ def dq_kernel(*refs, cfg: BwdConfig):
         dq_ref.at[b, h, rows][...] = dq * cfg.scale
 
 
+def nothing_masked(bounds, masked: bool) -> bool:
+    """No causal mask, segment ids or window (whose bounds carry a fourth entry, the far edge)."""
+    return not masked and len(bounds) == 3
+
+
 def block_loops(body, bounds, masked: bool, carry):
     """``carry = body(j, carry, masked=...)`` over the visited blocks j: with a window (bounds lo,
     mid, hi, edge) [lo, edge) at the window's far edge masked first; then [lo or edge, mid) fully
     visible, unmasked; then [mid, hi) (diagonal, segment boundaries) masked if ``masked``."""
     lo, mid, hi = bounds[:3]
-    if not masked and len(bounds) == 3:  # nothing masked: one loop (one copy of the body)
+    if nothing_masked(bounds, masked):  # one loop (one copy of the body)
         return lax.fori_loop(lo, hi, functools.partial(body, masked=False), carry)
     start = lo
     if len(bounds) == 4:  # the window's far edge
@@ -330,7 +335,7 @@ def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs) -> None:
     lo, n = bounds[0], bounds[2] - bounds[0]
     if cfg.groups == 1:
         dk, dv = head(jnp.int32(0), (zeros, zeros))
-    elif not masked and len(bounds) == 3:  # one flat loop: no loop nest carrying dk, dv
+    elif nothing_masked(bounds, masked):  # one flat loop: no loop nest carrying dk, dv
         dk, dv = lax.fori_loop(0, cfg.groups * n, pair, (zeros, zeros))
     else:
         dk, dv = lax.fori_loop(0, cfg.groups, head, (zeros, zeros))
