@@ -88,6 +88,7 @@ def test_hopper_check_variants_become_block_sizes(bench):
     want = dataclasses.replace(ph.default_block_sizes(64), backward="fused", bwd_block_k=128,
                                registers=240)
     assert got == want and got.stages == 3  # the head-dim-64 defaults underneath
+    assert hc.block_sizes("default/pingpong=false", 128).pingpong is False  # not the string
     with pytest.raises(ValueError, match="backward"):
         hc.block_sizes("cuda", 128)
     with pytest.raises(ValueError, match="registers"):

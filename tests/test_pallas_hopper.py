@@ -500,6 +500,8 @@ def test_block_sizes_are_validated():
         ph.BlockSizes(dq_tile="block")
     with pytest.raises(TypeError, match="triton"):
         ph.BlockSizes(triton=ph.BlockSizes())
+    with pytest.raises(TypeError, match="pingpong"):
+        ph.BlockSizes(pingpong="false")  # a truthy string would silently keep the ping-pong
     assert ph.default_block_sizes(64) != ph.default_block_sizes(128)
 
 

@@ -117,6 +117,8 @@ class BlockSizes:
             raise ValueError(f"BlockSizes.backward={self.backward!r} must be one of {BACKWARDS}")
         if self.dq_tile not in DQ_TILES:
             raise ValueError(f"BlockSizes.dq_tile={self.dq_tile!r} must be one of {DQ_TILES}")
+        if not isinstance(self.pingpong, bool):
+            raise TypeError(f"BlockSizes.pingpong={self.pingpong!r} must be a bool")
         if self.triton is not None and not isinstance(self.triton, pg.BlockSizes):
             raise TypeError(f"BlockSizes.triton={self.triton!r} must be a pallas_gpu.BlockSizes")
 
