@@ -70,13 +70,19 @@ REPS = {"n": 5}  # --reps: timed calls per measurement (after a compile call and
 BACKWARDS = list(ph.BACKWARDS)  # --backwards: the variants to check and time
 
 
+def _field_value(text: str):
+    """A --backwards field's value: an int, a bool ("true" / "false"), else the string."""
+    if text.lstrip("-").isdigit():
+        return int(text)
+    return {"true": True, "false": False}.get(text, text)
+
+
 def block_sizes(spec: str, d: int) -> ph.BlockSizes:
     """A --backwards entry, "name[/field=value...]" (e.g. "mosaic/bwd_block_k=128",
     "default/pingpong=false"), as BlockSizes:
     the defaults for head dim ``d`` with that backward ("default": the default's) and those fields."""
     name, *fields = spec.split("/")
-    value = lambda v: int(v) if v.lstrip("-").isdigit() else {"true": True, "false": False}.get(v, v)  # noqa: E731
-    over = {k: value(v) for k, v in (f.split("=") for f in fields)}
+    over = {k: _field_value(v) for k, v in (f.split("=") for f in fields)}
     if name != "default":
         over["backward"] = name
     if over.get("backward", "fused") != "fused":  # dq_tile is the fused backward's field

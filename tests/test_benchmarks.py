@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gzip
 import importlib
 import json
 import os
@@ -326,8 +327,6 @@ def test_hopper_profile_sass_shares_stall_samples_by_opcode_reason_and_line(benc
     """``--sass`` of an ncu source-page CSV (gzipped, with ncu's "Kernel Name" line before the
     header): sample shares per opcode (predicates and modifiers stripped) and per stall reason, the
     instructions ranked by samples; a CSV without the samples column is a ValueError."""
-    import gzip
-
     hp = bench("hopper_profile")
     head = ["Address", "Source", hp.SAMPLES, "Warp Stall Sampling (Not-issued Samples)",
             "Instructions Executed", "stall_barrier", "stall_long_sb", "stall_long_sb (Not Issued)"]
