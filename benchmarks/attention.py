@@ -81,18 +81,18 @@ def _splash(causal):
     return fn
 
 
-def block_sizes_for(impl, spec, head_dim=None):
+def block_sizes_for(impl, spec, head_dim=None, causal=True):
     """``spec`` like "q_chunk=2048,kv_chunk=1024" (values that are not integers stay strings, e.g.
     "backward=mosaic") -> that implementation's BlockSizes (or None): ``BlockSizes(**fields)``,
     except for ``pallas_hopper``, whose per-head-dim defaults also pick the backward kernel and the
-    register split: there the fields replace those of ``default_block_sizes(head_dim)``."""
+    register split: there the fields replace those of ``default_block_sizes(head_dim, causal)``."""
     if not spec:
         return None
     kv = dict(item.split("=") for item in spec.split(","))
     fields = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in kv.items()}
     mod = implementations.resolve(impl).load()
     if impl == "pallas_hopper" and head_dim is not None:
-        return dataclasses.replace(mod.default_block_sizes(head_dim), **fields)
+        return dataclasses.replace(mod.default_block_sizes(head_dim, causal), **fields)
     return mod.BlockSizes(**fields)
 
 
@@ -188,7 +188,7 @@ def bench_shape(args, impls, b, l, h, kvh, d, causal):
     fns = {base_name: (base, fwdbwd(base), 1)}  # name -> (fwd, fwd+bwd, devices)
     rings = [int(x) for x in str(args.sp).split(",")]
     for impl in impls:
-        bs = block_sizes_for(impl, args.block, d)
+        bs = block_sizes_for(impl, args.block, d, causal)
         for det in (False, True) if args.deterministic else (False,):
             tag = f"{impl}" + (f" {args.block}" if args.block else "") + (" deterministic" if det
                                                                            else "")
@@ -198,7 +198,8 @@ def bench_shape(args, impls, b, l, h, kvh, d, causal):
             if args.bare:
                 fns[f"bare[{tag}]"] = (*bare_fns(impl, causal, bs, det), 1)
         for spec in filter(None, args.sweep.split(";")):  # bare step per BlockSizes candidate
-            fns[f"bare[{impl} {spec}]"] = (*bare_fns(impl, causal, block_sizes_for(impl, spec, d)), 1)
+            bs = block_sizes_for(impl, spec, d, causal)
+            fns[f"bare[{impl} {spec}]"] = (*bare_fns(impl, causal, bs), 1)
     io = {n: layout_io(n, args.layout) for n in {n for *_, n in fns.values()}}
     natural = lambda f, n: lambda *a: io[n][1](f(*map(io[n][0], a)))  # noqa: E731 (not timed)
     errs = check({name: natural(f, n) for name, (f, _, n) in fns.items()}, q, k, v, causal)

@@ -77,17 +77,17 @@ def _field_value(text: str):
     return {"true": True, "false": False}.get(text, text)
 
 
-def block_sizes(spec: str, d: int) -> ph.BlockSizes:
+def block_sizes(spec: str, d: int, causal: bool = True) -> ph.BlockSizes:
     """A --backwards entry, "name[/field=value...]" (e.g. "mosaic/bwd_block_k=128",
-    "default/pingpong=false"), as BlockSizes:
-    the defaults for head dim ``d`` with that backward ("default": the default's) and those fields."""
+    "default/pingpong=false"), as BlockSizes: the defaults for head dim ``d`` and ``causal`` with
+    that backward ("default": the default's) and those fields."""
     name, *fields = spec.split("/")
     over = {k: _field_value(v) for k, v in (f.split("=") for f in fields)}
     if name != "default":
         over["backward"] = name
     if over.get("backward", "fused") != "fused":  # dq_tile is the fused backward's field
         over.setdefault("dq_tile", "warpgroup")
-    return dataclasses.replace(ph.default_block_sizes(d), **over)
+    return dataclasses.replace(ph.default_block_sizes(d, causal), **over)
 INTERPRET = {"on": False}  # --interpret: a CPU dry run of the checks in Mosaic GPU interpret mode
 
 
@@ -207,7 +207,7 @@ def run_case(c: Case):
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
     args = (q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg)
     want = jax.jit(lambda *a: pg.reference_backward_step(*a, **kw))(*args)
-    for backward, _ in distinct_backwards(c.dim, f"{c.name} "):
+    for backward, _ in distinct_backwards(c.dim, f"{c.name} ", c.causal):
         guarded(f"step-bwd[{backward}] {c.name}", check_backward, c, kw, tol, args, want, backward)
 
 
@@ -246,7 +246,7 @@ def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, back
                    D: int = 128):
     name = (f"ring N=1 causal={causal} seg={segments} {dtype} H=4 K={kv_heads} L=640 D={D} "
             f"backward={backward}")
-    bs = block_sizes(backward, D)
+    bs = block_sizes(backward, D, causal)
     rng = np.random.default_rng(7)
     B, L, H = 1, 640, 4
     f = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)  # noqa: E731
@@ -327,13 +327,14 @@ def cudnn_fns(causal):
     return jax.jit(fwd), jax.jit(jax.grad(loss, (0, 1, 2)))
 
 
-def distinct_backwards(d: int, label: str = "") -> list[tuple[str, ph.BlockSizes]]:
-    """The --backwards entries at head dim ``d`` as (entry, BlockSizes); an entry that resolves to
-    the BlockSizes of an earlier one, or that does not apply at this head dim (``dq_tile="cta"``
-    above 128), is left out with a line saying so."""
+def distinct_backwards(d: int, label: str = "",
+                       causal: bool = True) -> list[tuple[str, ph.BlockSizes]]:
+    """The --backwards entries at head dim ``d`` (``causal`` or not) as (entry, BlockSizes); an
+    entry that resolves to the BlockSizes of an earlier one, or that does not apply at this head
+    dim (``dq_tile="cta"`` above 128), is left out with a line saying so."""
     out, seen = [], {}
     for backward in BACKWARDS:
-        bs = block_sizes(backward, d)
+        bs = block_sizes(backward, d, causal)
         if bs in seen:
             log(f"note {label}D={d}: backward={backward} is backward={seen[bs]} (same BlockSizes)")
         elif bs.dq_tile == "cta" and (bs.backward != "fused" or d > 128):
@@ -348,7 +349,7 @@ def distinct_backwards(d: int, label: str = "") -> list[tuple[str, ph.BlockSizes
 def timed_variants(d: int, causal: bool) -> dict:
     """{name: (forward fn or None, forward+backward fn)} of ``distinct_backwards(d)``."""
     fns, timed_fwd = {}, set()
-    for backward, bs in distinct_backwards(d, "bench "):
+    for backward, bs in distinct_backwards(d, "bench ", causal):
         f, fb = step_fns(ph, causal, bs)
         fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64,
                                       dq_tile="warpgroup")
@@ -434,7 +435,7 @@ def run_parts(args, parts: set[str]) -> None:
     if "ring" in parts:
         for d in (int(x) for x in args.ring_dims.split(",")):
             for ring_args in ((True, True, "bfloat16", 2), (False, False, "float16", 4)):
-                for backward, _ in distinct_backwards(d, "ring "):
+                for backward, _ in distinct_backwards(d, "ring ", ring_args[0]):
                     guarded(f"ring {ring_args} D={d} {backward}", run_ring_check, *ring_args,
                             backward, d)
     seqs = [int(s) for s in args.seqs.split(",")]

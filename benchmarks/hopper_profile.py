@@ -95,9 +95,10 @@ def cudnn_fns(causal: bool):
     return jax.jit(fwd), jax.jit(jax.grad(loss, (0, 1, 2)))
 
 
-def block_sizes(head_dim: int, backward: str) -> ph.BlockSizes:
-    """The default block sizes at ``head_dim``, with ``backward`` ("default" keeps its own)."""
-    bs = ph.default_block_sizes(head_dim)
+def block_sizes(head_dim: int, backward: str, causal: bool = True) -> ph.BlockSizes:
+    """The default block sizes at ``head_dim`` (``causal`` or not), with ``backward`` ("default"
+    keeps its own)."""
+    bs = ph.default_block_sizes(head_dim, causal)
     if backward == "default":
         return bs
     if backward not in ph.BACKWARDS:
@@ -215,7 +216,7 @@ def main(argv: list[str]) -> dict:
     h, kvh, d = parse_shape(args.shape)
     if args.seq < 1:
         raise ValueError(f"--seq {args.seq}: must be positive")
-    bs = block_sizes(d, args.backward)
+    bs = block_sizes(d, args.backward, bool(args.causal))
     q, k, v, do = inputs(args.seq, h, kvh, d)
     fwd, bwd = pallas_fns(bool(args.causal), bs, args.interpret)
     o, lse = jax.block_until_ready(fwd(q, k, v))

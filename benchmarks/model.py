@@ -283,7 +283,10 @@ def _use_hopper_backward(name: str) -> None:
     from ringattention.kernels import pallas_hopper
 
     default = pallas_hopper.default_block_sizes
-    pallas_hopper.default_block_sizes = lambda d: dataclasses.replace(default(d), backward=name)
+    def patched(head_dim: int, causal: bool = True):
+        return dataclasses.replace(default(head_dim, causal), backward=name)
+
+    pallas_hopper.default_block_sizes = patched
 
 
 def main(argv=None) -> dict:

@@ -90,6 +90,10 @@ def test_hopper_check_variants_become_block_sizes(bench):
                                registers=240)
     assert got == want and got.stages == 3  # the head-dim-64 defaults underneath
     assert hc.block_sizes("default/pingpong=false", 128).pingpong is False  # not the string
+    full = hc.block_sizes("default", 128, causal=False)  # the forward schedule follows the mask
+    assert full == ph.default_block_sizes(128, causal=False) and full.fwd_overlap
+    assert hc.block_sizes("default/fwd_overlap=false/pingpong=true", 128, causal=False) == \
+        hc.block_sizes("default", 128)
     with pytest.raises(ValueError, match="backward"):
         hc.block_sizes("cuda", 128)
     with pytest.raises(ValueError, match="registers"):
@@ -109,6 +113,9 @@ def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
     assert any("is backward=default" in line for line in hc.LINES)
     assert hc.block_sizes("mosaic", 128).dq_tile == "warpgroup"
     assert hc.block_sizes("default", 128).dq_tile == "cta"
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "default/fwd_overlap=true/pingpong=false"])
+    assert [n for n, _ in hc.distinct_backwards(128)] == hc.BACKWARDS  # causal: two forwards
+    assert [n for n, _ in hc.distinct_backwards(128, causal=False)] == ["default"]  # the same
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused/dq_tile=warpgroup", "fused/dq_tile=cta",
                                           "fused/dq_tile=cta/bwd_stages=3"])
     assert [n for n, _ in hc.distinct_backwards(128)] == ["default", "fused/dq_tile=warpgroup",

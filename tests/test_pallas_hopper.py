@@ -14,6 +14,7 @@ also lowers every Mosaic GPU kernel for CUDA (wgmma, layouts, TMA, ``setmaxnreg`
 GPU, so lowering errors show up here rather than on the device.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -93,6 +94,53 @@ def test_step_that_sees_nothing_is_zero():
     inputs = _inputs(rng, sq=64, sk=128, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
                      where="before", segments=False, batch=1)
     _check_forward(inputs, causal=True)
+
+
+# FA3's intra-warpgroup overlap (BlockSizes.fwd_overlap, hopper_fwd_loops.overlap_loops): its
+# first block runs before the loops and its last P.V after them, so the cases cover a query block
+# that sees nothing (no loop at all), one key block (empty loops), two blocks with masks, ids and
+# GQA (with the ping-pong too), and a window's masked far edge before the fully visible blocks.
+OVERLAP_CASES = [  # (dtype, causal, where, segments, kv_heads, sq, sk, dim, pingpong, window)
+    ("bfloat16", True, "before", False, 1, 64, 128, 64, False, None),
+    ("float16", True, "after", True, 2, 64, 64, 128, False, None),
+    ("bfloat16", True, "overlap", True, 1, 72, 200, 64, True, None),
+    ("bfloat16", False, "overlap", True, 1, 128, 256, 64, False, 200),
+]
+
+
+@needs_interpret
+@pytest.mark.parametrize("case", OVERLAP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_forward_overlap_matches_reference(case):
+    dtype, causal, where, segments, kv_heads, sq, sk, dim, pingpong, window = case
+    rng = np.random.default_rng(sq + sk + dim + 7)
+    inputs = _inputs(rng, sq=sq, sk=sk, heads=2, kv_heads=kv_heads, dim=dim, dtype=dtype,
+                     where=where, segments=segments, batch=1)
+    _check_forward(inputs, causal, ph.BlockSizes(fwd_overlap=True, pingpong=pingpong), window)
+
+
+def test_default_forward_schedule_by_mask(monkeypatch):
+    """Head dim 128 without a causal mask runs the overlapped forward without the ping-pong (the
+    H200 default); with one, and at head dim 64, the ping-pong loop."""
+    from ringattention.kernels import hopper_fwd_loops as hfl
+
+    used = []
+    for name in ("loops", "overlap_loops"):
+        monkeypatch.setattr(hfl, name, functools.partial(
+            lambda fn, name, w: used.append((name, w.cfg.pingpong)) or fn(w), getattr(hfl, name),
+            name))
+    for dim, causal, want in ((128, False, ("overlap_loops", False)), (128, True, ("loops", True)),
+                              (64, False, ("loops", True))):
+        q = jax.ShapeDtypeStruct((1, 128, 2, dim), jnp.bfloat16)
+        pos = jax.ShapeDtypeStruct((128,), jnp.int32)
+        used.clear()
+        jax.eval_shape(functools.partial(ph.forward_step, causal=causal, softmax_scale=0.1,
+                                         interpret=True), q, q, q, pos, pos, None, None)
+        assert set(used) == {want}, (dim, causal, used)
+    bs = ph.default_block_sizes(128, causal=False)
+    assert bs.fwd_overlap and not bs.pingpong
+    assert bs == dataclasses.replace(ph.default_block_sizes(128), fwd_overlap=True, pingpong=False)
+    assert ph.default_block_sizes(64, causal=False) == ph.default_block_sizes(64)
+    assert not ph.deterministic_block_sizes(None, 128).fwd_overlap
 
 
 def _check_backward(inputs, causal, block_sizes, window=None):
@@ -287,6 +335,8 @@ SLOW_CASES = [  # (dtype, causal, where, segments, kv_heads, dim, stride, BlockS
     ("float16", True, "before", True, 2, 64, 1, ph.BlockSizes(pingpong=False)),
     ("bfloat16", True, "overlap", False, 2, 80, 4, None),  # striped positions, padded head dim
     ("bfloat16", False, "after", True, 1, 64, 1, ph.BlockSizes(block_k=64, stages=2)),
+    ("bfloat16", True, "overlap", True, 2, 128, 1,  # 6 key blocks through 3 slots, overlapped
+     ph.BlockSizes(block_k=64, stages=3, fwd_overlap=True, pingpong=False)),
 ]
 
 
@@ -415,6 +465,9 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("fused", 128, False, False, 2, dict(dq_tile="cta")),  # no mask, GQA: the flat group loop
     ("fused", 64, False, False, 1, dict(dq_tile="cta")),
     ("mosaic", 256, False, False, 2, dict(block_k=64, registers=240)),  # the default at 256
+    ("fused", 128, False, False, 2, dict(dq_tile="cta", registers=240, fwd_overlap=True,
+                                         pingpong=False)),  # the default at 128 without a mask
+    ("fused", 64, True, True, 2, dict(fwd_overlap=True), 100),  # overlap, ping-pong, window
 ]
 
 
@@ -502,6 +555,8 @@ def test_block_sizes_are_validated():
         ph.BlockSizes(triton=ph.BlockSizes())
     with pytest.raises(TypeError, match="pingpong"):
         ph.BlockSizes(pingpong="false")  # a truthy string would silently keep the ping-pong
+    with pytest.raises(TypeError, match="fwd_overlap"):
+        ph.BlockSizes(fwd_overlap=1)
     assert ph.default_block_sizes(64) != ph.default_block_sizes(128)
 
 

@@ -8,7 +8,9 @@ slots with TMA, each slot guarded by a "loaded" barrier (TMA arrivals) and a "fr
 arrival per compute warpgroup). An optional schedule barrier makes the two compute warpgroups take
 turns on the tensor cores (one's softmax overlaps the other's matmuls). The softmax takes the row
 maximum of the unscaled logits, so each probability is one FMA and one ``exp2``; the next key
-block is awaited while the current P·V product is in flight.
+block is awaited while the current P·V product is in flight. The compute warpgroups' key-block
+loops (and FA3's intra-warpgroup overlap of one block's softmax with the previous block's P·V,
+``FwdConfig.overlap``) are in ``hopper_fwd_loops.py``.
 
 Masking is the one of the Triton step (``gpu_kernels.py``): the wrapper derives per-CTA block
 bounds from ``masks.block_table``; blocks in ``[lo, mid)`` are fully visible and run without a mask,
@@ -26,7 +28,6 @@ compute warpgroup, ``bk`` keys per block, ``D`` the padded head dim, ``S`` stage
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import math
 from typing import Any
@@ -35,6 +36,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ringattention.kernels import hopper_fwd_loops as hfl
 
 F32 = jnp.float32
 LOG2E = math.log2(math.e)
@@ -171,6 +174,30 @@ class Ops:
 
         return pl.run_state(scope)(plgpu.WGMMAAccumulatorRef.init(acc))
 
+    def qk_pv(self, q_smem, k_smem, shape, acc, p, v_smem, before_pv, after_issue, on_s):
+        """FA3's intra-warpgroup overlap: issues s = q @ k^T ([bq, bk], SMEM operands), then
+        ``before_pv()`` (e.g. the wait for v) while it runs, then ``acc + p @ v`` (p [bq, bk] in
+        registers); ``after_issue`` runs with both in flight and ``on_s(s)`` once s has landed,
+        while p @ v is still in flight. Returns (on_s(s), acc + p @ v). Nothing between the two
+        issues writes registers a wgmma reads (ptxas would serialize them, C7513)."""
+        a, b = Smem(q_smem), Smem(k_smem, transposed=True)
+        if self.interpret:
+            before_pv()
+            after_issue()
+            return on_s(self._dot(a, b)), acc + self._dot(p, Smem(v_smem))
+
+        def scope(s_ref, o_ref):
+            o_ref[...] = acc
+            self._issue(s_ref, a, b)
+            before_pv()
+            self._issue(o_ref, p, Smem(v_smem))
+            after_issue()
+            x = on_s(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))  # s only; p @ v runs on
+            return x, o_ref[...]
+
+        return pl.run_scoped(scope, plgpu.WGMMAAccumulatorRef(shape, F32),
+                             plgpu.WGMMAAccumulatorRef(acc.shape, F32))
+
     def pair(self, first, second, shape, on_first):
         """Two float32 ``shape`` products ``a @ b`` (``first``, ``second``: (a, b) of ``Smem``)
         issued back to back; returns ``(on_first(first product), second product)``, with
@@ -215,6 +242,7 @@ class FwdConfig:
     interpret: bool
     registers: int = 232  # per compute-warpgroup thread (REGISTER_CHOICES)
     window: int | None = None  # sliding window: keys with |q_pos - k_pos| >= window are hidden
+    overlap: bool = False  # softmax of block j while P.V of block j-1 is in flight (FA3)
 
     @property
     def positions(self) -> bool:
@@ -312,19 +340,6 @@ def _produce(cfg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_
     lax.fori_loop(jnp.maximum(lo, hi - cfg.stages), hi, drain, None)
 
 
-def _online_softmax(cfg: FwdConfig, s, acc, m, l, masked: bool):
-    """One key block of the online softmax: s [bq, bk] raw logits (-inf where hidden); acc [bq, D],
-    m, l [bq] (m in log2 units of the scaled logits). The row maximum is taken of the raw logits,
-    so each probability is one FMA and one exp2 (FA3): p = 2^(s*c - m). Returns acc, m, l, p."""
-    m_new = jnp.maximum(m, s.max(axis=1) * cfg.qk_scale)  # qk_scale > 0 (checked by the wrapper)
-    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
-    p = jnp.exp2(s * cfg.qk_scale - lax.broadcast_in_dim(m_use, s.shape, [0]))  # [bq, bk]
-    alpha = jnp.exp2(m - m_use)  # [bq]
-    l = l * alpha + p.sum(axis=1)
-    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-    return acc, m_new, l, p
-
-
 def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_smem, q_bar,
              k_bar, v_bar, k_free, v_free, sched, *, b, h, qi, lo, mid, hi, q_ref, qp_ref, qs_ref,
              o_ref, lse_ref, edge=None, **_):
@@ -348,46 +363,37 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
             plgpu.barrier_arrive(sched)
             plgpu.barrier_wait(sched)
 
-    def body(j, carry, masked: bool):
-        acc, m, l = carry  # float32 [bq, D], [bq], [bq]; m in log2 units (scaled logits)
-        slot = lax.rem(j - lo, jnp.int32(cfg.stages))
-        s = ops.qk(q_smem.at[wg], k_smem.at[slot], (bq, cfg.bk), after_issue=turn)  # [bq, bk]
-        if masked:
-            at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
-            s = _mask(cfg, ops, s, q_pos, q_seg, at(kpos_smem), at(kseg_smem))
-        plgpu.barrier_arrive(k_free.at[slot])
-        acc, m_new, l, p = _online_softmax(cfg, s, acc, m, l, masked)
-        p = p.astype(q_smem.dtype)
-        if d <= 128:  # keep the softmax ahead of the hand-over (FA3's instruction ordering)
-            acc, l, m_new, p = lax.optimization_barrier((acc, l, m_new, p))
-        if cfg.pingpong:  # softmax done: wait for v, then for our turn on the tensor cores
-            plgpu.barrier_arrive(sched)
-            plgpu.barrier_wait(v_bar.at[slot])
-            plgpu.barrier_wait(sched)
-        else:
-            plgpu.barrier_wait(v_bar.at[slot])
-        acc = ops.pv(acc, p, v_smem.at[slot], after_issue=lambda: wait_keys(j + 1))
-        plgpu.barrier_arrive(v_free.at[slot])
-        return acc, m_new, l
-
     def wait_keys(j):  # block j's keys: awaited while the previous block's PV is in flight
         @pl.when(j < hi)
         def _():
             plgpu.barrier_wait(k_bar.at[lax.rem(j - lo, jnp.int32(cfg.stages))])
 
-    carry = (ops.full((bq, d), 0.0), ops.full((bq,), -jnp.inf), ops.full((bq,), 0.0))
+    def mask(s, slot):  # s [bq, bk] with hidden entries -inf
+        at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
+        return _mask(cfg, ops, s, q_pos, q_seg, at(kpos_smem), at(kseg_smem))
+
+    def write(acc, m, l):
+        seen = l > 0.0
+        inv = 1.0 / jnp.where(seen, l, 1.0)  # [bq]: one reciprocal per row, then multiplies
+        o_ref.at[b, h, rows][...] = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+        lse_ref.at[b, h, rows][...] = jnp.where(seen, m * LN2 - jnp.log(inv), -jnp.inf)
+
+    w = hfl.Warpgroup(cfg, ops, q_smem.at[wg], k_smem, v_smem, k_bar, v_bar, k_free, v_free, sched,
+                   turn, wait_keys, mask, lo, mid, hi, edge)
     wait_keys(lo)
-    pl.when(wg == 1)(turn)
-    start = lo  # (body's slots count from lo)
-    if edge is not None:  # the window's far edge: masked, before the fully visible blocks
-        carry = lax.fori_loop(lo, edge, functools.partial(body, masked=True), carry)
-        start = edge
-    carry = lax.fori_loop(start, mid, functools.partial(body, masked=False), carry)
-    masked = cfg.causal or cfg.segments or cfg.window is not None
-    carry = lax.fori_loop(mid, hi, functools.partial(body, masked=masked), carry)
-    pl.when(wg == 0)(turn)
-    acc, m, l = carry
-    seen = l > 0.0
-    inv = 1.0 / jnp.where(seen, l, 1.0)  # [bq]: one reciprocal per row, then multiplies
-    o_ref.at[b, h, rows][...] = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
-    lse_ref.at[b, h, rows][...] = jnp.where(seen, m * LN2 - jnp.log(inv), -jnp.inf)
+    if not cfg.overlap:
+        pl.when(wg == 1)(turn)
+        carry = hfl.loops(w)
+        pl.when(wg == 0)(turn)
+        write(*carry)
+        return
+
+    @pl.when(lo < hi)  # the overlapped loop starts with block lo's QK^T
+    def _():
+        pl.when(wg == 1)(turn)
+        carry = hfl.overlap_loops(w)
+        pl.when(wg == 0)(turn)
+        write(*carry)
+
+    pl.when(lo >= hi)(lambda: write(ops.full((bq, d), 0.0), ops.full((bq,), -jnp.inf),
+                                    ops.full((bq,), 0.0)))

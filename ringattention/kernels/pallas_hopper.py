@@ -3,7 +3,9 @@
 The fused inner loop of Ring Attention (Liu, Zaharia & Abbeel 2023) for H100/H200 with the techniques
 of FlashAttention-3 (Shah et al. 2024): warp specialisation (two compute warpgroups and a TMA producer
 warpgroup), wgmma from swizzled shared memory, a multi-stage TMA pipeline for keys and values, and
-ping-pong scheduling of the two compute warpgroups. Kernel body: ``hopper_kernels.py``.
+ping-pong scheduling of the two compute warpgroups, or (head dim 128 without a causal mask) the
+overlap of each block's softmax with the previous block's P·V inside a warpgroup. Kernel body:
+``hopper_kernels.py`` and ``hopper_fwd_loops.py``.
 
 Masks and padding are shared with the Triton step (``pallas_gpu.py``), not re-implemented: global
 positions (any layout) and segment ids are padded with the same sentinels, blocks are classified by
@@ -85,8 +87,11 @@ class BlockSizes:
     head dims <= 128; the other backwards ignore it): "warpgroup" (each compute warpgroup
     reduce-adds its own [64, D] dq tile) or "cta" (``hopper_cta_dq_bwd``: the two share one, each
     adding half its columns, or at head dims <= 64 taking turns; half the reduce-add traffic, a
-    barrier between them per block; the default at head dims 64 and 128). Defaults:
-    :func:`default_block_sizes`.
+    barrier between them per block; the default at head dims 64 and 128). ``fwd_overlap``: the
+    forward overlaps block j's softmax with block j-1's P·V inside each compute warpgroup
+    (FlashAttention-3's intra-warpgroup pipelining, ``hopper_fwd_loops.overlap_loops``; with
+    ``pingpong`` too it ran at 0.87-0.97x of cuDNN, so the head-dim-128 default without a causal
+    mask turns ping-pong off). Defaults: :func:`default_block_sizes`.
     """
 
     block_q: int = 64
@@ -99,6 +104,7 @@ class BlockSizes:
     registers: int = 232
     triton: pg.BlockSizes | None = None
     dq_tile: str = "warpgroup"
+    fwd_overlap: bool = False
 
     def __post_init__(self):
         if self.block_q != ROWS:
@@ -119,6 +125,8 @@ class BlockSizes:
             raise ValueError(f"BlockSizes.dq_tile={self.dq_tile!r} must be one of {DQ_TILES}")
         if not isinstance(self.pingpong, bool):
             raise TypeError(f"BlockSizes.pingpong={self.pingpong!r} must be a bool")
+        if not isinstance(self.fwd_overlap, bool):
+            raise TypeError(f"BlockSizes.fwd_overlap={self.fwd_overlap!r} must be a bool")
         if self.triton is not None and not isinstance(self.triton, pg.BlockSizes):
             raise TypeError(f"BlockSizes.triton={self.triton!r} must be a pallas_gpu.BlockSizes")
 
@@ -137,9 +145,19 @@ _DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md
 }
 
 
-def default_block_sizes(head_dim: int) -> BlockSizes:
-    """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above."""
-    return _DEFAULTS[min((d for d in _DEFAULTS if d >= head_dim), default=256)]
+# Without a causal mask the head-dim-128 forward overlaps each block's softmax with the previous
+# block's P.V inside a warpgroup (FA3), with no ping-pong: 16K-128K forward 1.00-1.03x cuDNN against
+# 0.97-1.00x (2026-12-01 night). Causal it loses (0.97-1.07x against 1.01-1.10x), as does head dim
+# 64 (0.89-0.96x against 0.97-1.02x).
+_FULL_DEFAULTS = {128: dataclasses.replace(_DEFAULTS[128], pingpong=False, fwd_overlap=True)}
+
+
+def default_block_sizes(head_dim: int, causal: bool = True) -> BlockSizes:
+    """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above.
+    ``causal``: whether the step has a causal mask (without one, head dim 128 runs the forward with
+    ``fwd_overlap``); the backward fields do not depend on it."""
+    d = min((d for d in _DEFAULTS if d >= head_dim), default=256)
+    return _DEFAULTS[d] if causal else _FULL_DEFAULTS.get(d, _DEFAULTS[d])
 
 
 def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int) -> BlockSizes:
@@ -156,7 +174,7 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int) -> 
     pair of ``hopper_split_bwd`` (the fused one there adds dq with atomics).
     """
     if block_sizes is None:
-        bs = default_block_sizes(head_dim)
+        bs = default_block_sizes(head_dim)  # the causal forward schedule, for any mask
         return (dataclasses.replace(bs, backward="mosaic", dq_tile="warpgroup")
                 if bs.backward == "fused" else bs)
     if not isinstance(block_sizes, BlockSizes):
@@ -219,7 +237,7 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_s
                  window: int | None = None):
     """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
     _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale)
-    bs = block_sizes or default_block_sizes(q.shape[3])
+    bs = block_sizes or default_block_sizes(q.shape[3], causal)
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
     if jnp.dtype(q.dtype) not in HALF_DTYPES:  # float32: the Triton kernel, exact to ~1e-6
@@ -246,7 +264,8 @@ def _fwd_call(geo: Geometry, bs: BlockSizes, lo, mid, hi, q, k, v, *extra, causa
     nq = Sq // geo.cta_rows
     cfg = hk.FwdConfig(bq=geo.bq, bk=geo.bk, stages=bs.stages, causal=causal, segments=segments,
                        groups=H // K, nq=nq, qk_scale=scale * hk.LOG2E, pingpong=bs.pingpong,
-                       interpret=interpret, registers=bs.registers, window=window)
+                       interpret=interpret, registers=bs.registers, window=window,
+                       overlap=bs.fwd_overlap)
     smem = (hk.COMPUTE_WGS * geo.bq + 2 * bs.stages * geo.bk) * D * q.dtype.itemsize
     smem += 4 * (hk.COMPUTE_WGS * geo.bq + bs.stages * geo.bk) * (cfg.positions + segments)
     if smem > SMEM_LIMIT - 1024:
