@@ -126,7 +126,7 @@ def bare_fns(impl, causal, block_sizes=None, deterministic=False):
     mod = resolved.load()
 
     def kw_for(q):  # deterministic: the block sizes ring_attention(deterministic=True) would use
-        bs = (implementations.deterministic_block_sizes(resolved, block_sizes, q.shape[-1])
+        bs = (implementations.deterministic_block_sizes(resolved, block_sizes, q.shape[-1], causal)
               if deterministic else block_sizes)
         return dict(causal=causal, block_sizes=bs)
 

@@ -18,8 +18,9 @@ block_sizes, interpret)``
 
 Query head ``h`` reads kv head ``h // (H // K)``; kv heads are never repeated in memory.
 
-``deterministic_block_sizes(block_sizes, head_dim) -> block_sizes`` (optional)
-    What ``ring_attention(..., deterministic=True)`` runs with: block sizes (None: the defaults) whose
+``deterministic_block_sizes(block_sizes, head_dim, causal) -> block_sizes`` (optional)
+    What ``ring_attention(..., deterministic=True)`` runs with: block sizes (None: the defaults for
+    ``head_dim`` and ``causal``, the ring's mask) whose
     forward and backward steps add up their sums in a fixed order, so that two runs on the same
     inputs give the same bits. Raises ValueError if the given block sizes cannot. An implementation
     without it is deterministic as it is: "xla" (plain XLA ops; on GPU XLA's own scatters, reductions
@@ -85,10 +86,11 @@ def resolve(name: str) -> Implementation:
     return _REGISTRY[name]
 
 
-def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int):
+def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int,
+                              causal: bool = True):
     """``block_sizes`` for ``deterministic=True``: the module's hook (contract above) if it has one."""
     hook = getattr(impl.load(), "deterministic_block_sizes", None)
-    return block_sizes if hook is None else hook(block_sizes, head_dim)
+    return block_sizes if hook is None else hook(block_sizes, head_dim, causal)
 
 
 register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu")))

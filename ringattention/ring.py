@@ -348,7 +348,8 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         raise ValueError(f"implementation={impl.name!r} runs on {impl.platforms}, not on this "
                          f"{backend=}; pass interpret=True to emulate it, or use 'auto'/'xla'")
     if deterministic:
-        block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1])
+        block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1],
+                                                                causal)
     ring_size = _axis_size(axis_name)
     # the ring's shard: with Ulysses, the U pieces of a ring shard held by the Ulysses group
     shard = q.shape[1] * (1 if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis"))

@@ -8,6 +8,8 @@ GPU, compared bitwise); its CPU smoke mode runs in tests/test_benchmarks.py (slo
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import os
 
 import chex
@@ -33,14 +35,16 @@ needs_interpret = pytest.mark.skipif(ph.interpret_params() is None,
 
 def test_hopper_deterministic_block_sizes():
     """The fused backward (the default at head dims <= 128, one dq tile per CTA) becomes the
-    two-kernel one; the others (the split pair at 256) stay."""
-    for d in (64, 96, 128, 256):
-        got = ph.deterministic_block_sizes(None, d)
-        default = ph.default_block_sizes(d)
+    two-kernel one; the others (the split pair at 256) stay; the forward is the mask's default."""
+    for d, causal in itertools.product((64, 96, 128, 256), (True, False)):
+        got = ph.deterministic_block_sizes(None, d, causal)
+        default = ph.default_block_sizes(d, causal)
         assert got.backward != "fused"
         want = (dataclasses.replace(default, backward="mosaic", dq_tile="warpgroup")
                 if default.backward == "fused" else default)
         assert got == want
+    hopper = implementations.resolve("pallas_hopper")
+    assert implementations.deterministic_block_sizes(hopper, None, 128, causal=False).fwd_overlap
     mine = ph.BlockSizes(backward="triton", block_k=64)
     assert ph.deterministic_block_sizes(mine, 128) is mine
     with pytest.raises(ValueError, match="fused"):
@@ -60,10 +64,11 @@ def backward_calls(monkeypatch):
     return calls
 
 
-def _ring_loss(deterministic: bool):
+def _ring_loss(deterministic: bool, causal: bool = True):
     def loss(q, k, v):
-        run = lambda q, k, v: ring_attention(q, k, v, "sp", causal=True, implementation="pallas_hopper",
-                                             interpret=True, deterministic=deterministic)
+        run = lambda q, k, v: ring_attention(q, k, v, "sp", causal=causal,
+                                             implementation="pallas_hopper", interpret=True,
+                                             deterministic=deterministic)
         out = jax.vmap(run, axis_name="sp", axis_size=1)(q[None], k[None], v[None])[0]
         return out.astype(jnp.float32).sum()
 
@@ -77,6 +82,24 @@ def test_ring_flag_picks_the_hopper_backward(backward_calls, deterministic):
     k = jax.ShapeDtypeStruct((1, 128, 1, 128), jnp.bfloat16)
     jax.eval_shape(jax.grad(_ring_loss(deterministic), argnums=(0, 1, 2)), q, k, k)
     assert backward_calls == ["mosaic" if deterministic else "fused"]
+
+
+@needs_interpret
+def test_deterministic_ring_runs_the_forward_of_its_mask(monkeypatch):
+    """deterministic=True changes the backward only: at head dim 128 without a causal mask the
+    forward is still the overlapped one (deterministic too: each CTA owns its query rows)."""
+    from ringattention.kernels import hopper_fwd_loops as hfl
+
+    used = []
+    for name in ("loops", "overlap_loops"):
+        monkeypatch.setattr(hfl, name, functools.partial(
+            lambda fn, name, w: used.append(name) or fn(w), getattr(hfl, name), name))
+    q = jax.ShapeDtypeStruct((1, 128, 2, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((1, 128, 1, 128), jnp.bfloat16)
+    for causal, want in ((False, "overlap_loops"), (True, "loops")):
+        used.clear()
+        jax.eval_shape(_ring_loss(True, causal), q, k, k)
+        assert set(used) == {want}, causal
 
 
 @needs_interpret

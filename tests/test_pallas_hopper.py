@@ -140,6 +140,7 @@ def test_default_forward_schedule_by_mask(monkeypatch):
     assert bs.fwd_overlap and not bs.pingpong
     assert bs == dataclasses.replace(ph.default_block_sizes(128), fwd_overlap=True, pingpong=False)
     assert ph.default_block_sizes(64, causal=False) == ph.default_block_sizes(64)
+    assert ph.deterministic_block_sizes(None, 128, causal=False).fwd_overlap
     assert not ph.deterministic_block_sizes(None, 128).fwd_overlap
 
 

@@ -160,9 +160,11 @@ def default_block_sizes(head_dim: int, causal: bool = True) -> BlockSizes:
     return _DEFAULTS[d] if causal else _FULL_DEFAULTS.get(d, _DEFAULTS[d])
 
 
-def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int) -> BlockSizes:
+def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
+                              causal: bool = True) -> BlockSizes:
     """The block sizes of ``ring_attention(..., deterministic=True)`` (``implementations.py``): the
-    defaults, with the fused backward replaced by the two-kernel "mosaic" one.
+    defaults for ``head_dim`` and ``causal``, with the fused backward replaced by the two-kernel
+    "mosaic" one.
 
     The fused backward's dq arrives by TMA reduce-adds from every key CTA, in the order the CTAs
     happen to run. The "mosaic" backward (``hopper_bwd_kernels``) has no cross-CTA sum: in the dq
@@ -174,7 +176,7 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int) -> 
     pair of ``hopper_split_bwd`` (the fused one there adds dq with atomics).
     """
     if block_sizes is None:
-        bs = default_block_sizes(head_dim)  # the causal forward schedule, for any mask
+        bs = default_block_sizes(head_dim, causal)
         return (dataclasses.replace(bs, backward="mosaic", dq_tile="warpgroup")
                 if bs.backward == "fused" else bs)
     if not isinstance(block_sizes, BlockSizes):
