@@ -147,8 +147,8 @@ _DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md
 
 # Without a causal mask the head-dim-128 forward overlaps each block's softmax with the previous
 # block's P.V inside a warpgroup (FA3), with no ping-pong: 16K-128K forward 1.00-1.03x cuDNN against
-# 0.97-1.00x (2026-12-01 night). Causal it loses (0.97-1.07x against 1.01-1.10x), as does head dim
-# 64 (0.89-0.96x against 0.97-1.02x).
+# 0.97-1.00x (2026-12-01, hopper_runs_1201f). Causal it loses (0.97-1.07x against 1.01-1.10x), as
+# does head dim 64 (0.89-0.96x against 0.97-1.02x).
 _FULL_DEFAULTS = {128: dataclasses.replace(_DEFAULTS[128], pingpong=False, fwd_overlap=True)}
 
 
