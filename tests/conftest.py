@@ -11,5 +11,25 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture
+def forward_loops_used(monkeypatch):
+    """Records (loop, ping-pong) for each Hopper forward traced: which of ``hopper_fwd_loops``'
+    ``loops`` / ``overlap_loops`` it ran (they still run)."""
+    from ringattention.kernels import hopper_fwd_loops as hfl
+
+    used = []
+
+    def recorded(name, loop):
+        def run(w):
+            used.append((name, w.cfg.pingpong))
+            return loop(w)
+        return run
+
+    for name in ("loops", "overlap_loops"):
+        monkeypatch.setattr(hfl, name, recorded(name, getattr(hfl, name)))
+    return used

@@ -118,16 +118,11 @@ def test_forward_overlap_matches_reference(case):
     _check_forward(inputs, causal, ph.BlockSizes(fwd_overlap=True, pingpong=pingpong), window)
 
 
-def test_default_forward_schedule_by_mask(monkeypatch):
+@needs_interpret
+def test_default_forward_schedule_by_mask(forward_loops_used):
     """Head dim 128 without a causal mask runs the overlapped forward without the ping-pong (the
     H200 default); with one, and at head dim 64, the ping-pong loop."""
-    from ringattention.kernels import hopper_fwd_loops as hfl
-
-    used = []
-    for name in ("loops", "overlap_loops"):
-        monkeypatch.setattr(hfl, name, functools.partial(
-            lambda fn, name, w: used.append((name, w.cfg.pingpong)) or fn(w), getattr(hfl, name),
-            name))
+    used = forward_loops_used
     for dim, causal, want in ((128, False, ("overlap_loops", False)), (128, True, ("loops", True)),
                               (64, False, ("loops", True))):
         q = jax.ShapeDtypeStruct((1, 128, 2, dim), jnp.bfloat16)
