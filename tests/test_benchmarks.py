@@ -88,7 +88,7 @@ def test_hopper_check_variants_become_block_sizes(bench):
     got = hc.block_sizes("fused/bwd_block_k=128/registers=240", 64)
     want = dataclasses.replace(ph.default_block_sizes(64), backward="fused", bwd_block_k=128,
                                registers=240)
-    assert got == want and got.stages == 3  # the head-dim-64 defaults underneath
+    assert got == want and got.block_k == 256  # the head-dim-64 defaults underneath
     assert hc.block_sizes("default/pingpong=false", 128).pingpong is False  # not the string
     full = hc.block_sizes("default", 128, causal=False)  # the forward schedule follows the mask
     assert full == ph.default_block_sizes(128, causal=False) and full.fwd_overlap

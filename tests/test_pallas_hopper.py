@@ -72,7 +72,8 @@ def _check_forward(inputs, causal, block_sizes=None, window=None):
 
 
 STEP_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, dim, batch)
-    ("bfloat16", True, "overlap", True, 2, 1, 72, 200, 64, 2),  # ragged, GQA, ids, 2 key blocks
+    ("bfloat16", True, "overlap", True, 2, 1, 72, 200, 64, 2),  # ragged, GQA, ids, one block
+    ("bfloat16", True, "after", True, 2, 1, 72, 600, 64, 1),  # 3 blocks of 256 keys, 2 slots
     ("float16", False, "overlap", False, 2, 2, 128, 384, 128, 1),  # 3 key blocks through 2 slots
     ("bfloat16", True, "after", False, 2, 1, 64, 96, 40, 1),  # all blocks FULL; head dim 40 -> 64
 ]
@@ -134,7 +135,8 @@ def test_default_forward_schedule_by_mask(forward_loops_used):
     bs = ph.default_block_sizes(128, causal=False)
     assert bs.fwd_overlap and not bs.pingpong
     assert bs == dataclasses.replace(ph.default_block_sizes(128), fwd_overlap=True, pingpong=False)
-    assert ph.default_block_sizes(64, causal=False) == ph.default_block_sizes(64)
+    assert ph.default_block_sizes(64, causal=False) == dataclasses.replace(
+        ph.default_block_sizes(64), registers=232)
     assert ph.deterministic_block_sizes(None, 128, causal=False).fwd_overlap
     assert not ph.deterministic_block_sizes(None, 128).fwd_overlap
 
@@ -464,6 +466,9 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("fused", 128, False, False, 2, dict(dq_tile="cta", registers=240, fwd_overlap=True,
                                          pingpong=False)),  # the default at 128 without a mask
     ("fused", 64, True, True, 2, dict(fwd_overlap=True), 100),  # overlap, ping-pong, window
+    ("fused", 64, True, True, 2, dict(dq_tile="cta", block_k=256, bwd_stages=3,
+                                      registers=240)),  # the default at 64 with a causal mask
+    ("fused", 64, False, False, 2, dict(dq_tile="cta", block_k=256, bwd_stages=3), 100),
 ]
 
 
@@ -570,6 +575,27 @@ def test_default_backward_by_head_dim(backward_used):
                                          interpret=True), q, k, k, q, lse, lse, *ints, None, None)
         assert backward_used == [name], d
     assert ph.deterministic_block_sizes(None, 64).backward == "mosaic"
+
+
+def test_default_backward_follows_the_mask(monkeypatch):
+    """``backward_step`` without block sizes takes the defaults of its head dim *and mask*: at head
+    dim 64 the causal backward runs with 240 registers, the unmasked one with 232."""
+    seen = []
+
+    def fake(q, k, *args, bs, **kw):
+        seen.append(bs)
+        return (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
+                jnp.zeros(k.shape, jnp.float32))
+
+    monkeypatch.setattr(hcb, "backward", fake)
+    q = jax.ShapeDtypeStruct((1, 256, 4, 64), jnp.bfloat16)
+    ints = jax.ShapeDtypeStruct((256,), jnp.int32)
+    lse = jax.ShapeDtypeStruct((1, 4, 256), jnp.float32)
+    for causal in (True, False):
+        jax.eval_shape(functools.partial(ph.backward_step, causal=causal, softmax_scale=0.1,
+                                         interpret=True), q, q, q, q, lse, lse, ints, ints, None, None)
+    assert seen == [ph.default_block_sizes(64, True), ph.default_block_sizes(64, False)]
+    assert [bs.registers for bs in seen] == [240, 232]
 
 
 @pytest.fixture

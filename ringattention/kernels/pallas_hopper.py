@@ -132,10 +132,13 @@ class BlockSizes:
 
 
 _DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md
-    # D=64: the fused backward with one dq tile per CTA (the warpgroups take turns), 232 registers:
-    # 16K-128K fwd+bwd 0.89-1.01x cuDNN against 0.86-1.01x with one tile per warpgroup and
-    # 0.88-0.95x for the two-kernel one (2026-12-01), and a third of the former's dq memory.
-    64: BlockSizes(block_k=128, stages=3, backward="fused", dq_tile="cta"),
+    # D=64: 256-key forward blocks (16K-128K forward 1.02-1.16x cuDNN against 0.93-1.04x for 128
+    # keys in 3 stages, hopper_runs_1201g); the fused backward with one dq tile per CTA (the
+    # warpgroups take turns; 0.89-1.01x against 0.86-1.01x with one tile per warpgroup, 0.88-0.95x
+    # for the two-kernel one, 2026-12-01) through 3 stages and, causal, 240 registers
+    # (_FULL_DEFAULTS: 232 without a causal mask).
+    64: BlockSizes(block_k=256, stages=2, backward="fused", dq_tile="cta", bwd_stages=3,
+                   registers=240),
     # D=128: the fused backward with one dq tile per CTA and 240 registers per compute thread
     # (64K fwd+bwd 0.95-0.99x cuDNN against 0.91-0.94x for one dq tile per warpgroup, 2026-12-01).
     128: BlockSizes(block_k=128, stages=2, backward="fused", registers=240, dq_tile="cta"),
@@ -148,23 +151,33 @@ _DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md
 # Without a causal mask the head-dim-128 forward overlaps each block's softmax with the previous
 # block's P.V inside a warpgroup (FA3), with no ping-pong: 16K-128K forward 1.00-1.03x cuDNN against
 # 0.97-1.00x (2026-12-01, hopper_runs_1201f). Causal it loses (0.97-1.07x against 1.01-1.10x), as
-# does head dim 64 (0.89-0.96x against 0.97-1.02x).
-_FULL_DEFAULTS = {128: dataclasses.replace(_DEFAULTS[128], pingpong=False, fwd_overlap=True)}
+# does head dim 64 (0.89-0.96x against 0.97-1.02x). Head dim 64 without a causal mask keeps 232
+# registers: with 240 its forward+backward ran 2-6% slower there (hopper_runs_1201g); with a causal
+# mask 240 and 3 stages ran 1.02-1.05x cuDNN against 0.97-1.01x.
+_FULL_DEFAULTS = {128: dataclasses.replace(_DEFAULTS[128], pingpong=False, fwd_overlap=True),
+                  64: dataclasses.replace(_DEFAULTS[64], registers=232)}
 
 
 def default_block_sizes(head_dim: int, causal: bool = True) -> BlockSizes:
     """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above.
     ``causal``: whether the step has a causal mask (without one, head dim 128 runs the forward with
-    ``fwd_overlap``); the backward fields do not depend on it."""
-    d = min((d for d in _DEFAULTS if d >= head_dim), default=256)
+    ``fwd_overlap`` and head dim 64 its kernels with 232 registers per compute thread, not 240)."""
+    d = _tuned_dim(head_dim)
     return _DEFAULTS[d] if causal else _FULL_DEFAULTS.get(d, _DEFAULTS[d])
+
+
+def _tuned_dim(head_dim: int) -> int:
+    """The head dim whose defaults ``head_dim`` takes: the smallest tuned one (64, 128, 256) that
+    holds it."""
+    return min((d for d in _DEFAULTS if d >= head_dim), default=256)
 
 
 def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
                               causal: bool = True) -> BlockSizes:
     """The block sizes of ``ring_attention(..., deterministic=True)`` (``implementations.py``): the
     defaults for ``head_dim`` and ``causal``, with the fused backward replaced by the two-kernel
-    "mosaic" one.
+    "mosaic" one (at head dim 64 with 2 stages and 232 registers, not the fused backward's 3 and
+    240: 64K causal 0.95x cuDNN against 0.91x, hopper_runs_1201g).
 
     The fused backward's dq arrives by TMA reduce-adds from every key CTA, in the order the CTAs
     happen to run. The "mosaic" backward (``hopper_bwd_kernels``) has no cross-CTA sum: in the dq
@@ -177,8 +190,12 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
     """
     if block_sizes is None:
         bs = default_block_sizes(head_dim, causal)
-        return (dataclasses.replace(bs, backward="mosaic", dq_tile="warpgroup")
-                if bs.backward == "fused" else bs)
+        if bs.backward != "fused":
+            return bs
+        bs = dataclasses.replace(bs, backward="mosaic", dq_tile="warpgroup")
+        if _tuned_dim(head_dim) == 64:  # the two kernels' own tiles (the fused ones' lost here)
+            bs = dataclasses.replace(bs, bwd_stages=2, registers=232)
+        return bs
     if not isinstance(block_sizes, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={block_sizes!r} must be a pallas_hopper.BlockSizes")
     if block_sizes.backward == "fused":
@@ -312,7 +329,7 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
                                                                         q.shape[1]):
         raise ValueError(f"pallas_hopper: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=}")
-    bs = block_sizes or default_block_sizes(q.shape[3])
+    bs = block_sizes or default_block_sizes(q.shape[3], causal)
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
     kw = dict(causal=causal, softmax_scale=softmax_scale, interpret=interpret)
