@@ -5,13 +5,14 @@ ring, masks from global positions and segment ids); only wgmma and register layo
 plain ``jnp`` (``hopper_kernels.Ops``), so those are checked on the device only
 (``benchmarks/hopper_check.py``). The interpreter simulates a single GPU, so ring runs here use one
 device; ring steps with other offsets are covered at the kernel level (query block after, overlapping
-and before the key block). All backwards are checked: the two-kernel Mosaic GPU one (the default
-for head dim 64), the fused Mosaic GPU one (``BlockSizes(backward="fused")``, the default at 128;
-its TMA reduce-add of dq becomes a read-modify-write in interpret mode, see ``hopper_fused_bwd``;
-above head dim 128 the head-dim-split one, ``hopper_split_bwd``, whose atomic adds do the same)
-and the Triton step's kernels (``BlockSizes(backward="triton")``). ``test_kernels_lower_for_cuda``
-also lowers every Mosaic GPU kernel for CUDA (wgmma, layouts, TMA, ``setmaxnreg``), which needs no
-GPU, so lowering errors show up here rather than on the device.
+and before the key block). All backwards are checked: the two-kernel Mosaic GPU one (what
+``deterministic=True`` runs), the fused Mosaic GPU one (``BlockSizes(backward="fused")``, the
+default at head dims 64 and 128; its TMA reduce-add of dq becomes a read-modify-write in
+interpret mode, see ``hopper_fused_bwd``; above head dim 128 the head-dim-split one,
+``hopper_split_bwd``, whose atomic adds do the same) and the Triton step's kernels
+(``BlockSizes(backward="triton")``). ``test_kernels_lower_for_cuda`` also lowers every Mosaic GPU
+kernel for CUDA (wgmma, layouts, TMA, ``setmaxnreg``), which needs no GPU, so lowering errors show
+up here rather than on the device.
 """
 
 import dataclasses
@@ -577,36 +578,38 @@ def test_default_backward_by_head_dim(backward_used):
     assert ph.deterministic_block_sizes(None, 64).backward == "mosaic"
 
 
-def test_default_backward_follows_the_mask(monkeypatch):
+def test_default_backward_follows_the_mask(backward_used):
     """``backward_step`` without block sizes takes the defaults of its head dim *and mask*: at head
     dim 64 the causal backward runs with 240 registers, the unmasked one with 232."""
-    seen = []
-
-    def fake(q, k, *args, bs, **kw):
-        seen.append(bs)
-        return (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
-                jnp.zeros(k.shape, jnp.float32))
-
-    monkeypatch.setattr(hcb, "backward", fake)
     q = jax.ShapeDtypeStruct((1, 256, 4, 64), jnp.bfloat16)
     ints = jax.ShapeDtypeStruct((256,), jnp.int32)
     lse = jax.ShapeDtypeStruct((1, 4, 256), jnp.float32)
     for causal in (True, False):
         jax.eval_shape(functools.partial(ph.backward_step, causal=causal, softmax_scale=0.1,
                                          interpret=True), q, q, q, q, lse, lse, ints, ints, None, None)
-    assert seen == [ph.default_block_sizes(64, True), ph.default_block_sizes(64, False)]
-    assert [bs.registers for bs in seen] == [240, 232]
+    assert backward_used == ["cta", "cta"]
+    assert backward_used.block_sizes == [ph.default_block_sizes(64, True),
+                                         ph.default_block_sizes(64, False)]
+    assert [bs.registers for bs in backward_used.block_sizes] == [240, 232]
+
+
+class _Calls(list):
+    """The names of the backward modules called, and (``block_sizes``) the BlockSizes each got."""
+
+    block_sizes: list
 
 
 @pytest.fixture
 def backward_used(monkeypatch):
-    """Records which Mosaic backward module ``pallas_hopper.backward_step`` calls (without running
-    it: each returns zeros of the contract's shapes)."""
-    calls = []
+    """Records which Mosaic backward module ``pallas_hopper.backward_step`` calls and with which
+    block sizes (without running it: each returns zeros of the contract's shapes)."""
+    calls = _Calls()
+    calls.block_sizes = []
 
     def fake(name):
-        def backward(q, k, *args, **kw):
+        def backward(q, k, *args, bs, **kw):
             calls.append(name)
+            calls.block_sizes.append(bs)
             return (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
                     jnp.zeros(k.shape, jnp.float32))
         return backward

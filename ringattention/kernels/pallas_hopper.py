@@ -157,6 +157,10 @@ _DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md
 _FULL_DEFAULTS = {128: dataclasses.replace(_DEFAULTS[128], pingpong=False, fwd_overlap=True),
                   64: dataclasses.replace(_DEFAULTS[64], registers=232)}
 
+# The two-kernel ("mosaic") backward of deterministic=True keeps its own tiles where the fused
+# default's lost on it: head dim 64, 64K causal 0.95x cuDNN against 0.91x (hopper_runs_1201g).
+_DETERMINISTIC_TILES = {64: dict(bwd_stages=2, registers=232)}
+
 
 def default_block_sizes(head_dim: int, causal: bool = True) -> BlockSizes:
     """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above.
@@ -176,8 +180,7 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
                               causal: bool = True) -> BlockSizes:
     """The block sizes of ``ring_attention(..., deterministic=True)`` (``implementations.py``): the
     defaults for ``head_dim`` and ``causal``, with the fused backward replaced by the two-kernel
-    "mosaic" one (at head dim 64 with 2 stages and 232 registers, not the fused backward's 3 and
-    240: 64K causal 0.95x cuDNN against 0.91x, hopper_runs_1201g).
+    "mosaic" one (with ``_DETERMINISTIC_TILES``' fields: at head dim 64 2 stages and 232 registers).
 
     The fused backward's dq arrives by TMA reduce-adds from every key CTA, in the order the CTAs
     happen to run. The "mosaic" backward (``hopper_bwd_kernels``) has no cross-CTA sum: in the dq
@@ -192,10 +195,8 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
         bs = default_block_sizes(head_dim, causal)
         if bs.backward != "fused":
             return bs
-        bs = dataclasses.replace(bs, backward="mosaic", dq_tile="warpgroup")
-        if _tuned_dim(head_dim) == 64:  # the two kernels' own tiles (the fused ones' lost here)
-            bs = dataclasses.replace(bs, bwd_stages=2, registers=232)
-        return bs
+        return dataclasses.replace(bs, backward="mosaic", dq_tile="warpgroup",
+                                   **_DETERMINISTIC_TILES.get(_tuned_dim(head_dim), {}))
     if not isinstance(block_sizes, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={block_sizes!r} must be a pallas_hopper.BlockSizes")
     if block_sizes.backward == "fused":
