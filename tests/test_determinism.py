@@ -34,7 +34,8 @@ needs_interpret = pytest.mark.skipif(ph.interpret_params() is None,
 
 def test_hopper_deterministic_block_sizes():
     """The fused backward (the default at head dims <= 128, one dq tile per CTA) becomes the
-    two-kernel one, at head dims <= 64 with its own tiles (2 stages, 232 registers); the others
+    two-kernel one, at head dims <= 64 with its own tiles (2 stages, 232 registers, 128-key dq
+    blocks); the others
     (the split pair at 256) stay; the forward is the mask's default."""
     for d, causal in itertools.product((40, 64, 96, 128, 256), (True, False)):
         got = ph.deterministic_block_sizes(None, d, causal)
@@ -44,7 +45,7 @@ def test_hopper_deterministic_block_sizes():
         if default.backward == "fused":
             want = dataclasses.replace(default, backward="mosaic", dq_tile="warpgroup")
         if d <= 64:
-            want = dataclasses.replace(want, bwd_stages=2, registers=232)
+            want = dataclasses.replace(want, bwd_stages=2, registers=232, bwd_block_k=128)
         assert got == want
         assert (got.block_k, got.stages, got.pingpong) == (default.block_k, default.stages,
                                                            default.pingpong)

@@ -445,7 +445,7 @@ def test_ring_on_one_device_with_window_wide_heads(dim, bs):
 
 
 LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockSizes fields[, window])
-    ("mosaic", 64, True, True, 2, {}),
+    ("mosaic", 64, True, True, 2, dict(bwd_block_k=128, registers=232)),  # deterministic=True's at 64
     ("mosaic", 128, False, False, 4, dict(bwd_block_k=128, registers=240)),
     ("fused", 128, True, False, 2, dict(registers=240)),
     ("fused", 80, False, True, 4, {}),

@@ -158,8 +158,10 @@ _FULL_DEFAULTS = {128: dataclasses.replace(_DEFAULTS[128], pingpong=False, fwd_o
                   64: dataclasses.replace(_DEFAULTS[64], registers=232)}
 
 # The two-kernel ("mosaic") backward of deterministic=True keeps its own tiles where the fused
-# default's lost on it: head dim 64, 64K causal 0.95x cuDNN against 0.91x (hopper_runs_1201g).
-_DETERMINISTIC_TILES = {64: dict(bwd_stages=2, registers=232)}
+# default's lost on it: head dim 64, 64K causal 0.95x cuDNN against 0.91x (hopper_runs_1201g); its dq
+# kernel streams 128 keys per block there (64K, kv heads 8 and 32: 0.96x causal, 0.92-0.93x full,
+# against 0.95x and 0.90-0.92x with 64; at head dim 128 a wash, 0.91-0.94x both; hopper_runs_1202).
+_DETERMINISTIC_TILES = {64: dict(bwd_stages=2, registers=232, bwd_block_k=128)}
 
 
 def default_block_sizes(head_dim: int, causal: bool = True) -> BlockSizes:
@@ -180,7 +182,8 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
                               causal: bool = True) -> BlockSizes:
     """The block sizes of ``ring_attention(..., deterministic=True)`` (``implementations.py``): the
     defaults for ``head_dim`` and ``causal``, with the fused backward replaced by the two-kernel
-    "mosaic" one (with ``_DETERMINISTIC_TILES``' fields: at head dim 64 2 stages and 232 registers).
+    "mosaic" one (with ``_DETERMINISTIC_TILES``' fields: at head dim 64 2 stages, 232 registers and
+    128-key dq blocks).
 
     The fused backward's dq arrives by TMA reduce-adds from every key CTA, in the order the CTAs
     happen to run. The "mosaic" backward (``hopper_bwd_kernels``) has no cross-CTA sum: in the dq
