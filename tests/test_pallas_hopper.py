@@ -270,14 +270,16 @@ def test_key_ctas_rotate_their_query_blocks(backward):
     _check_backward(inputs, False, ph.BlockSizes(backward=backward))
 
 
-@pytest.mark.slow  # a tuning option (not a default); its CUDA lowering is in the fast suite
 @needs_interpret
 def test_mosaic_backward_with_128_key_blocks():
-    """The dq kernel streaming 128 keys per block (``bwd_block_k=128``): three blocks, ragged."""
+    """The dq kernel streaming 128 keys per block (``bwd_block_k=128``), as deterministic=True runs
+    it at head dim 64 (2 stages, 232 registers): three key blocks, ragged, causal, segment ids."""
     rng = np.random.default_rng(6)
     inputs = _inputs(rng, sq=72, sk=300, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
                      where="overlap", segments=True, batch=1)
-    _check_backward(inputs, True, ph.BlockSizes(backward="mosaic", bwd_block_k=128))
+    bs = ph.deterministic_block_sizes(None, 64)
+    assert (bs.backward, bs.bwd_block_k, bs.bwd_stages, bs.registers) == ("mosaic", 128, 2, 232)
+    _check_backward(inputs, True, bs)
 
 
 def _head_dim_256_inputs():
