@@ -35,8 +35,7 @@ needs_interpret = pytest.mark.skipif(ph.interpret_params() is None,
 def test_hopper_deterministic_block_sizes():
     """The fused backward (the default at head dims <= 128, one dq tile per CTA) becomes the
     two-kernel one, at head dims <= 64 with its own tiles (2 stages, 232 registers, 128-key dq
-    blocks); the others
-    (the split pair at 256) stay; the forward is the mask's default."""
+    blocks); the others (the split pair at 256) stay; the forward is the mask's default."""
     for d, causal in itertools.product((40, 64, 96, 128, 256), (True, False)):
         got = ph.deterministic_block_sizes(None, d, causal)
         default = ph.default_block_sizes(d, causal)
