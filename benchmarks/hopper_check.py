@@ -11,7 +11,9 @@ One run on an H100/H200 (no network needed), well under five minutes:
    (head dims ``--ring-dims``);
 3. timing of the bare step (forward, forward + backward with each backward: triton, mosaic and the
    fused one) at B=1, bf16, ``--shapes`` heads:kv_heads:head_dim (default 32:32:128), ``--seqs``
-   tokens, ``--causal`` 1 and/or 0, next to cuDNN and the Triton step, with TFLOP/s and ratios;
+   tokens, ``--causal`` 1 and/or 0, next to cuDNN and the Triton step, with TFLOP/s and ratios
+   (``--rounds N``: N interleaved passes over cuDNN and the variants, each pass's ratios paired, so
+   that a clock that drifts during the run moves both sides of a ratio);
 4. a block-size sweep at 16K tokens (forward tiles, backward stages).
 
 A ``--backwards`` entry that resolves to the same BlockSizes as an earlier one at a head dim (e.g.
@@ -67,6 +69,7 @@ LINES: list[str] = []
 RECORDS: list[dict] = []
 OUT = {"prefix": "hopper_check"}
 REPS = {"n": 5}  # --reps: timed calls per measurement (after a compile call and a warm-up call)
+ROUNDS = {"n": 1}  # --rounds: passes over all timed functions, interleaved (cuDNN, A, B, cuDNN, ...)
 BACKWARDS = list(ph.BACKWARDS)  # --backwards: the variants to check and time
 
 
@@ -283,9 +286,10 @@ def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, back
         passed=ok, **errs)
 
 
-def time_fn(fn, args):
-    jax.block_until_ready(fn(*args))  # compile + warm-up
-    jax.block_until_ready(fn(*args))
+def time_fn(fn, args, compiled: bool = False):
+    if not compiled:
+        jax.block_until_ready(fn(*args))  # compile
+    jax.block_until_ready(fn(*args))  # warm-up
     ts = []
     for _ in range(REPS["n"]):
         t = time.perf_counter()
@@ -377,27 +381,46 @@ def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
         for st in (3, 4):
             bs = dataclasses.replace(mosaic_bwd, bwd_stages=st)
             fns[f"pallas_hopper backward=mosaic bwd_stages={st}"] = step_fns(ph, causal, bs)
-    base = {}
     shape = f"{h}:{kvh}:{d}"
-    for name, (f, fb) in fns.items():
-        for mode, g, args in (("fwd", f, (q, k, v)), ("fwdbwd", fb, (q, k, v, do))):
-            if g is None or time.perf_counter() - T0 > BUDGET_S:
-                continue
-            try:
-                t = time_fn(g, args)
-            except Exception as e:  # noqa: BLE001 - report and go on
-                log(f"ERROR time {name} {mode} L={length} {shape}: {short_exc(e)}",
-                    kind="time_error", name=name, mode=mode, seq=length, shape=shape,
-                    error=short_exc(e))
-                continue
-            tf = flops(h, length, d, causal, mode) / t / 1e12
-            if name == "cudnn":
-                base[mode] = tf
-            ratio = tf / base[mode] if mode in base else float("nan")
-            log(f"time L={length} {shape} causal={causal} {mode:6s} {name}: {t * 1e3:8.2f} ms "
-                f"{tf:6.1f} TFLOP/s  x{ratio:.2f} of cuDNN", kind="time", name=name, mode=mode,
-                seq=length, heads=h, kv_heads=kvh, head_dim=d, causal=causal, ms=t * 1e3,
-                tflops=tf, vs_cudnn=ratio)
+    todo = [(name, mode, g, args) for name, (f, fb) in fns.items()
+            for mode, g, args in (("fwd", f, (q, k, v)), ("fwdbwd", fb, (q, k, v, do))) if g is not None]
+    rounds = []  # one {(name, mode): seconds} per pass; passes interleave the functions
+    for r in range(ROUNDS["n"]):
+        rounds.append(time_round(todo, f"L={length} {shape}", compiled=r > 0))
+    meta = dict(seq=length, heads=h, kv_heads=kvh, head_dim=d, causal=causal)
+    for name, mode, _, _ in todo:
+        ts = [t[(name, mode)] for t in rounds if (name, mode) in t]
+        if not ts:
+            continue
+        ms = statistics.median(ts)  # ratio: the median of each pass's ratio to cuDNN in that pass
+        ratios = [t[("cudnn", mode)] / t[(name, mode)] for t in rounds
+                  if (name, mode) in t and ("cudnn", mode) in t]
+        ratio = statistics.median(ratios) if ratios else float("nan")
+        tf = flops(h, length, d, causal, mode) / ms / 1e12
+        log(f"time L={length} {shape} causal={causal} {mode:6s} {name}: {ms * 1e3:8.2f} ms "
+            f"{tf:6.1f} TFLOP/s  x{ratio:.2f} of cuDNN" + (f" ({len(ts)} rounds)" if ROUNDS["n"] > 1 else ""),
+            kind="time", name=name, mode=mode, ms=ms * 1e3, tflops=tf, vs_cudnn=ratio, rounds=len(ts),
+            **meta)
+
+
+def time_round(todo: list, label: str, compiled: bool) -> dict:
+    """One pass of ``time_fn`` over ``todo`` [(name, mode, fn, args)]: {(name, mode): seconds}. A
+    function that fails is reported and dropped from ``todo``; no new timing past the budget."""
+    out = {}
+    for item in list(todo):
+        name, mode, g, args = item
+        if time.perf_counter() - T0 > BUDGET_S:
+            break
+        try:
+            out[(name, mode)] = time_fn(g, args, compiled=compiled)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            log(f"ERROR time {name} {mode} {label}: {short_exc(e)}", kind="time_error", name=name,
+                mode=mode, label=label, error=short_exc(e))
+            todo.remove(item)
+    if ROUNDS["n"] > 1:  # each pass on record too, in case the watchdog ends the run
+        log(f"round {label}: " + ", ".join(f"{n} {m} {t * 1e3:.2f} ms" for (n, m), t in out.items()),
+            kind="time_round", label=label, ms={f"{n} {m}": t * 1e3 for (n, m), t in out.items()})
+    return out
 
 
 def guarded(label, fn, *args):
@@ -465,6 +488,9 @@ def main():
                     help="bench: comma-separated heads:kv_heads:head_dim[@seq+seq...] (default "
                          "32:32:<--dim> at --seqs)")
     ap.add_argument("--reps", type=int, default=5, help="bench: timed calls per measurement")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="bench: passes over cuDNN and the variants, interleaved; ms is the median "
+                         "over passes, the ratio the median of each pass's ratio")
     ap.add_argument("--ring-dims", default="128", help="ring: comma-separated head dims")
     ap.add_argument("--cases", default="",
                     help="comma-separated substrings: run only the step cases whose name has one")
@@ -484,6 +510,7 @@ def main():
     OUT["prefix"] = args.out
     args.shapes = args.shapes or f"32:32:{args.dim}"
     REPS["n"] = args.reps
+    ROUNDS["n"] = args.rounds
     INTERPRET["on"] = args.interpret
     threading.Thread(target=watchdog, args=(args.hard_limit,), daemon=True).start()
     if args.interpret and jax.device_count() < 2:

@@ -154,6 +154,36 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
     assert times[0]["vs_cudnn"] == 1.0 and times[2]["vs_cudnn"] > 0
 
 
+def test_hopper_check_rounds_interleave_and_pair_the_ratios(bench, monkeypatch):
+    """``--rounds 3``: three passes over cuDNN and the variant (compiled once), each pass on record;
+    the time is the median over passes and the ratio the median of each pass's own ratio. Fake
+    clocks: the variant takes 2, 3, 5 s while cuDNN takes 1, 3, 4 s (per-pass ratios 0.5, 1.0,
+    0.8; the ratio of the medians would be 1.0)."""
+    hc = bench("hopper_check")
+    seconds = {"cudnn": iter([1.0, 3.0, 4.0]), "v": iter([2.0, 3.0, 5.0])}
+    calls = []
+
+    def fake_time_fn(fn, args, compiled=False):
+        calls.append((fn, compiled))
+        return next(seconds[fn])
+
+    monkeypatch.setattr(hc, "cudnn_fns", lambda causal: (None, "cudnn"))
+    monkeypatch.setattr(hc, "timed_variants", lambda d, causal: {"v": (None, "v")})
+    monkeypatch.setattr(hc, "BACKWARDS", ["default"])  # no Triton step next to them
+    monkeypatch.setattr(hc, "time_fn", fake_time_fn)
+    monkeypatch.setattr(hc, "ROUNDS", {"n": 3})
+    monkeypatch.setattr(hc, "RECORDS", [])
+    monkeypatch.setattr(hc, "write_out", lambda: None)
+    hc.bench(16, True, 2, 1, 64)
+    assert calls == [("cudnn", False), ("v", False), ("cudnn", True), ("v", True), ("cudnn", True),
+                     ("v", True)]
+    assert [r["kind"] for r in hc.RECORDS] == ["time_round"] * 3 + ["time"] * 2
+    cudnn, v = hc.RECORDS[3:]
+    assert (cudnn["name"], cudnn["ms"], cudnn["vs_cudnn"], cudnn["rounds"]) == ("cudnn", 3000.0, 1.0, 3)
+    assert (v["name"], v["ms"], v["vs_cudnn"], v["rounds"]) == ("v", 3000.0, 0.8, 3)
+    assert v["tflops"] == pytest.approx(hc.flops(2, 16, 64, True, "fwdbwd") / 3.0 / 1e12)
+
+
 def test_attention_block_spec_keeps_pallas_hopper_defaults(bench):
     """``attention.py --block backward=mosaic``: string fields, over the head dim's defaults."""
     from ringattention.kernels import pallas_hopper as ph
