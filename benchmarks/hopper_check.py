@@ -392,14 +392,15 @@ def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
         ts = [t[(name, mode)] for t in rounds if (name, mode) in t]
         if not ts:
             continue
-        ms = statistics.median(ts)  # ratio: the median of each pass's ratio to cuDNN in that pass
+        sec = statistics.median(ts)
+        # the ratio: the median over passes of each pass's own ratio to cuDNN
         ratios = [t[("cudnn", mode)] / t[(name, mode)] for t in rounds
                   if (name, mode) in t and ("cudnn", mode) in t]
         ratio = statistics.median(ratios) if ratios else float("nan")
-        tf = flops(h, length, d, causal, mode) / ms / 1e12
-        log(f"time L={length} {shape} causal={causal} {mode:6s} {name}: {ms * 1e3:8.2f} ms "
+        tf = flops(h, length, d, causal, mode) / sec / 1e12
+        log(f"time L={length} {shape} causal={causal} {mode:6s} {name}: {sec * 1e3:8.2f} ms "
             f"{tf:6.1f} TFLOP/s  x{ratio:.2f} of cuDNN" + (f" ({len(ts)} rounds)" if ROUNDS["n"] > 1 else ""),
-            kind="time", name=name, mode=mode, ms=ms * 1e3, tflops=tf, vs_cudnn=ratio, rounds=len(ts),
+            kind="time", name=name, mode=mode, ms=sec * 1e3, tflops=tf, vs_cudnn=ratio, rounds=len(ts),
             **meta)
 
 
