@@ -24,7 +24,8 @@ Every case catches its own exception (printed, traceback cut short) so one failu
 the output files are rewritten after every line, and a watchdog writes them and exits if the run
 passes ``--hard-limit`` seconds (a hung kernel: the last "RUN" line names it). ``--parts`` reruns a
 subset, ``--cases`` some of the step cases; ``--backwards`` lists the variants to check and time,
-each a backward name (or "default") with BlockSizes fields, e.g. ``mosaic/bwd_stages=3``;
+each a backward name (or "default", or "deterministic": the tiles of ``deterministic=True`` at
+each head dim) with BlockSizes fields, e.g. ``mosaic/bwd_stages=3``;
 ``--causal 1,0`` and ``--dim`` choose the timed problems; ``--interpret`` is a CPU dry run of the
 checks in Mosaic GPU interpret mode (give it
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8``: with one CPU device the interpreter's
@@ -83,9 +84,13 @@ def _field_value(text: str):
 def block_sizes(spec: str, d: int, causal: bool = True) -> ph.BlockSizes:
     """A --backwards entry, "name[/field=value...]" (e.g. "mosaic/bwd_block_k=128",
     "default/pingpong=false"), as BlockSizes: the defaults for head dim ``d`` and ``causal`` with
-    that backward ("default": the default's) and those fields."""
+    that backward ("default": the default's; "deterministic": what ``ring_attention(...,
+    deterministic=True)`` runs there, ``pallas_hopper.deterministic_block_sizes``) and those
+    fields."""
     name, *fields = spec.split("/")
     over = {k: _field_value(v) for k, v in (f.split("=") for f in fields)}
+    if name == "deterministic":
+        return dataclasses.replace(ph.deterministic_block_sizes(None, d, causal), **over)
     if name != "default":
         over["backward"] = name
     if over.get("backward", "fused") != "fused":  # dq_tile is the fused backward's field
@@ -356,7 +361,7 @@ def timed_variants(d: int, causal: bool) -> dict:
     for backward, bs in distinct_backwards(d, "bench ", causal):
         f, fb = step_fns(ph, causal, bs)
         fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64,
-                                      dq_tile="warpgroup")
+                                      dq_tile="warpgroup", split_group=False)
         fns[f"pallas_hopper backward={backward}"] = (None if fwd_key in timed_fwd else f, fb)
         timed_fwd.add(fwd_key)  # a forward is timed once per distinct forward configuration
     return fns
@@ -481,7 +486,8 @@ def main():
                     help="comma-separated subset of steps,ring,bench,sweep (run in this order)")
     ap.add_argument("--backwards", default=",".join(ph.BACKWARDS),
                     help="comma-separated backwards to check and time, each name[/field=value...] "
-                         "(e.g. mosaic/bwd_block_k=128)")
+                         "(e.g. mosaic/bwd_block_k=128; names: default, deterministic, "
+                         + ", ".join(ph.BACKWARDS) + ")")
     ap.add_argument("--causal", default="1", help="bench: comma-separated 1/0")
     ap.add_argument("--dim", type=int, default=128,
                     help="head dim of the timed problems (bench), when --shapes is not given")

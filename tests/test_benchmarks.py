@@ -94,6 +94,12 @@ def test_hopper_check_variants_become_block_sizes(bench):
     assert full == ph.default_block_sizes(128, causal=False) and full.fwd_overlap
     assert hc.block_sizes("default/fwd_overlap=false/pingpong=true", 128, causal=False) == \
         hc.block_sizes("default", 128)
+    for d, causal in ((64, True), (64, False), (128, True), (128, False), (256, True)):
+        assert hc.block_sizes("deterministic", d, causal) == \
+            ph.deterministic_block_sizes(None, d, causal)  # what deterministic=True runs
+    got = hc.block_sizes("deterministic/bwd_stages=3", 128, causal=False)
+    assert (got.backward, got.bwd_stages, got.fwd_overlap) == ("mosaic", 3, True)
+    assert hc.block_sizes("deterministic", 64).bwd_block_k == 128  # its own dq tiles at 64
     with pytest.raises(ValueError, match="backward"):
         hc.block_sizes("cuda", 128)
     with pytest.raises(ValueError, match="registers"):
@@ -122,6 +128,9 @@ def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
                                                           "fused/dq_tile=cta/bwd_stages=3"]
     assert len(hc.distinct_backwards(256)) == 2  # default (mosaic), fused; both cta entries noted
     assert any("applies to the fused backward at head dims <= 128 only" in line for line in hc.LINES)
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "default/split_group=true"])
+    fns = hc.timed_variants(128, False)  # split_group is the backward's: one forward timed
+    assert [fwd is None for fwd, _ in fns.values()] == [False, True]
     assert hc.parse_shapes("32:8:128@65536,16:16:256", [1, 2]) == [(32, 8, 128, [65536]),
                                                                     (16, 16, 256, [1, 2])]
 
@@ -182,6 +191,34 @@ def test_hopper_check_rounds_interleave_and_pair_the_ratios(bench, monkeypatch):
     assert (cudnn["name"], cudnn["ms"], cudnn["vs_cudnn"], cudnn["rounds"]) == ("cudnn", 3000.0, 1.0, 3)
     assert (v["name"], v["ms"], v["vs_cudnn"], v["rounds"]) == ("v", 3000.0, 0.8, 3)
     assert v["tflops"] == pytest.approx(hc.flops(2, 16, 64, True, "fwdbwd") / 3.0 / 1e12)
+
+
+def test_hopper_table_rows_per_problem_later_files_win(bench, tmp_path):
+    """``hopper_table.py``: a row per (shape, tokens, mask) of hopper_check outputs, a column per
+    (variant, mode); a later file's record of the same cell replaces the earlier one, cuDNN's own
+    records are left out, a cell never timed is "-", and no records at all is a ValueError."""
+    def record(name, mode, ratio, seq=65536, causal=True, kvh=8, rounds=3):
+        return dict(kind="time", name=name, mode=mode, vs_cudnn=ratio, rounds=rounds, seq=seq,
+                    heads=32, kv_heads=kvh, head_dim=128, causal=causal)
+
+    first = [record("cudnn", "fwdbwd", 1.0), record("pallas_hopper backward=default", "fwd", 1.01),
+             record("pallas_hopper backward=default", "fwdbwd", 0.90),
+             record("pallas_hopper backward=default", "fwdbwd", 0.97, causal=False, rounds=1)]
+    second = [record("pallas_hopper backward=default", "fwdbwd", 0.96),
+              record("pallas_hopper backward=deterministic", "fwdbwd", 0.93)]
+    paths = []
+    for i, records in enumerate((first, second)):
+        paths.append(str(tmp_path / f"r{i}.json"))
+        json.dump(dict(lines=[], records=records + [dict(kind="note")]), open(paths[-1], "w"))
+    text = bench("hopper_table").main(paths)
+    header, _, causal, full = text.splitlines()
+    assert header == ("| shape | tokens | mask | default fwd | default fwdbwd | deterministic fwdbwd "
+                      "| rounds |")
+    assert causal == "| 32:8:128 | 64K | causal | 1.01x | 0.96x | 0.93x | 3 |"
+    assert full == "| 32:8:128 | 64K | full | - | 0.97x | - | 1 |"
+    json.dump(dict(lines=[], records=first[:1]), open(paths[0], "w"))
+    with pytest.raises(ValueError, match="no 'time' records"):
+        bench("hopper_table").main(paths[:1])
 
 
 def test_attention_block_spec_keeps_pallas_hopper_defaults(bench):

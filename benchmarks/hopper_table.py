@@ -1,0 +1,75 @@
+"""The issue-16 target table from ``hopper_check.py`` outputs: one row per timed problem.
+
+``hopper_check.py --parts bench`` writes one ``time`` record per function and mode with its ratio
+to cuDNN in the same run (with ``--rounds N``, the median of each pass's own ratio). This prints
+them as a markdown table, a row per (heads:kv_heads:head_dim, tokens, mask) and a column per
+(variant, mode), so that the grid of a lease reads against the targets (forward and
+forward+backward >= 1.0x of cuDNN; the deterministic backward >= 0.95x). A later file's record of
+the same problem and column replaces an earlier one's (a re-run cell); a problem some variant of
+which was not timed shows "-" there.
+
+  python3 benchmarks/hopper_table.py benchmarks/results/hopper_runs_1202b/grid128.json \\
+      benchmarks/results/hopper_runs_1202b/grid64.json > table.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+PREFIX = "pallas_hopper backward="
+
+
+def load(paths: list[str]) -> dict:
+    """{(shape, seq, causal): {column: record}} of the ``time`` records of ``paths`` (later files
+    win), cuDNN's own records left out (their ratio is 1 by definition)."""
+    cells: dict = {}
+    for path in paths:
+        with open(path) as fh:
+            records = json.load(fh)["records"]
+        for r in records:
+            if r.get("kind") != "time" or r["name"] == "cudnn":
+                continue
+            shape = f"{r['heads']}:{r['kv_heads']}:{r['head_dim']}"
+            name = r["name"].removeprefix(PREFIX)
+            cells.setdefault((shape, r["seq"], r["causal"]), {})[f"{name} {r['mode']}"] = r
+    return cells
+
+
+def _sort_key(problem):
+    shape, seq, causal = problem
+    h, kvh, d = (int(x) for x in shape.split(":"))
+    return (d, kvh, h, not causal, seq)
+
+
+def table(cells: dict) -> str:
+    """Markdown: a row per problem, a column per (variant, mode) in first-seen order; ratios to
+    cuDNN (x), with the number of rounds behind each row's first ratio."""
+    if not cells:
+        raise ValueError("no 'time' records in the given files (run hopper_check.py --parts bench)")
+    columns: list[str] = []
+    for row in cells.values():
+        columns += [c for c in row if c not in columns]
+    lines = ["| shape | tokens | mask | " + " | ".join(columns) + " | rounds |",
+             "|---|---:|---|" + "---:|" * len(columns) + "---:|"]
+    for problem in sorted(cells, key=_sort_key):
+        shape, seq, causal = problem
+        row = cells[problem]
+        ratios = [f"{row[c]['vs_cudnn']:.2f}x" if c in row else "-" for c in columns]
+        rounds = min(r.get("rounds", 1) for r in row.values())
+        lines.append(f"| {shape} | {seq // 1024}K | {'causal' if causal else 'full'} | "
+                     + " | ".join(ratios) + f" | {rounds} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("paths", nargs="+", help="hopper_check.py .json outputs")
+    text = table(load(ap.parse_args(argv).paths))
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

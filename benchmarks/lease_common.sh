@@ -1,0 +1,29 @@
+# Sourced by the one-GPU lease scripts (benchmarks/results/hopper_runs_*/lease_*.sh), run from the
+# repository root on the device machine: `bash benchmarks/results/hopper_runs_1202b/lease_t.sh`.
+#   R    results folder (default /tmp/res; it outlives one command on the same machine, so a later
+#        command of the same lease can add to it);
+#   OUT  set by the device tool: `pack` writes $R as one file, $OUT/res.tgz (the tool brings back
+#        at most 8 files).
+# `step CMD...` logs CMD with the time, its output and its exit code to stdout and $R/lease.log.
+# (The lease scripts of hopper_runs_1201e ... hopper_runs_1202 sourced an uncommitted common.sh
+# with the same step, R and memory fraction.)
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
+R=${R:-/tmp/res}
+mkdir -p "$R"
+
+step() {
+  echo "=== $(date +%T) $*" | tee -a "$R/lease.log"
+  "$@" 2>&1 | tee -a "$R/lease.log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $(date +%T) rc=$rc $1 $2" | tee -a "$R/lease.log"
+}
+
+pack() {
+  tar czf "${OUT:?pack needs OUT}/res.tgz" -C "$R" . && ls -la "$OUT/res.tgz"
+}
+
+# The "time L=..." lines of hopper_check outputs (names shortened), for the reply's tail.
+times() {
+  grep -h "^time L" "$@" | sed 's/pallas_hopper backward=//' | cut -c1-150
+}
