@@ -366,6 +366,36 @@ def test_unmasked_gqa_backward(dim, backward):
     _check_backward(inputs, False, bs)
 
 
+SPLIT_GROUP_RTOL = 1e-5  # dk, dv summed over the group in another order: float32 rounding only
+
+
+@needs_interpret
+@pytest.mark.parametrize("dim,causal,dq_tile", [
+    (64, False, "cta"), pytest.param(128, True, "warpgroup", marks=pytest.mark.slow)])
+def test_split_group_backward(dim, causal, dq_tile):
+    """``BlockSizes(split_group=True)``: one key CTA per query head (k, v repeated over the group,
+    dk, dv summed over it afterwards) against the reference, and against the group loop of the same
+    kernel: the same products, only dk/dv's sum over the group in another order. No mask (the
+    alternating dq kernel at 64) and causal with ids (the per-warpgroup kernel at 128); two query
+    heads on one kv head, two key CTAs, a ragged query shard."""
+    rng = np.random.default_rng(17 + dim)
+    q, k, v, do, q_pos, k_pos, q_seg, k_seg = _inputs(
+        rng, sq=72, sk=136, heads=2, kv_heads=1, dim=dim, dtype="bfloat16", where="overlap",
+        segments=causal, batch=1)
+    kw = dict(causal=causal, softmax_scale=dim**-0.5)
+    ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
+    delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
+    args = (q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg)
+    want = pg.reference_backward_step(*args, **kw)
+    bs = dataclasses.replace(ph.default_block_sizes(dim, causal), dq_tile=dq_tile)
+    split, loop = (ph.backward_step(*args, block_sizes=dataclasses.replace(bs, split_group=s),
+                                    interpret=True, **kw) for s in (True, False))
+    for name, a, b, w in zip(("dq", "dk", "dv"), split, loop, want, strict=True):
+        assert a.dtype == jnp.float32 and a.shape == b.shape == w.shape, name
+        assert rel_err(a, w) <= RTOL["bfloat16"], name
+        assert rel_err(a, b) <= SPLIT_GROUP_RTOL, name
+
+
 BWD_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, dim)
     ("float16", True, "overlap", False, 4, 2, 200, 328, 128),  # GQA group loop, ragged shards
     ("bfloat16", False, "overlap", True, 2, 2, 136, 72, 40),
@@ -472,6 +502,7 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("fused", 64, True, True, 2, dict(dq_tile="cta", block_k=256, bwd_stages=3,
                                       registers=240)),  # the default at 64 with a causal mask
     ("fused", 64, False, False, 2, dict(dq_tile="cta", block_k=256, bwd_stages=3), 100),
+    ("fused", 128, False, False, 2, dict(dq_tile="cta", split_group=True)),  # a CTA per query head
 ]
 
 

@@ -226,9 +226,16 @@ def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k
     """What the fused backward and ``hopper_cta_dq_bwd`` share around their kernels: pads, calls
     ``check(D, padded D)`` (raises for shapes the kernel cannot take), builds the config, the
     key-CTA bounds and the extra inputs, runs ``run`` (-> unscaled dq f32 [B, H, Sq, D], dk, dv f32
-    [B, K, Sk, D]) and cuts the padding: float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D]."""
+    [B, K, Sk, D]) and cuts the padding: float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D].
+
+    ``bs.split_group`` with GQA (H > K): the kernel runs as if every query head had its own kv
+    head (k, v repeated over the group: one key CTA per query head and key block, no group loop),
+    and dk, dv of the query heads are summed over each group here, in a fixed order."""
     B, Sq, H, D = q.shape
     Sk, K = k.shape[1], k.shape[2]
+    split = bs.split_group and H != K
+    if split:  # query head h reads kv head h // (H // K), as the group loop does
+        k, v = (jnp.repeat(x, H // K, axis=2) for x in (k, v))  # [B, Sk, H, D]
     q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg = hb._pad(q, k, v, do, lse, delta, q_pos,
                                                                    k_pos, q_seg, k_seg)
     check(D, q.shape[3])
@@ -236,13 +243,16 @@ def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k
     positions = causal or window is not None
     extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
     cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
-                        causal=causal, segments=segments, groups=H // K, n_cta=k.shape[1] // CTA,
+                        causal=causal, segments=segments, groups=H // k.shape[2],
+                        n_cta=k.shape[1] // CTA,
                         qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret,
                         window=window)
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window)
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
     extra += tuple(bounds[3:])  # a window's edge bound is the last input
     dq, dk, dv = run(*bounds[:3], q, k, v, do, lse2, delta, *extra, cfg=cfg)
+    if split:  # [B, H, Sk, D] per query head -> [B, K, Sk, D]
+        dk, dv = (x.reshape(B, K, H // K, *x.shape[2:]).sum(axis=2) for x in (dk, dv))
     dq = dq * softmax_scale
     cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :D]  # noqa: E731
     return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)
