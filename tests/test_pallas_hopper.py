@@ -592,7 +592,11 @@ def test_block_sizes_are_validated():
         ph.BlockSizes(pingpong="false")  # a truthy string would silently keep the ping-pong
     with pytest.raises(TypeError, match="fwd_overlap"):
         ph.BlockSizes(fwd_overlap=1)
+    with pytest.raises(TypeError, match="split_group"):
+        ph.BlockSizes(split_group="true")
     assert ph.default_block_sizes(64) != ph.default_block_sizes(128)
+    assert not any(ph.default_block_sizes(d, c).split_group for d in (64, 128, 256)
+                   for c in (True, False))  # not a default until timed on a GPU
 
 
 def test_default_backward_by_head_dim(backward_used):
