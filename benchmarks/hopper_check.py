@@ -75,10 +75,11 @@ BACKWARDS = list(ph.BACKWARDS)  # --backwards: the variants to check and time
 
 
 def _field_value(text: str):
-    """A --backwards field's value: an int, a bool ("true" / "false"), else the string."""
+    """A --backwards field's value: an int, a bool ("true" / "false"), None ("none"), else the
+    string."""
     if text.lstrip("-").isdigit():
         return int(text)
-    return {"true": True, "false": False}.get(text, text)
+    return {"true": True, "false": False, "none": None}.get(text, text)
 
 
 def block_sizes(spec: str, d: int, causal: bool = True) -> ph.BlockSizes:

@@ -372,12 +372,13 @@ SPLIT_GROUP_RTOL = 1e-5  # dk, dv summed over the group in another order: float3
 @needs_interpret
 @pytest.mark.parametrize("dim,causal,dq_tile", [
     (64, False, "cta"), pytest.param(128, True, "warpgroup", marks=pytest.mark.slow)])
-def test_split_group_backward(dim, causal, dq_tile):
-    """``BlockSizes(split_group=True)``: one key CTA per query head (k, v repeated over the group,
+def test_split_group_backward(dim, causal, dq_tile, monkeypatch):
+    """``BlockSizes(split_group=...)``: one key CTA per query head (k, v repeated over the group,
     dk, dv summed over it afterwards) against the reference, and against the group loop of the same
     kernel: the same products, only dk/dv's sum over the group in another order. No mask (the
     alternating dq kernel at 64) and causal with ids (the per-warpgroup kernel at 128); two query
-    heads on one kv head, two key CTAs, a ragged query shard."""
+    heads on one kv head, two key CTAs, a ragged query shard. At 64 the split run is the default's
+    rule (None) with its dq threshold lowered to these shapes: the rule is what the backward asks."""
     rng = np.random.default_rng(17 + dim)
     q, k, v, do, q_pos, k_pos, q_seg, k_seg = _inputs(
         rng, sq=72, sk=136, heads=2, kv_heads=1, dim=dim, dtype="bfloat16", where="overlap",
@@ -388,12 +389,38 @@ def test_split_group_backward(dim, causal, dq_tile):
     args = (q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg)
     want = pg.reference_backward_step(*args, **kw)
     bs = dataclasses.replace(ph.default_block_sizes(dim, causal), dq_tile=dq_tile)
+    asked = []
+    rule = hfb.use_split_group
+    monkeypatch.setattr(hfb, "SPLIT_MIN_GROUP_DQ_BYTES", 0)
+    monkeypatch.setattr(hfb, "use_split_group", lambda *a: asked.append(rule(*a)) or asked[-1])
+    auto = None if not (causal and dim > 64) else True  # the rule keeps the loop causal at 128
     split, loop = (ph.backward_step(*args, block_sizes=dataclasses.replace(bs, split_group=s),
-                                    interpret=True, **kw) for s in (True, False))
+                                    interpret=True, **kw) for s in (auto, False))
+    assert asked == [True, False]
     for name, a, b, w in zip(("dq", "dk", "dv"), split, loop, want, strict=True):
         assert a.dtype == jnp.float32 and a.shape == b.shape == w.shape, name
         assert rel_err(a, w) <= RTOL["bfloat16"], name
         assert rel_err(a, b) <= SPLIT_GROUP_RTOL, name
+
+
+@pytest.mark.parametrize("shape,seq,causal,want", [
+    # (heads, kv_heads, head_dim), tokens, causal: what hopper_runs_1202c measured faster
+    ((32, 8, 64), 32768, False, True), ((32, 8, 64), 131072, False, True),
+    ((32, 8, 64), 16384, False, False),  # the group's dq (16 MiB) fits the L2: 1.00 vs 0.98x
+    ((32, 8, 64), 65536, True, True), ((32, 8, 128), 65536, False, True),
+    ((32, 8, 128), 65536, True, False),  # causal at head dim 128 lost (0.97 vs 0.96x)
+    ((32, 32, 64), 131072, False, False),  # no group to split
+    ((32, 8, 64), 1 << 20, True, False),  # 18 GiB more memory: over SPLIT_MAX_EXTRA_BYTES
+])
+def test_use_split_group_rule(shape, seq, causal, want):
+    """``BlockSizes(split_group=None)`` decides from the shapes; a bool overrides it (with GQA)."""
+    h, kvh, d = shape
+    args = ((1, seq, h, d), (1, seq, kvh, d), d, causal, 2)
+    assert hfb.use_split_group(None, *args) is want
+    assert hfb.use_split_group(True, *args) is (h != kvh)
+    assert hfb.use_split_group(False, *args) is False
+    if h != kvh and seq == 1 << 20:
+        assert hfb.split_group_extra_bytes(1, seq, h, kvh, d, 2) == 18 * 2**30
 
 
 BWD_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, dim)
@@ -595,8 +622,8 @@ def test_block_sizes_are_validated():
     with pytest.raises(TypeError, match="split_group"):
         ph.BlockSizes(split_group="true")
     assert ph.default_block_sizes(64) != ph.default_block_sizes(128)
-    assert not any(ph.default_block_sizes(d, c).split_group for d in (64, 128, 256)
-                   for c in (True, False))  # not a default until timed on a GPU
+    assert all(ph.default_block_sizes(d, c).split_group is None for d in (64, 128, 256)
+               for c in (True, False))  # decided per call from the shapes
 
 
 def test_default_backward_by_head_dim(backward_used):

@@ -17,6 +17,12 @@ warpgroup), passed to the kernel as a JAX ``Ref`` (read and written in place, i.
 out) and summed and scaled by the wrapper. Per-warpgroup slices keep the two warpgroups of a CTA off
 each other's rows. ``ds^T`` goes through shared memory so that wgmma can read it transposed.
 
+With grouped heads the grid's first axis is the kv head and each key CTA loops over the group's
+query heads, unless ``use_split_group`` (the default's measured rule, or ``BlockSizes.split_group``
+forced) runs one key CTA per query head: k, v repeated over the group, dk, dv per query head summed
+afterwards. The CTAs running side by side then reduce-add into one query head's dq, not the
+group's, which at long lengths outgrows the L2 (results: ``pallas_hopper_h200.md``, 2026-12-02).
+
 Interpret mode (CPU): Mosaic GPU's interpreter implements neither TMA reductions nor atomics, so
 ``FusedOps.reduce_add`` becomes a read-modify-write of the warpgroup's own dq slice. That is exact
 there because the interpreter runs grid points one after another and each slice has one writer per
@@ -221,6 +227,38 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     return dq_acc[...].sum(axis=0), dk, dv
 
 
+# ``BlockSizes(split_group=None)`` (the default): when the fused backward runs one key CTA per query
+# head (``split_group``) instead of per kv head, from the GQA A/B on an H200 (32:8:64 and 32:8:128,
+# 16K-128K, 3 interleaved rounds, hopper_runs_1202c). Split where the kv group's float32 dq of a
+# batch row (G * Sq * D * 4 bytes) is at least half the 60 MB L2 (head dim 64 without a mask: 32K
+# 0.97 -> 1.00x cuDNN, 128K 0.96 -> 1.02x; 16K 1.00 -> 0.98x below it; causal 32K-128K +0.02-0.03x),
+# except with a causal mask at head dim 128 (16K-64K 1.00/0.97/0.97 -> 0.95/0.94/0.96x; 128K
+# 0.99 -> 1.00x), and only while the k/v repeat and per-query-head float32 dk/dv cost at most
+# SPLIT_MAX_EXTRA_BYTES (at 1M tokens, 32:8:64, they would take 18 GiB).
+SPLIT_MIN_GROUP_DQ_BYTES = 32 * 2**20
+SPLIT_MAX_EXTRA_BYTES = 8 * 2**30
+
+
+def split_group_extra_bytes(B: int, Sk: int, H: int, K: int, d: int, itemsize: int) -> int:
+    """The memory ``split_group`` adds with GQA: k and v repeated over the group (16-bit) and dk, dv
+    per query head instead of per kv head (float32), for padded head dim ``d``."""
+    return B * Sk * (H - K) * d * 2 * (itemsize + 4)
+
+
+def use_split_group(split_group: bool | None, q_shape: tuple, k_shape: tuple, d: int,
+                    causal: bool, itemsize: int) -> bool:
+    """Whether the fused backward runs one key CTA per query head: ``split_group`` if it is a bool
+    (and the heads are grouped), else the measured rule above. ``d``: the padded head dim."""
+    B, Sq, H, _ = q_shape
+    Sk, K = k_shape[1], k_shape[2]
+    if H == K or split_group is False:
+        return False
+    if split_group:
+        return True
+    return ((H // K) * Sq * d * 4 >= SPLIT_MIN_GROUP_DQ_BYTES and not (causal and d > 64)
+            and split_group_extra_bytes(B, Sk, H, K, d, itemsize) <= SPLIT_MAX_EXTRA_BYTES)
+
+
 def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs,
                      causal: bool, softmax_scale: float, interpret: bool, window: int | None):
     """What the fused backward and ``hopper_cta_dq_bwd`` share around their kernels: pads, calls
@@ -228,12 +266,13 @@ def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k
     key-CTA bounds and the extra inputs, runs ``run`` (-> unscaled dq f32 [B, H, Sq, D], dk, dv f32
     [B, K, Sk, D]) and cuts the padding: float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D].
 
-    ``bs.split_group`` with GQA (H > K): the kernel runs as if every query head had its own kv
+    With GQA (H > K) and ``use_split_group``: the kernel runs as if every query head had its own kv
     head (k, v repeated over the group: one key CTA per query head and key block, no group loop),
     and dk, dv of the query heads are summed over each group here, in a fixed order."""
     B, Sq, H, D = q.shape
     Sk, K = k.shape[1], k.shape[2]
-    split = bs.split_group and H != K
+    d_pad = -(-D // 64) * 64
+    split = use_split_group(bs.split_group, q.shape, k.shape, d_pad, causal, q.dtype.itemsize)
     if split:  # query head h reads kv head h // (H // K), as the group loop does
         k, v = (jnp.repeat(x, H // K, axis=2) for x in (k, v))  # [B, Sk, H, D]
     q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg = hb._pad(q, k, v, do, lse, delta, q_pos,

@@ -92,12 +92,14 @@ class BlockSizes:
     (FlashAttention-3's intra-warpgroup pipelining, ``hopper_fwd_loops.overlap_loops``; with
     ``pingpong`` too it ran at 0.87-0.97x of cuDNN, so the head-dim-128 default without a causal
     mask turns ping-pong off). ``split_group`` (the fused backward at head dims <= 128 with GQA;
-    the other backwards ignore it): one key CTA per *query* head instead of per kv head (k and v
-    repeated over the group, dk/dv per query head summed over the group afterwards), so that the
-    CTAs running side by side reduce-add into one query head's dq instead of the whole group's (on
-    an H200 the group's float32 dq outgrows the L2 at 128K tokens without a mask:
-    ``hopper_runs_1202b``). Costs k, v per query head (16-bit) and dk, dv per query head (float32)
-    of memory.
+    the other backwards ignore it): True runs one key CTA per *query* head instead of per kv head
+    (k and v repeated over the group, dk/dv per query head summed over the group afterwards), so
+    that the CTAs running side by side reduce-add into one query head's dq instead of the whole
+    group's (on an H200 the group's float32 dq outgrows the L2 at long lengths:
+    ``hopper_runs_1202b``); it costs k, v per query head (16-bit) and dk, dv per query head
+    (float32) of memory (``hopper_fused_bwd.split_group_extra_bytes``). None (the default) decides
+    per call from the shapes (``hopper_fused_bwd.use_split_group``: split where the group's dq is
+    >= 32 MiB per batch row, not causal at head dim 128, at most 8 GiB extra); False never splits.
     Defaults: :func:`default_block_sizes`.
     """
 
@@ -112,7 +114,7 @@ class BlockSizes:
     triton: pg.BlockSizes | None = None
     dq_tile: str = "warpgroup"
     fwd_overlap: bool = False
-    split_group: bool = False
+    split_group: bool | None = None
 
     def __post_init__(self):
         if self.block_q != ROWS:
@@ -133,9 +135,10 @@ class BlockSizes:
             raise ValueError(f"BlockSizes.dq_tile={self.dq_tile!r} must be one of {DQ_TILES}")
         if not isinstance(self.pingpong, bool):
             raise TypeError(f"BlockSizes.pingpong={self.pingpong!r} must be a bool")
-        for name in ("fwd_overlap", "split_group"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"BlockSizes.{name}={getattr(self, name)!r} must be a bool")
+        if not isinstance(self.fwd_overlap, bool):
+            raise TypeError(f"BlockSizes.fwd_overlap={self.fwd_overlap!r} must be a bool")
+        if self.split_group is not None and not isinstance(self.split_group, bool):
+            raise TypeError(f"BlockSizes.split_group={self.split_group!r} must be a bool or None")
         if self.triton is not None and not isinstance(self.triton, pg.BlockSizes):
             raise TypeError(f"BlockSizes.triton={self.triton!r} must be a pallas_gpu.BlockSizes")
 

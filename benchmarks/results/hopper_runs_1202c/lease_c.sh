@@ -1,6 +1,8 @@
-# The next one-H200 lease for issue 16 (planned 2026-12-02, second session; not run yet). From the
-# repository root on the device: `bash benchmarks/lease_next_h200.sh` (about 9 minutes), then
-# copy it with its log and results under benchmarks/results/hopper_runs_<date>/.
+# hopper_runs_1202c, first lease of 2026-12-02 (third session; planned in the second as
+# benchmarks/lease_next_h200.sh). From the repository root: `bash benchmarks/results/hopper_runs_1202c/lease_c.sh`
+# (it ran as a setsid job: its output is lease1.out, its files split_*; the time limits cut
+# split_ab after seven of its eight cells and split_16k after three of its four; the cells left,
+# and 32K, ran in the lease's second command, ab2/).
 #   1. BlockSizes(split_group=True) (one key CTA per query head in the fused backward) on the
 #      device against the float32 step reference: the GQA step cases at head dims 64 and 128
 #      (causal, no mask, ids, fp16, ragged, a 1024 x 1536 step);
