@@ -20,6 +20,10 @@ Where the warps wait, instruction by instruction: profile one kernel with ``--la
   ncu --import $OUT/prof.ncu-rep --page source --print-source sass --csv > sass.csv
   python3 benchmarks/hopper_profile.py --sass sass.csv
 
+Registers and spills per kernel, without a profiler: run the script (any ``--seq``, 1024 is enough)
+with ``MOSAIC_GPU_DUMP_PTXAS=1`` (``MOSAIC_GPU_DUMP_SASS=1`` adds the SASS where ``nvdisasm`` is
+installed; the H200 machine has none) and its output in a file, then ``--ptxas`` that file.
+
 ``--clock-control none`` leaves the clocks alone (METHOD.md); ncu replays each kernel once per pass
 and restores its memory in between, so the backward's in-place dq accumulator is profiled as one
 launch. Without the kernel filter the launches are spent on XLA's autotuning kernels; with jax's
@@ -37,6 +41,7 @@ import collections
 import csv
 import dataclasses
 import gzip
+import re
 import sys
 
 import jax
@@ -194,6 +199,36 @@ def sass_summary(path: str, top: int = 30) -> str:
     return "\n".join(out)
 
 
+PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+def ptxas_summary(path: str) -> list[dict]:
+    """Per compiled kernel, in compile order, from the output of a run with
+    ``MOSAIC_GPU_DUMP_PTXAS=1`` (and optionally ``MOSAIC_GPU_DUMP_SASS=1``; plain or .gz): its
+    name, ptxas's registers, stack frame and spill bytes, and, where the SASS follows, how many
+    local-memory loads and stores (``LDL``/``STL``: the spill code) it contains."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", errors="replace") as f:
+        text = f.read()
+    starts = [m for m in PTXAS_ENTRY.finditer(text)]
+    if not starts:
+        raise ValueError(f"--ptxas {path!r}: no \"Compiling entry function\" line (run with "
+                         "MOSAIC_GPU_DUMP_PTXAS=1)")
+    kernels = []
+    for n, m in enumerate(starts):
+        part = text[m.end():starts[n + 1].start() if n + 1 < len(starts) else len(text)]
+        frame, regs = PTXAS_FRAME.search(part), PTXAS_REGS.search(part)
+        stack, stores, loads = (int(x) for x in frame.groups()) if frame else (None,) * 3
+        kernels.append({"kernel": m.group(1), "registers": int(regs.group(1)) if regs else None,
+                        "stack_bytes": stack, "spill_store_bytes": stores,
+                        "spill_load_bytes": loads,
+                        "sass_LDL": len(re.findall(r"\bLDL(?:\.[A-Z0-9]+)*\s", part)),
+                        "sass_STL": len(re.findall(r"\bSTL(?:\.[A-Z0-9]+)*\s", part))})
+    return kernels
+
+
 def main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--shape", default="32:8:128", help="heads:kv_heads:head_dim")
@@ -201,10 +236,17 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--causal", type=int, choices=(0, 1), default=0)
     ap.add_argument("--backward", default="default")
     ap.add_argument("--interpret", action="store_true", help="CPU dry run, no cuDNN")
+    ap.add_argument("--ptxas", metavar="LOG", help="print registers and spills per kernel from "
+                    "the output of a run with MOSAIC_GPU_DUMP_PTXAS=1 (and _SASS=1)")
     ap.add_argument("--summarize", metavar="CSV", help="print the summary of an ncu details CSV")
     ap.add_argument("--sass", metavar="CSV", help="print where the warps of an ncu source-page "
                     "CSV (SASS) wait")
     args = ap.parse_args(argv)
+    if args.ptxas:
+        kernels = ptxas_summary(args.ptxas)
+        for row in kernels:
+            print(" ".join(f"{k}={v}" for k, v in row.items()))
+        return {"ptxas": kernels}
     if args.sass:
         text = sass_summary(args.sass)
         print(text)

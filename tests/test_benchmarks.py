@@ -425,3 +425,39 @@ def test_hopper_profile_sass_shares_stall_samples_by_opcode_reason_and_line(benc
     plain.write_text(",".join(head) + "\n" + ",".join(rows[0][:-1]) + "\n")
     with pytest.raises(ValueError, match="1 rows .* do not have the header's 8 columns"):
         hp.sass_summary(str(plain))
+
+
+def test_hopper_profile_ptxas_reads_registers_and_spills_per_kernel(bench, tmp_path):
+    """``--ptxas`` of a run's output with ``MOSAIC_GPU_DUMP_PTXAS=1`` (gzipped; the lines as jaxlib
+    0.11.2 prints them on an H200, with the failed SASS dump between kernels): per kernel in compile
+    order its name, registers, stack and spill bytes, and the LDL/STL count of any SASS after it; a
+    log without ptxas lines is a ValueError."""
+    hp = bench("hopper_profile")
+    log = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'anonymous_mosaic_gpu_kernel' for 'sm_90a'
+ptxas info    : Function properties for anonymous_mosaic_gpu_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 16 barriers, 1 bytes smem
+nvdisasm invocation failed: INTERNAL: Process spawn failed: No such file or directory
+ptxas warning : Registers are spilled to local memory in function 'scoped_mosaic_gpu_kernel'
+ptxas info    : Compiling entry function 'scoped_mosaic_gpu_kernel' for 'sm_90a'
+ptxas info    : Function properties for scoped_mosaic_gpu_kernel
+    200 bytes stack frame, 296 bytes spill stores, 336 bytes spill loads
+ptxas info    : Used 168 registers, used 16 barriers, 200 bytes cumulative stack size
+        /*0100*/                   STL.64 [R1+0x8], R4 ;
+        /*0110*/                   LDL.64 R4, [R1+0x8] ;
+        /*0120*/                   LDL R6, [R1] ;
+        /*0130*/                   LDS R7, [R2] ;
+"""
+    path = tmp_path / "ptxas.log.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(log)
+    fwd, bwd = hp.main(["--ptxas", str(path)])["ptxas"]
+    assert fwd == {"kernel": "anonymous_mosaic_gpu_kernel", "registers": 168, "stack_bytes": 0,
+                   "spill_store_bytes": 0, "spill_load_bytes": 0, "sass_LDL": 0, "sass_STL": 0}
+    assert bwd == {"kernel": "scoped_mosaic_gpu_kernel", "registers": 168, "stack_bytes": 200,
+                   "spill_store_bytes": 296, "spill_load_bytes": 336, "sass_LDL": 2, "sass_STL": 1}
+    plain = tmp_path / "plain.log"
+    plain.write_text("profiled L=1024\n")
+    with pytest.raises(ValueError, match="no \"Compiling entry function\" line"):
+        hp.ptxas_summary(str(plain))
