@@ -212,7 +212,7 @@ def ptxas_summary(path: str) -> list[dict]:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", errors="replace") as f:
         text = f.read()
-    starts = [m for m in PTXAS_ENTRY.finditer(text)]
+    starts = list(PTXAS_ENTRY.finditer(text))
     if not starts:
         raise ValueError(f"--ptxas {path!r}: no \"Compiling entry function\" line (run with "
                          "MOSAIC_GPU_DUMP_PTXAS=1)")

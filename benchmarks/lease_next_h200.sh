@@ -11,9 +11,11 @@
 #      (hopper_runs_1202d/spills.md) and what the rest is;
 #   3. `OUT=/tmp/o setsid nohup bash benchmarks/lease_next_h200.sh step > /tmp/step.out 2>&1 &`,
 #      then poll for /tmp/o/res.tgz and copy it and /tmp/step.out to $OUT (about 14 minutes; not
-#      run), a poll that stops when the job is gone: `until [ -f /tmp/o/res.tgz ] || ! pgrep -f
-#      benchmarks/model.py; do sleep 10; done` (a fresh machine has neither): the 1,048,576-token training step of the 1B preset (offload_attn) with today's
-#      kernels (the README's row, 691.7 s / 41.0% MFU, ran the two-kernel backward of 2026-12-01).
+#      run), with a poll that stops when the job is gone (a fresh machine has neither; the
+#      brackets keep pgrep from matching the poll's own command line):
+#        until [ -f /tmp/o/res.tgz ] || ! pgrep -f "[b]enchmarks/model.py"; do sleep 10; done
+#      the 1,048,576-token training step of the 1B preset (offload_attn) with today's kernels
+#      (the README's row, 691.7 s / 41.0% MFU, ran the two-kernel backward of 2026-12-01).
 # Then copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
 case "${1:?profile, sass or step}" in

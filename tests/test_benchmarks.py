@@ -428,10 +428,11 @@ def test_hopper_profile_sass_shares_stall_samples_by_opcode_reason_and_line(benc
 
 
 def test_hopper_profile_ptxas_reads_registers_and_spills_per_kernel(bench, tmp_path):
-    """``--ptxas`` of a run's output with ``MOSAIC_GPU_DUMP_PTXAS=1`` (gzipped; the lines as jaxlib
-    0.11.2 prints them on an H200, with the failed SASS dump between kernels): per kernel in compile
-    order its name, registers, stack and spill bytes, and the LDL/STL count of any SASS after it; a
-    log without ptxas lines is a ValueError."""
+    """``--ptxas`` of a run's output with ``MOSAIC_GPU_DUMP_PTXAS=1`` (gzipped; the ptxas lines as
+    jaxlib 0.11.2 printed them on an H200, with its failed SASS dump after the first kernel; the
+    SASS lines after the second are made up, in nvdisasm's format, since that machine has no
+    nvdisasm): per kernel in compile order its name, registers, stack and spill bytes, and the
+    LDL/STL count of any SASS after it; a log without ptxas lines is a ValueError."""
     hp = bench("hopper_profile")
     log = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function 'anonymous_mosaic_gpu_kernel' for 'sm_90a'
