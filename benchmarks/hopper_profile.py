@@ -2,7 +2,8 @@
 
 ``hopper_check.py`` times kernels; this script gives a profiler one launch of each, so that their
 hardware counters (DRAM and L2 traffic, tensor-pipe use, warp stalls) can be read side by side:
-the ``pallas_hopper`` forward and backward step with the default block sizes (or ``--backward``),
+the ``pallas_hopper`` forward and backward step with the default block sizes (or ``--backward``, a
+``hopper_check.py --backwards`` entry such as ``default/bwd_stages=3``),
 then cuDNN's forward and its gradient, at batch 1, bf16, ``--shape`` heads:kv_heads:head_dim and
 ``--seq`` tokens. Inputs are made on the host, so the only kernels are those of the four calls
 (in that order; XLA's small fusions around them too). On an H100/H200 with ``ncu``:
@@ -14,8 +15,9 @@ then cuDNN's forward and its gradient, at batch 1, bf16, ``--shape`` heads:kv_he
   ncu --import $OUT/prof.ncu-rep --page details --csv > prof.csv
   python3 benchmarks/hopper_profile.py --summarize prof.csv
 
-Where the warps wait, instruction by instruction: profile one kernel with ``--launch-count 1
---kernel-name regex:scoped_mosaic --import-source yes`` (the backward), then
+Where the warps wait, instruction by instruction: profile one kernel with ``--section
+SourceCounters --launch-count 1 --kernel-name regex:scoped_mosaic`` (the backward; with
+``--import-source yes`` ncu segfaulted on the H200, jax 0.11.2, 2026-12-02), then
 
   ncu --import $OUT/prof.ncu-rep --page source --print-source sass --csv > sass.csv
   python3 benchmarks/hopper_profile.py --sass sass.csv
@@ -39,11 +41,11 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
-import dataclasses
 import gzip
 import re
 import sys
 
+import hopper_check  # beside this script
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,14 +103,14 @@ def cudnn_fns(causal: bool):
 
 
 def block_sizes(head_dim: int, backward: str, causal: bool = True) -> ph.BlockSizes:
-    """The default block sizes at ``head_dim`` (``causal`` or not), with ``backward`` ("default"
-    keeps its own)."""
-    bs = ph.default_block_sizes(head_dim, causal)
-    if backward == "default":
-        return bs
-    if backward not in ph.BACKWARDS:
-        raise ValueError(f"--backward {backward!r}: must be 'default' or one of {ph.BACKWARDS}")
-    return dataclasses.replace(bs, backward=backward)
+    """The block sizes of ``--backward`` at ``head_dim`` (``causal`` or not): a ``hopper_check.py
+    --backwards`` entry, "name[/field=value...]" ("default" keeps the default's backward,
+    "deterministic" is what ``deterministic=True`` runs; e.g. "default/bwd_stages=3")."""
+    name = backward.split("/")[0]
+    if name not in ("default", "deterministic", *ph.BACKWARDS):
+        raise ValueError(f"--backward {backward!r}: must start with 'default', 'deterministic' or "
+                         f"one of {ph.BACKWARDS}, then optional /field=value entries")
+    return hopper_check.block_sizes(backward, head_dim, causal)
 
 
 SUMMARY_METRICS = (  # ncu "details" page metric names, in the order printed
@@ -234,7 +236,8 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--shape", default="32:8:128", help="heads:kv_heads:head_dim")
     ap.add_argument("--seq", type=int, default=65536)
     ap.add_argument("--causal", type=int, choices=(0, 1), default=0)
-    ap.add_argument("--backward", default="default")
+    ap.add_argument("--backward", default="default",
+                    help="a hopper_check.py --backwards entry, e.g. default/bwd_stages=3")
     ap.add_argument("--interpret", action="store_true", help="CPU dry run, no cuDNN")
     ap.add_argument("--ptxas", metavar="LOG", help="print registers and spills per kernel from "
                     "the output of a run with MOSAIC_GPU_DUMP_PTXAS=1 (and _SASS=1)")

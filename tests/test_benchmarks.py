@@ -397,6 +397,20 @@ def test_hopper_profile_runs_the_steps_once_and_summarizes_ncu_csv(bench, tmp_pa
         hp.parse_shape("3:2:64")
 
 
+def test_hopper_profile_backward_takes_hopper_checks_variant_entries(bench):
+    """``--backward`` is a ``hopper_check.py --backwards`` entry: a name, then BlockSizes fields."""
+    hp = bench("hopper_profile")
+    default = hp.block_sizes(128, "default", causal=False)
+    assert default == hp.ph.default_block_sizes(128, causal=False)
+    assert hp.block_sizes(128, "default/bwd_stages=3") == dataclasses.replace(
+        hp.ph.default_block_sizes(128), bwd_stages=3)
+    mosaic = hp.block_sizes(64, "mosaic/bwd_block_k=128/registers=232")
+    assert (mosaic.backward, mosaic.bwd_block_k, mosaic.registers) == ("mosaic", 128, 232)
+    assert hp.block_sizes(64, "deterministic") == hp.ph.deterministic_block_sizes(None, 64)
+    with pytest.raises(ValueError, match="'cudnn/bwd_stages=3': must start with"):
+        hp.block_sizes(128, "cudnn/bwd_stages=3")
+
+
 def test_hopper_profile_sass_shares_stall_samples_by_opcode_reason_and_line(bench, tmp_path):
     """``--sass`` of an ncu source-page CSV (gzipped, with ncu's "Kernel Name" line before the
     header): sample shares per opcode (predicates and modifiers stripped) and per stall reason, the
