@@ -14,7 +14,9 @@ One run on an H100/H200 (no network needed), well under five minutes:
    tokens, ``--causal`` 1 and/or 0, next to cuDNN and the Triton step, with TFLOP/s and ratios
    (``--rounds N``: N interleaved passes over cuDNN and the variants, each pass's ratios paired, so
    that a clock that drifts during the run moves both sides of a ratio);
-4. a block-size sweep at 16K tokens (forward tiles, backward stages).
+4. bitwise reproducibility (``--parts repeat``): each backward run five times on one problem per
+   ``--shapes`` entry, counting distinct results;
+5. a block-size sweep at 16K tokens (forward tiles, backward stages).
 
 A ``--backwards`` entry that resolves to the same BlockSizes as an earlier one at a head dim (e.g.
 "default" and "mosaic" at 256), or that does not apply there (``dq_tile=cta`` above head dim
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import statistics
@@ -430,6 +433,34 @@ def time_round(todo: list, label: str, compiled: bool) -> dict:
     return out
 
 
+def fixed_order(bs: ph.BlockSizes) -> bool:
+    """Whether a backward claims a fixed order of its sums: all but the fused one, whose dq arrives
+    by reduce-adds in the order the key CTAs run (unless ordered: ``ordered_dq``, a field only
+    ``hopper_runs_1202f/ordered_dq.patch`` adds)."""
+    return bs.backward != "fused" or getattr(bs, "ordered_dq", False)
+
+
+def repeat(length: int, causal: bool, h: int, kvh: int, d: int, n: int = 5) -> None:
+    """Bitwise reproducibility: each backward's forward + backward ``n`` times on the same inputs,
+    counting distinct results (dq, dk, dv bytes). The backwards that claim a fixed order of their
+    sums (``fixed_order``) PASS with one and FAIL with more; the others are reported (INFO)."""
+    rng = jax.random.split(jax.random.PRNGKey(length + 1), 4)
+    q, do = (jax.random.normal(r, (1, length, h, d), jnp.bfloat16) for r in rng[:2])
+    k, v = (jax.random.normal(r, (1, length, kvh, d), jnp.bfloat16) for r in rng[2:])
+    for backward, bs in distinct_backwards(d, "repeat ", causal):
+        _, fb = step_fns(ph, causal, bs)
+        digests = set()
+        for _ in range(n):
+            got = jax.device_get(fb(q, k, v, do))
+            digests.add(hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in got)).hexdigest())
+        fixed = fixed_order(bs)
+        verdict = ("PASS" if len(digests) == 1 else "FAIL") if fixed else "INFO"
+        log(f"{verdict} repeat[{backward}] L={length} {h}:{kvh}:{d} causal={causal}: "
+            f"{len(digests)} distinct of {n} (order fixed: {fixed})", kind="repeat",
+            backward=backward, seq=length, shape=f"{h}:{kvh}:{d}", causal=causal, n=n,
+            distinct=len(digests), passed=(len(digests) == 1) if fixed else None)
+
+
 def guarded(label, fn, *args):
     if time.perf_counter() - T0 > BUDGET_S:
         log(f"SKIP {label}: time budget spent", kind="skip", name=label)
@@ -454,7 +485,7 @@ def parse_shapes(spec: str, seqs: list[int]) -> list[tuple[int, int, int, list[i
 
 
 def run_parts(args, parts: set[str]) -> None:
-    """The selected parts, in the order steps, ring, bench, sweep."""
+    """The selected parts, in the order steps, ring, bench, repeat, sweep."""
     if "steps" in parts:
         wanted = [w for w in args.cases.split(",") if w]
         for c in CASES:
@@ -475,6 +506,11 @@ def run_parts(args, parts: set[str]) -> None:
                 for causal in [c == "1" for c in args.causal.split(",")]:
                     guarded(f"bench L={length} {h}:{kvh}:{d} causal={causal}", bench, length,
                             causal, h, kvh, d)
+    if "repeat" in parts and not args.interpret:
+        for h, kvh, d, shape_seqs in parse_shapes(args.shapes, seqs):
+            for causal in [c == "1" for c in args.causal.split(",")]:
+                guarded(f"repeat L={shape_seqs[0]} {h}:{kvh}:{d} causal={causal}", repeat,
+                        shape_seqs[0], causal, h, kvh, d)
     if "sweep" in parts and not args.interpret:
         guarded("sweep", bench, seqs[0], True, 32, 32, 128, True)
 
@@ -484,7 +520,9 @@ def main():
     ap.add_argument("--out", default="hopper_check", help="path prefix for .json and .txt")
     ap.add_argument("--seqs", default="16384,65536")
     ap.add_argument("--parts", default="steps,ring,bench,sweep",
-                    help="comma-separated subset of steps,ring,bench,sweep (run in this order)")
+                    help="comma-separated subset of steps,ring,bench,repeat,sweep (run in this "
+                         "order; repeat: bitwise reproducibility of each backward at the first "
+                         "length of each --shapes entry)")
     ap.add_argument("--backwards", default=",".join(ph.BACKWARDS),
                     help="comma-separated backwards to check and time, each name[/field=value...] "
                          "(e.g. mosaic/bwd_block_k=128; names: default, deterministic, "

@@ -193,6 +193,37 @@ def test_hopper_check_rounds_interleave_and_pair_the_ratios(bench, monkeypatch):
     assert v["tflops"] == pytest.approx(hc.flops(2, 16, 64, True, "fwdbwd") / 3.0 / 1e12)
 
 
+def test_hopper_check_repeat_counts_distinct_results(bench, monkeypatch):
+    """``--parts repeat``: five runs per backward, distinct results counted bit for bit. A backward
+    with a fixed order of its sums (here "mosaic", the two-kernel one) PASSes with one result and
+    FAILs with two; the fused one (reduce-adds in run order) is reported either way. Fake steps on
+    CPU: one returns the same arrays every call, the other a different dq on its second call."""
+    import numpy as np
+
+    hc = bench("hopper_check")
+    calls = {"n": 0}
+
+    def step_fns(mod, causal, bs):
+        def fwdbwd(q, k, v, do):
+            calls["n"] += 1
+            wobble = 1e-7 if (bs.backward == "fused" or flaky) and calls["n"] % 5 == 2 else 0.0
+            return np.float32(1.0 + wobble) * np.ones(3, np.float32), np.zeros(2), np.zeros(2)
+        return None, fwdbwd
+
+    monkeypatch.setattr(hc, "step_fns", step_fns)
+    monkeypatch.setattr(hc, "BACKWARDS", ["mosaic", "fused/dq_tile=cta"])
+    monkeypatch.setattr(hc, "RECORDS", [])
+    monkeypatch.setattr(hc, "write_out", lambda: None)
+    for flaky in (False, True):
+        calls["n"] = 0
+        hc.repeat(64, True, 2, 1, 64)
+    got = [(r["backward"], r["distinct"], r["passed"]) for r in hc.RECORDS if r["kind"] == "repeat"]
+    assert got == [("mosaic", 1, True), ("fused/dq_tile=cta", 2, None), ("mosaic", 2, False),
+                   ("fused/dq_tile=cta", 2, None)]
+    assert hc.fixed_order(hc.block_sizes("deterministic", 128))
+    assert not hc.fixed_order(hc.block_sizes("default", 128))
+
+
 def test_hopper_table_rows_per_problem_later_files_win(bench, tmp_path):
     """``hopper_table.py``: a row per (shape, tokens, mask) of hopper_check outputs, a column per
     (variant, mode); a later file's record of the same cell replaces the earlier one, cuDNN's own
