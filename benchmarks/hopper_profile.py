@@ -198,7 +198,30 @@ def sass_summary(path: str, top: int = 30) -> str:
         n = _number(r[col[SAMPLES]])
         ran = "-" if executed is None else f"{_number(r[executed]):.0f}"
         out.append(f"{n:9.0f} {n / total:6.1%} {ran:>12s}  {' '.join(r[col['Source']].split())}")
+    if executed is not None:
+        out += _by_execution_count(rows, col, executed, total, [(n, i) for n, i in col.items()
+                                   if n.startswith("stall_") and "Not Issued" not in n])
     return "\n".join(out)
+
+
+def _by_execution_count(rows, col, executed, total, reasons, groups: int = 6) -> list[str]:
+    """The samples of the instructions that ran equally often (a loop body's instructions share
+    one count: e.g. the compute warpgroups' loop ran by 8 warps per block pair, the producer's by
+    4), the ``groups`` largest, each with its top stall reasons."""
+    by_count = collections.defaultdict(list)
+    for r in rows:
+        by_count[_number(r[executed])].append(r)
+    ranked = sorted(by_count.items(), key=lambda kv: -sum(_number(r[col[SAMPLES]]) for r in kv[1]))
+    out = ["by execution count (the instructions of one loop body ran equally often):"]
+    for ran, group in ranked[:groups]:
+        n = sum(_number(r[col[SAMPLES]]) for r in group)
+        if n == 0:
+            break
+        why = sorted(((sum(_number(r[i]) for r in group), name[6:]) for name, i in reasons),
+                     reverse=True)
+        out.append(f"  ran {ran:.0f}: {len(group)} instructions, {n / total:.1%} of the samples ("
+                   + ", ".join(f"{name} {k / n:.0%}" for k, name in why[:4] if k) + ")")
+    return out
 
 
 PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)'")

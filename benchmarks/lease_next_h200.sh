@@ -1,25 +1,28 @@
-# One-H200 lease commands for issue 16 (planned 2026-12-02, fifth session; not run). From the
-# repository root on the device. The fifth session's lease (the FA3-order backward that lost, the
-# 1M-token step) is benchmarks/results/hopper_runs_1202e/lease.sh.
-#   `bash benchmarks/lease_next_h200.sh sass` (about 3 minutes): where the default causal
-#   head-dim-128 backward's warps wait, instruction by instruction (ncu's SourceCounters, one
-#   launch at 32:32:128, 32K; `hopper_profile.py --sass`). The fifth session's try with
-#   `--import-source yes` segfaulted inside ncu and then hung the command past its limit: this one
-#   leaves the source import out and bounds every step with its own timeout.
+# One-H200 lease commands for issue 16 (planned 2026-12-02, sixth session). From the repository
+# root on the device. The fifth session's `sass` ran in the sixth session (results in
+# benchmarks/results/hopper_runs_1202f/, section "2026-12-02 (sixth session)" of
+# benchmarks/results/pallas_hopper_h200.md) and is kept here as the command that profiles a
+# backward instruction by instruction:
+#   `bash benchmarks/lease_next_h200.sh sass [SHAPE CAUSAL BACKWARD]` (about 1 minute; default
+#   32:32:128 1 default): where the backward's warps wait (ncu's SourceCounters and
+#   WarpStateStats, one launch at 32K, no source import: that segfaulted inside ncu in the fifth
+#   session); `hopper_profile.py --sass` groups the samples by loop body.
 # Then copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
 case "${1:?sass}" in
 sass)
+  shape=${2:-32:32:128} causal=${3:-1} backward=${4:-default}
+  name="sass_${shape//:/_}_c${causal}_${backward//[\/=]/_}"
   step env -u XLA_PYTHON_CLIENT_MEM_FRACTION XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
       XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 200 ncu --clock-control none \
       --section SourceCounters --section WarpStateStats -f --launch-count 1 \
-      --kernel-name regex:scoped_mosaic --export $R/sass_c128_causal1 \
-      python3 benchmarks/hopper_profile.py --shape 32:32:128 --seq 32768 --causal 1
-  timeout -k 5 120 ncu --import $R/sass_c128_causal1.ncu-rep --page source --print-source sass \
-    --csv 2>&1 | gzip > $R/sass_c128_causal1.csv.gz
-  timeout 60 python3 benchmarks/hopper_profile.py --sass $R/sass_c128_causal1.csv.gz \
-    > $R/sass_summary.txt 2>&1
-  rm -f $R/sass_c128_causal1.ncu-rep
-  head -60 $R/sass_summary.txt
+      --kernel-name regex:scoped_mosaic --export "$R/$name" \
+      python3 benchmarks/hopper_profile.py --shape "$shape" --seq 32768 --causal "$causal" \
+      --backward "$backward"
+  timeout -k 5 120 ncu --import "$R/$name.ncu-rep" --page source --print-source sass \
+    --csv 2>&1 | gzip > "$R/$name.csv.gz"
+  timeout 60 python3 benchmarks/hopper_profile.py --sass "$R/$name.csv.gz" > "$R/$name.txt" 2>&1
+  rm -f "$R/$name.ncu-rep"
+  cat "$R/$name.txt"
   pack ;;
 esac

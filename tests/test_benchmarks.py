@@ -446,7 +446,8 @@ def test_hopper_profile_backward_takes_hopper_checks_variant_entries(bench):
 def test_hopper_profile_sass_shares_stall_samples_by_opcode_reason_and_line(bench, tmp_path):
     """``--sass`` of an ncu source-page CSV (gzipped, with ncu's "Kernel Name" line before the
     header): sample shares per opcode (predicates and modifiers stripped) and per stall reason, the
-    instructions ranked by samples; a CSV without the samples column is a ValueError."""
+    instructions ranked by samples, then per execution count (a loop body's instructions share
+    one); a CSV without the samples column is a ValueError."""
     hp = bench("hopper_profile")
     head = ["Address", "Source", hp.SAMPLES, "Warp Stall Sampling (Not-issued Samples)",
             "Instructions Executed", "stall_barrier", "stall_long_sb", "stall_long_sb (Not Issued)"]
@@ -463,7 +464,10 @@ def test_hopper_profile_sass_shares_stall_samples_by_opcode_reason_and_line(benc
     assert lines[1] == "by opcode: BRA 70.0%, WARPGROUP 30.0%, EXIT 0.0%"
     assert lines[2] == "by reason: long_sb 60.0%, barrier 40.0%"
     assert lines[4].split() == ["600", "60.0%", "16", "@!P1", "BRA", "0x40"]
-    assert lines[5].split()[:3] == ["300", "30.0%", "32"] and len(lines) == 8
+    assert lines[5].split()[:3] == ["300", "30.0%", "32"]
+    assert lines[8:] == ["by execution count (the instructions of one loop body ran equally often):",
+                         "  ran 16: 1 instructions, 60.0% of the samples (long_sb 100%)",
+                         "  ran 32: 2 instructions, 40.0% of the samples (barrier 100%)"]
     plain = tmp_path / "details.csv"
     plain.write_text('"ID","Kernel Name"\n"0","k"\n')
     with pytest.raises(ValueError, match="no 'Warp Stall Sampling"):
