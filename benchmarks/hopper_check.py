@@ -371,11 +371,17 @@ def timed_variants(d: int, causal: bool) -> dict:
     return fns
 
 
-def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
-          sweep: bool = False):
-    rng = jax.random.split(jax.random.PRNGKey(length), 4)
+def problem(length: int, h: int, kvh: int, d: int, seed: int):
+    """Random bf16 q, k, v, do at B=1: q, do [1, length, h, d], k, v [1, length, kvh, d]."""
+    rng = jax.random.split(jax.random.PRNGKey(seed), 4)
     q, do = (jax.random.normal(r, (1, length, h, d), jnp.bfloat16) for r in rng[:2])
     k, v = (jax.random.normal(r, (1, length, kvh, d), jnp.bfloat16) for r in rng[2:])
+    return q, k, v, do
+
+
+def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
+          sweep: bool = False):
+    q, k, v, do = problem(length, h, kvh, d, seed=length)
     mosaic_bwd = dataclasses.replace(ph.default_block_sizes(d), backward="mosaic")
     fns = {"cudnn": cudnn_fns(causal)}
     if not sweep:
@@ -435,18 +441,15 @@ def time_round(todo: list, label: str, compiled: bool) -> dict:
 
 def fixed_order(bs: ph.BlockSizes) -> bool:
     """Whether a backward claims a fixed order of its sums: all but the fused one, whose dq arrives
-    by reduce-adds in the order the key CTAs run (unless ordered: ``ordered_dq``, a field only
-    ``hopper_runs_1202f/ordered_dq.patch`` adds)."""
-    return bs.backward != "fused" or getattr(bs, "ordered_dq", False)
+    by reduce-adds in the order the key CTAs run."""
+    return bs.backward != "fused"
 
 
 def repeat(length: int, causal: bool, h: int, kvh: int, d: int, n: int = 5) -> None:
     """Bitwise reproducibility: each backward's forward + backward ``n`` times on the same inputs,
     counting distinct results (dq, dk, dv bytes). The backwards that claim a fixed order of their
     sums (``fixed_order``) PASS with one and FAIL with more; the others are reported (INFO)."""
-    rng = jax.random.split(jax.random.PRNGKey(length + 1), 4)
-    q, do = (jax.random.normal(r, (1, length, h, d), jnp.bfloat16) for r in rng[:2])
-    k, v = (jax.random.normal(r, (1, length, kvh, d), jnp.bfloat16) for r in rng[2:])
+    q, k, v, do = problem(length, h, kvh, d, seed=length + 1)
     for backward, bs in distinct_backwards(d, "repeat ", causal):
         _, fb = step_fns(ph, causal, bs)
         digests = set()

@@ -188,8 +188,9 @@ def sass_summary(path: str, top: int = 30) -> str:
         by_op[words[0].split(".")[0] if words else "?"] += _number(r[col[SAMPLES]])
     out = [f"{len(rows)} instructions, {total:.0f} stall samples", "by opcode: " + ", ".join(
         f"{op} {n / total:.1%}" for op, n in by_op.most_common(12))]
-    reasons = [(sum(_number(r[i]) for r in rows), name) for name, i in col.items()
-               if name.startswith("stall_") and "Not Issued" not in name]
+    stall_cols = [(name, i) for name, i in col.items()
+                  if name.startswith("stall_") and "Not Issued" not in name]
+    reasons = [(sum(_number(r[i]) for r in rows), name) for name, i in stall_cols]
     out.append("by reason: " + ", ".join(f"{name[6:]} {n / total:.1%}"
                                          for n, name in sorted(reasons, reverse=True) if n))
     executed = col.get("Instructions Executed")
@@ -199,8 +200,7 @@ def sass_summary(path: str, top: int = 30) -> str:
         ran = "-" if executed is None else f"{_number(r[executed]):.0f}"
         out.append(f"{n:9.0f} {n / total:6.1%} {ran:>12s}  {' '.join(r[col['Source']].split())}")
     if executed is not None:
-        out += _by_execution_count(rows, col, executed, total, [(n, i) for n, i in col.items()
-                                   if n.startswith("stall_") and "Not Issued" not in n])
+        out += _by_execution_count(rows, col, executed, total, stall_cols)
     return "\n".join(out)
 
 
