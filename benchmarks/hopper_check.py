@@ -15,7 +15,9 @@ One run on an H100/H200 (no network needed), well under five minutes:
    (``--rounds N``: N interleaved passes over cuDNN and the variants, each pass's ratios paired, so
    that a clock that drifts during the run moves both sides of a ratio);
 4. bitwise reproducibility (``--parts repeat``): each backward run five times on one problem per
-   ``--shapes`` entry, counting distinct results;
+   ``--shapes`` entry, counting distinct results (``--cudnn-deterministic``: timing and repeats
+   also of cuDNN's backward compiled with XLA's ``xla_gpu_deterministic_ops``, the bar for
+   ``deterministic=True``);
 5. a block-size sweep at 16K tokens (forward tiles, backward stages).
 
 A ``--backwards`` entry that resolves to the same BlockSizes as an earlier one at a head dim (e.g.
@@ -75,6 +77,7 @@ OUT = {"prefix": "hopper_check"}
 REPS = {"n": 5}  # --reps: timed calls per measurement (after a compile call and a warm-up call)
 ROUNDS = {"n": 1}  # --rounds: passes over all timed functions, interleaved (cuDNN, A, B, cuDNN, ...)
 BACKWARDS = list(ph.BACKWARDS)  # --backwards: the variants to check and time
+CUDNN_DET = {"on": False}  # --cudnn-deterministic: also cuDNN's deterministic backward
 
 
 def _field_value(text: str):
@@ -340,6 +343,13 @@ def cudnn_fns(causal):
     return jax.jit(fwd), jax.jit(jax.grad(loss, (0, 1, 2)))
 
 
+def cudnn_deterministic_grad(causal, args):
+    """cuDNN's forward+backward compiled with XLA's ``xla_gpu_deterministic_ops``, under which XLA
+    asks cuDNN for its deterministic backward (the same-run bar of ``deterministic=True``)."""
+    return cudnn_fns(causal)[1].lower(*args).compile(
+        compiler_options={"xla_gpu_deterministic_ops": True})
+
+
 def distinct_backwards(d: int, label: str = "",
                        causal: bool = True) -> list[tuple[str, ph.BlockSizes]]:
     """The --backwards entries at head dim ``d`` (``causal`` or not) as (entry, BlockSizes); an
@@ -384,6 +394,8 @@ def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
     q, k, v, do = problem(length, h, kvh, d, seed=length)
     mosaic_bwd = dataclasses.replace(ph.default_block_sizes(d), backward="mosaic")
     fns = {"cudnn": cudnn_fns(causal)}
+    if CUDNN_DET["on"] and not sweep:
+        fns["cudnn deterministic"] = (None, cudnn_deterministic_grad(causal, (q, k, v, do)))
     if not sweep:
         fns.update(timed_variants(d, causal))
         if "triton" in BACKWARDS:
@@ -412,11 +424,16 @@ def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
         ratios = [t[("cudnn", mode)] / t[(name, mode)] for t in rounds
                   if (name, mode) in t and ("cudnn", mode) in t]
         ratio = statistics.median(ratios) if ratios else float("nan")
+        det = [t[("cudnn deterministic", mode)] / t[(name, mode)] for t in rounds
+               if (name, mode) in t and ("cudnn deterministic", mode) in t]
+        det_ratio = statistics.median(det) if det else None
         tf = flops(h, length, d, causal, mode) / sec / 1e12
         log(f"time L={length} {shape} causal={causal} {mode:6s} {name}: {sec * 1e3:8.2f} ms "
-            f"{tf:6.1f} TFLOP/s  x{ratio:.2f} of cuDNN" + (f" ({len(ts)} rounds)" if ROUNDS["n"] > 1 else ""),
-            kind="time", name=name, mode=mode, ms=sec * 1e3, tflops=tf, vs_cudnn=ratio, rounds=len(ts),
-            **meta)
+            f"{tf:6.1f} TFLOP/s  x{ratio:.2f} of cuDNN"
+            + (f", x{det_ratio:.2f} of cuDNN deterministic" if det_ratio is not None else "")
+            + (f" ({len(ts)} rounds)" if ROUNDS["n"] > 1 else ""),
+            kind="time", name=name, mode=mode, ms=sec * 1e3, tflops=tf, vs_cudnn=ratio,
+            vs_cudnn_deterministic=det_ratio, rounds=len(ts), **meta)
 
 
 def time_round(todo: list, label: str, compiled: bool) -> dict:
@@ -450,13 +467,17 @@ def repeat(length: int, causal: bool, h: int, kvh: int, d: int, n: int = 5) -> N
     counting distinct results (dq, dk, dv bytes). The backwards that claim a fixed order of their
     sums (``fixed_order``) PASS with one and FAIL with more; the others are reported (INFO)."""
     q, k, v, do = problem(length, h, kvh, d, seed=length + 1)
-    for backward, bs in distinct_backwards(d, "repeat ", causal):
-        _, fb = step_fns(ph, causal, bs)
+    todo = [(backward, bs, step_fns(ph, causal, bs)[1])
+            for backward, bs in distinct_backwards(d, "repeat ", causal)]
+    if CUDNN_DET["on"]:  # cuDNN's two backwards: a fixed order claimed by the deterministic one
+        todo += [("cudnn", None, cudnn_fns(causal)[1]),
+                 ("cudnn deterministic", "fixed", cudnn_deterministic_grad(causal, (q, k, v, do)))]
+    for backward, bs, fb in todo:
         digests = set()
         for _ in range(n):
             got = jax.device_get(fb(q, k, v, do))
             digests.add(hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in got)).hexdigest())
-        fixed = fixed_order(bs)
+        fixed = bs == "fixed" or (isinstance(bs, ph.BlockSizes) and fixed_order(bs))
         verdict = ("PASS" if len(digests) == 1 else "FAIL") if fixed else "INFO"
         log(f"{verdict} repeat[{backward}] L={length} {h}:{kvh}:{d} causal={causal}: "
             f"{len(digests)} distinct of {n} (order fixed: {fixed})", kind="repeat",
@@ -544,6 +565,8 @@ def main():
     ap.add_argument("--cases", default="",
                     help="comma-separated substrings: run only the step cases whose name has one")
     ap.add_argument("--interpret", action="store_true", help="CPU dry run (small cases, no timing)")
+    ap.add_argument("--cudnn-deterministic", action="store_true",
+                    help="bench and repeat: also cuDNN's backward under xla_gpu_deterministic_ops")
     ap.add_argument("--hard-limit", type=float, default=HARD_LIMIT_S,
                     help="seconds after which the watchdog writes the output and exits")
     args = ap.parse_args()
@@ -560,6 +583,7 @@ def main():
     args.shapes = args.shapes or f"32:32:{args.dim}"
     REPS["n"] = args.reps
     ROUNDS["n"] = args.rounds
+    CUDNN_DET["on"] = args.cudnn_deterministic
     INTERPRET["on"] = args.interpret
     threading.Thread(target=watchdog, args=(args.hard_limit,), daemon=True).start()
     if args.interpret and jax.device_count() < 2:

@@ -225,6 +225,33 @@ def test_hopper_check_repeat_counts_distinct_results(bench, monkeypatch):
     assert not hc.fixed_order(hc.block_sizes("default", 128))
 
 
+def test_hopper_check_repeats_cudnn_both_ways(bench, monkeypatch):
+    """``--cudnn-deterministic``: the repeats also run cuDNN's backward and its deterministic one
+    (XLA's xla_gpu_deterministic_ops); only the latter claims a fixed order (PASS / FAIL), the
+    former is reported. Fakes on CPU: the default cuDNN one wobbles, the deterministic one not."""
+    import numpy as np
+
+    hc = bench("hopper_check")
+    calls = {"n": 0}
+
+    def grad(wobbly):
+        def fn(q, k, v, do):
+            calls["n"] += 1
+            wobble = 1e-7 if wobbly and calls["n"] % 5 == 2 else 0.0
+            return (np.float32(1.0 + wobble) * np.ones(3, np.float32),)
+        return fn
+
+    monkeypatch.setattr(hc, "cudnn_fns", lambda causal: (None, grad(True)))
+    monkeypatch.setattr(hc, "cudnn_deterministic_grad", lambda causal, args: grad(False))
+    monkeypatch.setattr(hc, "BACKWARDS", [])
+    monkeypatch.setattr(hc, "CUDNN_DET", {"on": True})
+    monkeypatch.setattr(hc, "RECORDS", [])
+    monkeypatch.setattr(hc, "write_out", lambda: None)
+    hc.repeat(64, True, 2, 1, 64)
+    got = [(r["backward"], r["distinct"], r["passed"]) for r in hc.RECORDS if r["kind"] == "repeat"]
+    assert got == [("cudnn", 2, None), ("cudnn deterministic", 1, True)]
+
+
 def test_hopper_table_rows_per_problem_later_files_win(bench, tmp_path):
     """``hopper_table.py``: a row per (shape, tokens, mask) of hopper_check outputs, a column per
     (variant, mode); a later file's record of the same cell replaces the earlier one, cuDNN's own
