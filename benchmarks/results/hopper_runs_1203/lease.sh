@@ -13,9 +13,9 @@
 #   ab:   same-run A/B of the bare step, outputs in the input dtype (the patch's ring of one
 #         device) against float32 outputs (the benchmark as it has always run), default and
 #         deterministic.
-# Not run (the machine could not be started again): with the patch applied,
+# Then, on a third machine, with the patch applied (ring_one_device.json):
 #   PYTHONPATH=. python3 benchmarks/results/hopper_runs_1203/ring_one_device.py \
-#     --shapes 32:8:64@131072,32:32:128@16384 --out $OUT/ring1
+#     --shapes 32:8:64@131072,32:32:128@16384 --rounds 2 --out $OUT/ring1
 source benchmarks/lease_common.sh
 
 case "${1:?tail, det, check or ab}" in

@@ -1,10 +1,12 @@
-"""ring_attention on a one-device mesh (2026-12-03): the steps writing o, dq, dk, dv in the input
-dtype (``out_dtype``, what the ring passes now) against float32 step outputs cast by the ring (as
-before), same run: compiled memory (XLA's memory_analysis of jax.grad) and forward+backward time
-(median of --reps calls in --rounds interleaved rounds).
+"""ring_attention on a one-device mesh (2026-12-03), with ``out_dtype.patch`` applied to the tree
+(it defines ``ring._takes_out_dtype``): the steps writing o, dq, dk, dv in the input dtype
+(``out_dtype``, what the patched ring passes) against float32 step outputs cast by the ring, same
+run: compiled memory (XLA's memory_analysis of jax.grad) and forward+backward time (median of
+--reps calls in --rounds interleaved rounds).
 
+  git apply benchmarks/results/hopper_runs_1203/out_dtype.patch
   PYTHONPATH=. python3 benchmarks/results/hopper_runs_1203/ring_one_device.py \
-      --shapes 32:8:64@262144,32:32:128@16384 --out $OUT/ring1
+      --shapes 32:8:64@131072,32:32:128@16384 --rounds 2 --out $OUT/ring1
 """
 
 from __future__ import annotations
