@@ -467,17 +467,16 @@ def repeat(length: int, causal: bool, h: int, kvh: int, d: int, n: int = 5) -> N
     counting distinct results (dq, dk, dv bytes). The backwards that claim a fixed order of their
     sums (``fixed_order``) PASS with one and FAIL with more; the others are reported (INFO)."""
     q, k, v, do = problem(length, h, kvh, d, seed=length + 1)
-    todo = [(backward, bs, step_fns(ph, causal, bs)[1])
+    todo = [(backward, fixed_order(bs), step_fns(ph, causal, bs)[1])
             for backward, bs in distinct_backwards(d, "repeat ", causal)]
     if CUDNN_DET["on"]:  # cuDNN's two backwards: a fixed order claimed by the deterministic one
-        todo += [("cudnn", None, cudnn_fns(causal)[1]),
-                 ("cudnn deterministic", "fixed", cudnn_deterministic_grad(causal, (q, k, v, do)))]
-    for backward, bs, fb in todo:
+        todo += [("cudnn", False, cudnn_fns(causal)[1]),
+                 ("cudnn deterministic", True, cudnn_deterministic_grad(causal, (q, k, v, do)))]
+    for backward, fixed, fb in todo:
         digests = set()
         for _ in range(n):
             got = jax.device_get(fb(q, k, v, do))
             digests.add(hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in got)).hexdigest())
-        fixed = bs == "fixed" or (isinstance(bs, ph.BlockSizes) and fixed_order(bs))
         verdict = ("PASS" if len(digests) == 1 else "FAIL") if fixed else "INFO"
         log(f"{verdict} repeat[{backward}] L={length} {h}:{kvh}:{d} causal={causal}: "
             f"{len(digests)} distinct of {n} (order fixed: {fixed})", kind="repeat",

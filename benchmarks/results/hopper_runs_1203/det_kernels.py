@@ -11,24 +11,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+import sys
 
 import jax
 import jax.numpy as jnp
 
-from ringattention.kernels import hopper_kernels as hk
-from ringattention.kernels import pallas_hopper as ph
+sys.path.insert(0, "benchmarks")
+import hopper_check as hc  # noqa: E402
+
+from ringattention.kernels import hopper_kernels as hk  # noqa: E402
+from ringattention.kernels import pallas_hopper as ph  # noqa: E402
 
 
-def timed(fn, args, reps: int) -> float:
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3
+def timed(fn, args) -> float:
+    """Milliseconds: ``hopper_check.time_fn`` (a compile call, a warm-up, the median of --reps)."""
+    return hc.time_fn(fn, args) * 1e3
 
 
 def main():
@@ -38,6 +35,7 @@ def main():
     ap.add_argument("--out", default="det_kernels")
     ap.add_argument("--interpret", action="store_true", help="CPU dry run (small --shapes)")
     a = ap.parse_args()
+    hc.REPS["n"] = a.reps
     calls, real = [], hk.launch
 
     def spy(body, out_type, scratch, *, grid, interpret):
@@ -64,7 +62,7 @@ def main():
                 args = (q, k, v, do, lse, delta, pos, pos, None, None)
                 det = ph.deterministic_block_sizes(None, d, causal)
                 whole = {name: timed(jax.jit(lambda *x, bs=bs: ph.backward_step(
-                    *x[:6], pos, pos, None, None, block_sizes=bs, **kw)), args[:6], a.reps)
+                    *x[:6], pos, pos, None, None, block_sizes=bs, **kw)), args[:6])
                     for name, bs in (("deterministic", det), ("default", None))}
                 calls.clear()
                 hk.launch = spy
@@ -72,7 +70,7 @@ def main():
                     ph.backward_step(*args, block_sizes=det, **kw)  # eager: records both launches
                 finally:
                     hk.launch = real
-                parts = [timed(jax.jit(fn), xs, a.reps) for fn, xs, _ in calls]
+                parts = [timed(jax.jit(fn), xs) for fn, xs, _ in calls]
                 rec = dict(shape=shape, seq=length, causal=causal, whole_ms=whole,
                            launches_ms=parts, grids=[list(g) for _, _, g in calls])
                 records.append(rec)
