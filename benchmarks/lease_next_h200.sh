@@ -7,9 +7,31 @@
 #   32:32:128 1 default): where the backward's warps wait (ncu's SourceCounters and
 #   WarpStateStats, one launch at 32K, no source import: that segfaulted inside ncu in the fifth
 #   session); `hopper_profile.py --sass` groups the samples by loop body.
+# Planned 2026-12-03 (second session), not run yet:
+#   `bash benchmarks/lease_next_h200.sh detprof [SHAPE CAUSAL]` (about 3 minutes; default
+#   32:32:128 0): Nsight Compute's full set for the deterministic backward's two kernels next to
+#   cuDNN's, at 64K (hopper_profile.py's recipe with --backward deterministic). Per tile matmul
+#   the dk/dv kernel runs 54 ms at 64K without a mask and the dq kernel 48 ms
+#   (hopper_runs_1203/det_kernels.json); the >= 0.95x target needs the dk/dv kernel at the dq
+#   kernel's rate, so its counters are the ones to read first.
 # Then copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
-case "${1:?sass}" in
+case "${1:?sass or detprof}" in
+detprof)
+  shape=${2:-32:32:128} causal=${3:-0}
+  name="detprof_${shape//:/_}_c${causal}"
+  step env -u XLA_PYTHON_CLIENT_MEM_FRACTION XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 400 ncu --clock-control none --set full \
+      -f --launch-count 8 --kernel-name regex:"mosaic|sdpa|cudnn|fmha|flash" \
+      --export "$R/$name" python3 benchmarks/hopper_profile.py --shape "$shape" --seq 65536 \
+      --causal "$causal" --backward deterministic
+  timeout -k 5 120 ncu --import "$R/$name.ncu-rep" --page details --csv 2>&1 | gzip \
+    > "$R/$name.csv.gz"
+  timeout 60 python3 benchmarks/hopper_profile.py --summarize "$R/$name.csv.gz" \
+    > "$R/$name.txt" 2>&1
+  rm -f "$R/$name.ncu-rep"
+  cat "$R/$name.txt"
+  pack ;;
 sass)
   shape=${2:-32:32:128} causal=${3:-1} backward=${4:-default}
   name="sass_${shape//:/_}_c${causal}_${backward//[\/=]/_}"
