@@ -123,9 +123,10 @@ SUMMARY_METRICS = (  # ncu "details" page metric names, in the order printed
 
 def summarize(path: str, rules: int = 4) -> str:
     """A table of ``SUMMARY_METRICS`` (one column per profiled kernel) from ncu's details page as
-    CSV, then per kernel its pipe-utilization note and the ``rules`` rules with the largest
-    estimated speedup."""
-    with open(path, newline="") as f:
+    CSV (plain or .gz), then per kernel its pipe-utilization note and the ``rules`` rules with the
+    largest estimated speedup."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("ID", "").isdigit()]
     if not rows:
         raise ValueError(f"--summarize {path!r}: no kernel rows (expected ncu --page details --csv)")

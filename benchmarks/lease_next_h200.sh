@@ -7,16 +7,17 @@
 #   32:32:128 1 default): where the backward's warps wait (ncu's SourceCounters and
 #   WarpStateStats, one launch at 32K, no source import: that segfaulted inside ncu in the fifth
 #   session); `hopper_profile.py --sass` groups the samples by loop body.
-# Planned 2026-12-03 (second session), not run yet:
-#   `bash benchmarks/lease_next_h200.sh detprof [SHAPE CAUSAL]` (about 3 minutes; default
+# Run 2026-12-03 (third session; results in benchmarks/results/hopper_runs_1203c/, section
+# "2026-12-03 (third session)" of pallas_hopper_h200.md):
+#   `bash benchmarks/lease_next_h200.sh detprof [SHAPE CAUSAL]` (about 2.5 minutes; default
 #   32:32:128 0): Nsight Compute's full set for the deterministic backward's two kernels next to
-#   cuDNN's, at 64K (hopper_profile.py's recipe with --backward deterministic). Per tile matmul
-#   the dk/dv kernel runs 54 ms at 64K without a mask and the dq kernel 48 ms
-#   (hopper_runs_1203/det_kernels.json); the >= 0.95x target needs the dk/dv kernel at the dq
-#   kernel's rate, so its counters are the ones to read first.
-# Then copy the files under benchmarks/results/hopper_runs_<date>/.
+#   cuDNN's, at 64K (hopper_profile.py's recipe with --backward deterministic);
+#   `bash benchmarks/lease_next_h200.sh detsass [SHAPE CAUSAL]` (about 1 minute): the dq and the
+#   dk/dv kernel instruction by instruction at 32K, then ptxas's registers and spills. It showed
+#   the dk/dv kernel waiting on its per-block loads of lse and delta.
+# Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
-case "${1:?sass or detprof}" in
+case "${1:?sass, detprof or detsass}" in
 detprof)
   shape=${2:-32:32:128} causal=${3:-0}
   name="detprof_${shape//:/_}_c${causal}"
@@ -31,6 +32,28 @@ detprof)
     > "$R/$name.txt" 2>&1
   rm -f "$R/$name.ncu-rep"
   cat "$R/$name.txt"
+  pack ;;
+detsass)
+  # The deterministic backward's dq kernel (the second Mosaic launch) and dk/dv kernel (the
+  # third), instruction by instruction as in sass, then ptxas's registers and spills per kernel.
+  shape=${2:-32:32:128} causal=${3:-0}
+  for which in 1:dq 2:dkv; do
+    name="detsass_${shape//:/_}_c${causal}_${which#*:}"
+    step env -u XLA_PYTHON_CLIENT_MEM_FRACTION XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 200 ncu --clock-control none \
+        --section SourceCounters --section WarpStateStats -f --launch-skip "${which%:*}" \
+        --launch-count 1 --kernel-name regex:mosaic --export "$R/$name" \
+        python3 benchmarks/hopper_profile.py --shape "$shape" --seq 32768 --causal "$causal" \
+        --backward deterministic
+    timeout -k 5 120 ncu --import "$R/$name.ncu-rep" --page source --print-source sass \
+      --csv 2>&1 | gzip > "$R/$name.csv.gz"
+    timeout 60 python3 benchmarks/hopper_profile.py --sass "$R/$name.csv.gz" > "$R/$name.txt" 2>&1
+    rm -f "$R/$name.ncu-rep"
+    head -45 "$R/$name.txt"
+  done
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 200 python3 benchmarks/hopper_profile.py --shape "$shape" \
+    --seq 1024 --causal "$causal" --backward deterministic > "$R/detsass_ptxas.log" 2>&1
+  python3 benchmarks/hopper_profile.py --ptxas "$R/detsass_ptxas.log"
   pack ;;
 sass)
   shape=${2:-32:32:128} causal=${3:-1} backward=${4:-default}

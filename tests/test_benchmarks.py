@@ -424,7 +424,8 @@ def test_hopper_dq_cost_drops_the_adds_then_runs_hopper_check(bench, monkeypatch
 
 def test_hopper_profile_runs_the_steps_once_and_summarizes_ncu_csv(bench, tmp_path):
     """``hopper_profile.py``: a CPU dry run (interpret mode) of the calls it gives the profiler, and
-    ``--summarize`` of an ncu details CSV (one column per kernel, rules by estimated speedup); bad
+    ``--summarize`` of an ncu details CSV, plain or gzipped (one column per kernel, rules by
+    estimated speedup); bad
     shapes and empty CSVs are ValueErrors."""
     hp = bench("hopper_profile")
     out = hp.main(["--shape", "2:1:64", "--seq", "128", "--interpret"])
@@ -449,6 +450,9 @@ def test_hopper_profile_runs_the_steps_once_and_summarizes_ncu_csv(bench, tmp_pa
     assert bwd[1].startswith("  HighPipeUtilization (-): Shared 58.8%")
     assert bwd[2].startswith("  MemoryCacheAccessPattern (69.6%)") and "(28.2%)" in bwd[3]
     assert "3.2 cycles stalled" in bwd[3]
+    packed = tmp_path / "prof.csv.gz"  # what the lease scripts keep
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert hp.summarize(str(packed)) == text
     path.write_text(",".join(head) + "\n")
     with pytest.raises(ValueError, match="no kernel rows"):
         hp.summarize(str(path))

@@ -287,15 +287,25 @@ def load_keys(cfg: BwdConfig, ops: Ops, b, kvh, wg, rows, gmem, smem, bar):
     return own_pos, own_seg
 
 
-def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool):
+def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool,
+             columns_first: bool = False):
     """One (own key rows, streamed query block) pair: p^T and ds^T, float32 [r keys, c queries], 0
     where hidden or the row sees nothing. own: (key positions, ids); smem: (k, v, q, do, lse2,
-    delta, q_pos, q_seg) refs."""
+    delta, q_pos, q_seg) refs.
+
+    lse2 and delta of the streamed queries are column vectors here (16 values per thread each at
+    c = 64). ``columns_first`` loads them before the two wgmmas are issued instead of after they
+    land: the dk/dv kernel's choice (its backward step 4-8% faster on an H200), not the fused
+    kernels', which carry a dq tile as well and lost 4-28% with it
+    (``benchmarks/results/hopper_runs_1203c``)."""
     k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s = smem
+    shape = (cfg.rows, cfg.block)
+    col = lambda ref: ops.cols(ref.at[slot])  # noqa: E731
+    wide = lambda x: lax.broadcast_in_dim(x, shape, [1])  # noqa: E731
+    early = (col(lse_s), col(dl_s)) if columns_first else None  # [c] each
 
     def probs(s_t):  # raw logits [r, c] -> probabilities
-        lse = lax.broadcast_in_dim(ops.cols(lse_s.at[slot]), s_t.shape, [1])
-        p_t = jnp.exp2(s_t * cfg.qk_scale - lse)
+        p_t = jnp.exp2(s_t * cfg.qk_scale - wide(early[0] if columns_first else col(lse_s)))
         if not masked:
             return p_t
         at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
@@ -303,9 +313,8 @@ def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool):
 
     # s^T = k q^T and dp^T = v do^T issued together; p^T is computed while dp^T is in flight.
     p_t, dp_t = ops.pair((Smem(k_s.at[wg]), Smem(q_s.at[slot], transposed=True)),
-                         (Smem(v_s.at[wg]), Smem(do_s.at[slot], transposed=True)),
-                         (cfg.rows, cfg.block), probs)
-    ds_t = p_t * (dp_t - lax.broadcast_in_dim(ops.cols(dl_s.at[slot]), dp_t.shape, [1]))
+                         (Smem(v_s.at[wg]), Smem(do_s.at[slot], transposed=True)), shape, probs)
+    ds_t = p_t * (dp_t - wide(early[1] if columns_first else col(dl_s)))
     return p_t, ds_t
 
 
@@ -373,7 +382,8 @@ def dkv_kernel(*refs, cfg: BwdConfig):
         def body(j, carry, g, masked: bool):
             slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
-            p_t, ds_t = kv_probs(cfg, ops, wg, slot, own, smem, masked)  # [r, c]
+            p_t, ds_t = kv_probs(cfg, ops, wg, slot, own, smem, masked,
+                                 columns_first=True)  # [r, c]
             carry = kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
             plgpu.barrier_arrive(free.at[slot])
             return carry
