@@ -45,7 +45,8 @@ def _masked(cfg, ops, p_t, own, qp_s, qs_s, slot):
     return jnp.where(hbk._vis(cfg, ops, p_t.shape, *own, at(qp_s), at(qs_s), False), p_t, 0.0)
 
 
-def hoist(cfg, ops, wg, slot, own, smem, masked: bool):
+def hoist(cfg, ops, wg, slot, own, smem, masked: bool, columns_first: bool = False):
+    del columns_first  # (added after the run: the library's dk/dv kernel now passes it)
     k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s = smem
     shape = (cfg.rows, cfg.block)
     lse, delta = ops.cols(lse_s.at[slot]), ops.cols(dl_s.at[slot])  # before the issue
@@ -77,7 +78,8 @@ def _pair_init(ops, first, second, init1, init2, on_first):
     return pl.run_scoped(scope, acc, acc)
 
 
-def init(cfg, ops, wg, slot, own, smem, masked: bool):
+def init(cfg, ops, wg, slot, own, smem, masked: bool, columns_first: bool = False):
+    del columns_first  # (added after the run, as in hoist)
     k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s = smem
     shape = (cfg.rows, cfg.block)
     neg_lse = lax.broadcast_in_dim(ops.cols(lse_s.at[slot]) * (-1.0 / cfg.qk_scale), shape, [1])
