@@ -113,6 +113,11 @@ def block_sizes(head_dim: int, backward: str, causal: bool = True) -> ph.BlockSi
     return hopper_check.block_sizes(backward, head_dim, causal)
 
 
+def _open_text(path: str, **kw):
+    """A text file, plain or gzipped (the lease scripts keep ncu's CSVs and logs as .gz)."""
+    return (gzip.open if path.endswith(".gz") else open)(path, "rt", **kw)
+
+
 SUMMARY_METRICS = (  # ncu "details" page metric names, in the order printed
     "Duration", "Elapsed Cycles", "SM Frequency", "Waves Per SM", "Registers Per Thread",
     "Dynamic Shared Memory Per Block", "Executed Ipc Active", "Issue Slots Busy",
@@ -125,8 +130,7 @@ def summarize(path: str, rules: int = 4) -> str:
     """A table of ``SUMMARY_METRICS`` (one column per profiled kernel) from ncu's details page as
     CSV (plain or .gz), then per kernel its pipe-utilization note and the ``rules`` rules with the
     largest estimated speedup."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", newline="") as f:
+    with _open_text(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("ID", "").isdigit()]
     if not rows:
         raise ValueError(f"--summarize {path!r}: no kernel rows (expected ncu --page details --csv)")
@@ -164,8 +168,7 @@ def sass_summary(path: str, top: int = 30) -> str:
     the stall samples per opcode and per stall reason, then the ``top`` instructions with the most
     samples, with how often each ran (a spin-wait loop runs a handful of instructions many times;
     the producer's waits count as samples too)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", newline="") as f:
+    with _open_text(path, newline="") as f:
         lines = f.read().splitlines()
     start = next((i for i, line in enumerate(lines) if SAMPLES in line), None)
     if start is None:
@@ -235,8 +238,7 @@ def ptxas_summary(path: str) -> list[dict]:
     ``MOSAIC_GPU_DUMP_PTXAS=1`` (and optionally ``MOSAIC_GPU_DUMP_SASS=1``; plain or .gz): its
     name, ptxas's registers, stack frame and spill bytes, and, where the SASS follows, how many
     local-memory loads and stores (``LDL``/``STL``: the spill code) it contains."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", errors="replace") as f:
+    with _open_text(path, errors="replace") as f:
         text = f.read()
     starts = list(PTXAS_ENTRY.finditer(text))
     if not starts:

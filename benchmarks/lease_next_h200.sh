@@ -23,6 +23,22 @@
 #   (hopper_runs_1203c); the default's forward+backward target (>= 1.0x) needs about 2-5%.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
+
+# sass_profile NAME KERNEL_REGEX SKIP SHAPE CAUSAL BACKWARD: one launch (after SKIP matching ones)
+# at 32K, ncu's SourceCounters and WarpStateStats, its SASS page as $R/NAME.csv.gz and
+# hopper_profile.py --sass's summary as $R/NAME.txt.
+sass_profile() {
+  step env -u XLA_PYTHON_CLIENT_MEM_FRACTION XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 200 ncu --clock-control none \
+      --section SourceCounters --section WarpStateStats -f --launch-skip "$3" --launch-count 1 \
+      --kernel-name "regex:$2" --export "$R/$1" \
+      python3 benchmarks/hopper_profile.py --shape "$4" --seq 32768 --causal "$5" --backward "$6"
+  timeout -k 5 120 ncu --import "$R/$1.ncu-rep" --page source --print-source sass \
+    --csv 2>&1 | gzip > "$R/$1.csv.gz"
+  timeout 60 python3 benchmarks/hopper_profile.py --sass "$R/$1.csv.gz" > "$R/$1.txt" 2>&1
+  rm -f "$R/$1.ncu-rep"
+}
+
 case "${1:?sass, detprof, detsass or kvcols}" in
 kvcols)
   step timeout 500 python3 benchmarks/results/hopper_runs_1204/kv_cols.py --backwards default \
@@ -57,16 +73,7 @@ detsass)
   shape=${2:-32:32:128} causal=${3:-0}
   for which in 1:dq 2:dkv; do
     name="detsass_${shape//:/_}_c${causal}_${which#*:}"
-    step env -u XLA_PYTHON_CLIENT_MEM_FRACTION XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
-        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 200 ncu --clock-control none \
-        --section SourceCounters --section WarpStateStats -f --launch-skip "${which%:*}" \
-        --launch-count 1 --kernel-name regex:mosaic --export "$R/$name" \
-        python3 benchmarks/hopper_profile.py --shape "$shape" --seq 32768 --causal "$causal" \
-        --backward deterministic
-    timeout -k 5 120 ncu --import "$R/$name.ncu-rep" --page source --print-source sass \
-      --csv 2>&1 | gzip > "$R/$name.csv.gz"
-    timeout 60 python3 benchmarks/hopper_profile.py --sass "$R/$name.csv.gz" > "$R/$name.txt" 2>&1
-    rm -f "$R/$name.ncu-rep"
+    sass_profile "$name" mosaic "${which%:*}" "$shape" "$causal" deterministic
     head -45 "$R/$name.txt"
   done
   MOSAIC_GPU_DUMP_PTXAS=1 timeout 200 python3 benchmarks/hopper_profile.py --shape "$shape" \
@@ -76,16 +83,7 @@ detsass)
 sass)
   shape=${2:-32:32:128} causal=${3:-1} backward=${4:-default}
   name="sass_${shape//:/_}_c${causal}_${backward//[\/=]/_}"
-  step env -u XLA_PYTHON_CLIENT_MEM_FRACTION XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
-      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 200 ncu --clock-control none \
-      --section SourceCounters --section WarpStateStats -f --launch-count 1 \
-      --kernel-name regex:scoped_mosaic --export "$R/$name" \
-      python3 benchmarks/hopper_profile.py --shape "$shape" --seq 32768 --causal "$causal" \
-      --backward "$backward"
-  timeout -k 5 120 ncu --import "$R/$name.ncu-rep" --page source --print-source sass \
-    --csv 2>&1 | gzip > "$R/$name.csv.gz"
-  timeout 60 python3 benchmarks/hopper_profile.py --sass "$R/$name.csv.gz" > "$R/$name.txt" 2>&1
-  rm -f "$R/$name.ncu-rep"
+  sass_profile "$name" scoped_mosaic 0 "$shape" "$causal" "$backward"
   cat "$R/$name.txt"
   pack ;;
 esac
