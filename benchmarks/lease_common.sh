@@ -27,3 +27,19 @@ pack() {
 times() {
   grep -h "^time L" "$@" | sed 's/pallas_hopper backward=//' | cut -c1-150
 }
+
+# ptxas_variants SCRIPT PREFIX VARIANT...: each variant of a kv_init.py-style A/B script (its
+# --variants) compiled once, fused backward at 32:32:128 and 1,024 tokens, causal and full, with
+# MOSAIC_GPU_DUMP_PTXAS=1; prints ptxas's registers and spills per kernel (hopper_profile.py
+# --ptxas) and keeps the log as $R/PREFIX<variant>.log.gz.
+ptxas_variants() {
+  local script=$1 prefix=$2 v
+  shift 2
+  for v in "$@"; do
+    MOSAIC_GPU_DUMP_PTXAS=1 timeout 100 python3 "$script" --backwards default \
+      --problems 32:32:128@1024 --variants "$v" --rounds 1 --reps 1 --out "$R/tmp" \
+      > "$R/$prefix$v.log" 2>&1
+    echo "== $v"; python3 benchmarks/hopper_profile.py --ptxas "$R/$prefix$v.log" | cut -c1-160
+    gzip -f "$R/$prefix$v.log"
+  done
+}

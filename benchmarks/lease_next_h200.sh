@@ -15,12 +15,18 @@
 #   `bash benchmarks/lease_next_h200.sh detsass [SHAPE CAUSAL]` (about 1 minute): the dq and the
 #   dk/dv kernel instruction by instruction at 32K, then ptxas's registers and spills. It showed
 #   the dk/dv kernel waiting on its per-block loads of lse and delta.
-# Planned 2026-12-03 (third session), not run yet:
-#   `bash benchmarks/lease_next_h200.sh kvcols` (about 4 minutes): the fused (default) backward
+# Run 2026-12-03 (fourth session; results in benchmarks/results/hopper_runs_1204/, section
+# "2026-12-03 (fourth session)" of pallas_hopper_h200.md):
+#   `bash benchmarks/lease_next_h200.sh kvcols` (about 3 minutes): the fused (default) backward
 #   with lse2 alone loaded before its wgmmas, or delta loaded while dp^T is in flight
-#   (benchmarks/results/hopper_runs_1204/kv_cols.py), against the library at head dim 128. Loading
-#   both early made the dk/dv kernel 4-8% faster but the fused kernels 4-28% slower
-#   (hopper_runs_1203c); the default's forward+backward target (>= 1.0x) needs about 2-5%.
+#   (benchmarks/results/hopper_runs_1204/kv_cols.py), against the library at head dim 128. Both
+#   lost (1-7% slower).
+# Planned 2026-12-03 (fourth session), not run yet:
+#   `bash benchmarks/lease_next_h200.sh rerun16k` (about 2 minutes): the 16K cells of the target
+#   grid at head dim 128 with 5 interleaved passes (3 calls each), default and deterministic. In
+#   the fourth session's grid (hopper_runs_1204/grid.md) the two cells below target were at 16K,
+#   and their passes spread most: 32:32:128 causal default 0.97/0.95/0.95x, 32:8:128 full
+#   deterministic 0.99/0.92/0.82x.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
 
@@ -39,18 +45,18 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass or kvcols}" in
+case "${1:?sass, detprof, detsass, kvcols or rerun16k}" in
+rerun16k)
+  step timeout 150 python3 benchmarks/hopper_check.py --out "$R/rerun16k" --parts bench --reps 3 \
+    --rounds 5 --hard-limit 140 --shapes 32:32:128@16384,32:8:128@16384 --causal 1,0 \
+    --backwards default,deterministic
+  times "$R/rerun16k.txt"
+  pack ;;
 kvcols)
   step timeout 500 python3 benchmarks/results/hopper_runs_1204/kv_cols.py --backwards default \
     --variants library,lse_early,delta_mid --problems 32:32:128@16384+65536,32:8:128@65536 \
     --out "$R/kv_cols"
-  for v in library lse_early delta_mid; do
-    MOSAIC_GPU_DUMP_PTXAS=1 timeout 100 python3 benchmarks/results/hopper_runs_1204/kv_cols.py \
-      --backwards default --problems 32:32:128@1024 --variants $v --rounds 1 --reps 1 \
-      --out "$R/tmp" > "$R/ptxas_$v.log" 2>&1
-    echo "== $v"; python3 benchmarks/hopper_profile.py --ptxas "$R/ptxas_$v.log" | cut -c1-160
-    gzip -f "$R/ptxas_$v.log"
-  done
+  ptxas_variants benchmarks/results/hopper_runs_1204/kv_cols.py ptxas_ library lse_early delta_mid
   pack ;;
 detprof)
   shape=${2:-32:32:128} causal=${3:-0}
