@@ -27,6 +27,11 @@
 #   the fourth session's grid (hopper_runs_1204/grid.md) the two cells below target were at 16K,
 #   and their passes spread most: 32:32:128 causal default 0.97/0.95/0.95x, 32:8:128 full
 #   deterministic 0.99/0.92/0.82x.
+#   `bash benchmarks/lease_next_h200.sh lagsass [CAUSAL]` (about 3 minutes; default 1): the
+#   head-dim-128 fused backward instruction by instruction at 32K, the library's kernel and the one
+#   with dq one pair late (hopper_runs_1204/lag_dq.patch, applied to the device's copy of the tree
+#   and reverted). The lag spilled less and ran 3-10% slower; where its time goes says what holds
+#   the head-dim-128 backward at 0.95-1.02x of cuDNN.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
 
@@ -45,7 +50,15 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols or rerun16k}" in
+case "${1:?sass, detprof, detsass, kvcols, rerun16k or lagsass}" in
+lagsass)
+  causal=${2:-1} patch=benchmarks/results/hopper_runs_1204/lag_dq.patch
+  sass_profile "lagsass_lockstep_c$causal" scoped_mosaic 0 32:32:128 "$causal" default
+  git apply "$patch" || patch -p1 < "$patch" || exit 1
+  sass_profile "lagsass_lag_c$causal" scoped_mosaic 0 32:32:128 "$causal" default
+  git apply -R "$patch" || patch -R -p1 < "$patch"
+  for v in lockstep lag; do head -30 "$R/lagsass_${v}_c$causal.txt"; done
+  pack ;;
 rerun16k)
   step timeout 150 python3 benchmarks/hopper_check.py --out "$R/rerun16k" --parts bench --reps 3 \
     --rounds 5 --hard-limit 140 --shapes 32:32:128@16384,32:8:128@16384 --causal 1,0 \
