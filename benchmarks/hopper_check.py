@@ -13,7 +13,8 @@ One run on an H100/H200 (no network needed), well under five minutes:
    fused one) at B=1, bf16, ``--shapes`` heads:kv_heads:head_dim (default 32:32:128), ``--seqs``
    tokens, ``--causal`` 1 and/or 0, next to cuDNN and the Triton step, with TFLOP/s and ratios
    (``--rounds N``: N interleaved passes over cuDNN and the variants, each pass's ratios paired, so
-   that a clock that drifts during the run moves both sides of a ratio);
+   that a clock that drifts during the run moves both sides of a ratio; each measurement the
+   median of ``--reps`` calls, or with ``--min-ms`` of as many as span that long);
 4. bitwise reproducibility (``--parts repeat``): each backward run five times on one problem per
    ``--shapes`` entry, counting distinct results (``--cudnn-deterministic``: timing and repeats
    also of cuDNN's backward compiled with XLA's ``xla_gpu_deterministic_ops``, the bar for
@@ -47,6 +48,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -74,7 +76,10 @@ T0 = time.perf_counter()
 LINES: list[str] = []
 RECORDS: list[dict] = []
 OUT = {"prefix": "hopper_check"}
-REPS = {"n": 5}  # --reps: timed calls per measurement (after a compile call and a warm-up call)
+# --reps: timed calls per measurement (after a compile call and a warm-up call); --min-ms: more
+# calls where they would span less than that (short problems, whose passes spread most)
+REPS = {"n": 5, "min_ms": 0.0}
+MAX_REPS = 100
 ROUNDS = {"n": 1}  # --rounds: passes over all timed functions, interleaved (cuDNN, A, B, cuDNN, ...)
 BACKWARDS = list(ph.BACKWARDS)  # --backwards: the variants to check and time
 CUDNN_DET = {"on": False}  # --cudnn-deterministic: also cuDNN's deterministic backward
@@ -298,12 +303,24 @@ def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, back
         passed=ok, **errs)
 
 
+def timed_calls(warm_s: float) -> int:
+    """Calls per measurement for a function whose warm-up call took ``warm_s``: --reps, or as many
+    as span --min-ms (at most MAX_REPS)."""
+    min_ms = REPS.get("min_ms", 0.0)
+    want = math.ceil(min_ms / max(warm_s * 1e3, 1e-3)) if min_ms > 0 else 0
+    return max(REPS["n"], min(want, MAX_REPS))
+
+
 def time_fn(fn, args, compiled: bool = False):
+    """Median seconds of ``timed_calls`` calls of ``fn(*args)``, after a warm-up call (and a compile
+    call unless ``compiled``)."""
     if not compiled:
         jax.block_until_ready(fn(*args))  # compile
+    t = time.perf_counter()
     jax.block_until_ready(fn(*args))  # warm-up
+    warm = time.perf_counter() - t
     ts = []
-    for _ in range(REPS["n"]):
+    for _ in range(timed_calls(warm)):
         t = time.perf_counter()
         jax.block_until_ready(fn(*args))
         ts.append(time.perf_counter() - t)
@@ -557,6 +574,9 @@ def main():
                     help="bench: comma-separated heads:kv_heads:head_dim[@seq+seq...] (default "
                          "32:32:<--dim> at --seqs)")
     ap.add_argument("--reps", type=int, default=5, help="bench: timed calls per measurement")
+    ap.add_argument("--min-ms", type=float, default=0.0,
+                    help=f"bench: more calls than --reps where they would span less than this many "
+                         f"ms (at most {MAX_REPS})")
     ap.add_argument("--rounds", type=int, default=1,
                     help="bench: passes over cuDNN and the variants, interleaved; ms is the median "
                          "over passes, the ratio the median of each pass's ratio")
@@ -580,7 +600,7 @@ def main():
             ap.error(f"--backwards entry {spec!r}: {e} (names: {ph.BACKWARDS})")
     OUT["prefix"] = args.out
     args.shapes = args.shapes or f"32:32:{args.dim}"
-    REPS["n"] = args.reps
+    REPS["n"], REPS["min_ms"] = args.reps, args.min_ms
     ROUNDS["n"] = args.rounds
     CUDNN_DET["on"] = args.cudnn_deterministic
     INTERPRET["on"] = args.interpret

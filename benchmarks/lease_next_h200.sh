@@ -23,7 +23,8 @@
 #   lost (1-7% slower).
 # Planned 2026-12-03 (fourth session), not run yet:
 #   `bash benchmarks/lease_next_h200.sh rerun16k` (about 2 minutes): the 16K cells of the target
-#   grid at head dim 128 with 5 interleaved passes (3 calls each), default and deterministic. In
+#   grid at head dim 128 with 5 interleaved passes, each measurement the median of at least 3 calls
+#   spanning at least 300 ms (hopper_check.py --min-ms, new), default and deterministic. In
 #   the fourth session's grid (hopper_runs_1204/grid.md) the two cells below target were at 16K,
 #   and their passes spread most: 32:32:128 causal default 0.97/0.95/0.95x, 32:8:128 full
 #   deterministic 0.99/0.92/0.82x.
@@ -60,9 +61,9 @@ lagsass)
   for v in lockstep lag; do head -30 "$R/lagsass_${v}_c$causal.txt"; done
   pack ;;
 rerun16k)
-  step timeout 150 python3 benchmarks/hopper_check.py --out "$R/rerun16k" --parts bench --reps 3 \
-    --rounds 5 --hard-limit 140 --shapes 32:32:128@16384,32:8:128@16384 --causal 1,0 \
-    --backwards default,deterministic
+  step timeout 200 python3 benchmarks/hopper_check.py --out "$R/rerun16k" --parts bench --reps 3 \
+    --min-ms 300 --rounds 5 --hard-limit 190 --shapes 32:32:128@16384,32:8:128@16384 \
+    --causal 1,0 --backwards default,deterministic
   times "$R/rerun16k.txt"
   pack ;;
 kvcols)

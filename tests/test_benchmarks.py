@@ -543,3 +543,32 @@ ptxas info    : Used 168 registers, used 16 barriers, 200 bytes cumulative stack
     plain.write_text("profiled L=1024\n")
     with pytest.raises(ValueError, match="no \"Compiling entry function\" line"):
         hp.ptxas_summary(str(plain))
+
+
+def test_hopper_check_min_ms_times_short_problems_longer(bench, monkeypatch):
+    """``--min-ms``: a function whose warm-up call takes 4 ms is called 50 times for 200 ms
+    (--reps 3), one of 150 ms the --reps 3 times; never more than MAX_REPS. Fake clock: every
+    call of the function advances it by ``step`` seconds."""
+    import jax.numpy as jnp
+
+    hc = bench("hopper_check")
+    clock = {"t": 0.0}
+    monkeypatch.setattr(hc.time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(hc, "REPS", {"n": 3, "min_ms": 200.0})
+
+    def count(step):
+        calls = []
+
+        def fn():
+            calls.append(1)
+            clock["t"] += step
+            return jnp.zeros(())
+
+        assert hc.time_fn(fn, (), compiled=True) == pytest.approx(step)
+        return len(calls) - 1  # less the warm-up
+
+    assert count(0.004) == 50
+    assert count(0.150) == 3
+    assert count(1e-5) == hc.MAX_REPS
+    monkeypatch.setattr(hc, "REPS", {"n": 3, "min_ms": 0.0})
+    assert count(0.004) == 3  # the default: --reps calls
