@@ -450,7 +450,7 @@ def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
             + (f", x{det_ratio:.2f} of cuDNN deterministic" if det_ratio is not None else "")
             + (f" ({len(ts)} rounds)" if ROUNDS["n"] > 1 else ""),
             kind="time", name=name, mode=mode, ms=sec * 1e3, tflops=tf, vs_cudnn=ratio,
-            vs_cudnn_deterministic=det_ratio, rounds=len(ts), **meta)
+            vs_cudnn_passes=ratios, vs_cudnn_deterministic=det_ratio, rounds=len(ts), **meta)
 
 
 def time_round(todo: list, label: str, compiled: bool) -> dict:

@@ -6,7 +6,10 @@ them as a markdown table, a row per (heads:kv_heads:head_dim, tokens, mask) and 
 (variant, mode), so that the grid of a lease reads against the targets (forward and
 forward+backward >= 1.0x of cuDNN; the deterministic backward >= 0.95x). A later file's record of
 the same problem and column replaces an earlier one's (a re-run cell); a problem some variant of
-which was not timed shows "-" there.
+which was not timed shows "-" there. ``--spread`` adds the lowest and highest of the passes' own
+ratios to each cell, "0.95x (0.95-0.97)" (from the records' ``vs_cudnn_passes``, or in files
+written before hopper_check recorded them, from the ``time_round`` records before each problem's
+``time`` records).
 
   python3 benchmarks/hopper_table.py benchmarks/results/hopper_runs_1202b/grid128.json \\
       benchmarks/results/hopper_runs_1202b/grid64.json > table.md
@@ -28,13 +31,33 @@ def load(paths: list[str]) -> dict:
     for path in paths:
         with open(path) as fh:
             records = json.load(fh)["records"]
+        rounds, last = [], None  # the time_round records of the problem being read
         for r in records:
-            if r.get("kind") != "time" or r["name"] == "cudnn":
+            if r.get("kind") == "time_round":
+                rounds = [] if last == "time" else rounds
+                rounds.append(r["ms"])
+            last = r.get("kind")
+            if last != "time" or r["name"] == "cudnn":
                 continue
             shape = f"{r['heads']}:{r['kv_heads']}:{r['head_dim']}"
             name = r["name"].removeprefix(PREFIX)
+            r = dict(r, vs_cudnn_passes=r.get("vs_cudnn_passes", _passes(rounds, r)))
             cells.setdefault((shape, r["seq"], r["causal"]), {})[f"{name} {r['mode']}"] = r
     return cells
+
+
+def _passes(rounds: list[dict], r: dict) -> list[float]:
+    """Each pass's own ratio to cuDNN of ``time`` record ``r``, from its problem's rounds."""
+    this, cudnn = f"{r['name']} {r['mode']}", f"cudnn {r['mode']}"
+    return [ms[cudnn] / ms[this] for ms in rounds if this in ms and cudnn in ms]
+
+
+def _cell(r: dict, spread: bool) -> str:
+    text = f"{r['vs_cudnn']:.2f}x"
+    passes = r.get("vs_cudnn_passes") or []
+    if spread and len(passes) > 1:
+        text += f" ({min(passes):.2f}-{max(passes):.2f})"
+    return text
 
 
 def _sort_key(problem):
@@ -43,9 +66,10 @@ def _sort_key(problem):
     return (d, kvh, h, not causal, seq)
 
 
-def table(cells: dict) -> str:
+def table(cells: dict, spread: bool = False) -> str:
     """Markdown: a row per problem, a column per (variant, mode) in first-seen order; ratios to
-    cuDNN (x), with the number of rounds behind each row's first ratio."""
+    cuDNN (x; with ``spread`` the passes' lowest and highest), with the number of rounds behind
+    each row's first ratio."""
     if not cells:
         raise ValueError("no 'time' records in the given files (run hopper_check.py --parts bench)")
     columns: list[str] = []
@@ -56,7 +80,7 @@ def table(cells: dict) -> str:
     for problem in sorted(cells, key=_sort_key):
         shape, seq, causal = problem
         row = cells[problem]
-        ratios = [f"{row[c]['vs_cudnn']:.2f}x" if c in row else "-" for c in columns]
+        ratios = [_cell(row[c], spread) if c in row else "-" for c in columns]
         rounds = min(r.get("rounds", 1) for r in row.values())
         lines.append(f"| {shape} | {seq // 1024}K | {'causal' if causal else 'full'} | "
                      + " | ".join(ratios) + f" | {rounds} |")
@@ -66,7 +90,10 @@ def table(cells: dict) -> str:
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("paths", nargs="+", help="hopper_check.py .json outputs")
-    text = table(load(ap.parse_args(argv).paths))
+    ap.add_argument("--spread", action="store_true",
+                    help="add the lowest and highest of the passes' ratios to each cell")
+    args = ap.parse_args(argv)
+    text = table(load(args.paths), spread=args.spread)
     print(text)
     return text
 

@@ -190,6 +190,7 @@ def test_hopper_check_rounds_interleave_and_pair_the_ratios(bench, monkeypatch):
     cudnn, v = hc.RECORDS[3:]
     assert (cudnn["name"], cudnn["ms"], cudnn["vs_cudnn"], cudnn["rounds"]) == ("cudnn", 3000.0, 1.0, 3)
     assert (v["name"], v["ms"], v["vs_cudnn"], v["rounds"]) == ("v", 3000.0, 0.8, 3)
+    assert v["vs_cudnn_passes"] == [0.5, 1.0, 0.8]  # each pass's own, for hopper_table --spread
     assert v["tflops"] == pytest.approx(hc.flops(2, 16, 64, True, "fwdbwd") / 3.0 / 1e12)
 
 
@@ -278,6 +279,38 @@ def test_hopper_table_rows_per_problem_later_files_win(bench, tmp_path):
     json.dump(dict(lines=[], records=first[:1]), open(paths[0], "w"))
     with pytest.raises(ValueError, match="no 'time' records"):
         bench("hopper_table").main(paths[:1])
+
+
+def test_hopper_table_spread_of_the_passes(bench, tmp_path):
+    """``hopper_table.py --spread``: each cell with the lowest and highest of its passes' own
+    ratios, from the records' ``vs_cudnn_passes`` or, in older files, from the ``time_round``
+    records before each problem's ``time`` records (their ms, cuDNN's over the variant's)."""
+    def problem(causal, rounds, passes=None):
+        meta = dict(seq=16384, heads=32, kv_heads=32, head_dim=128, causal=causal)
+        ratio = sorted(rd["cudnn fwdbwd"] / rd["v fwdbwd"] for rd in rounds)[len(rounds) // 2]
+        timed = dict(kind="time", name="v", mode="fwdbwd", vs_cudnn=ratio, rounds=len(rounds),
+                     **meta)
+        if passes is not None:
+            timed["vs_cudnn_passes"] = passes
+        return [dict(kind="time_round", label="L=16384 32:32:128", ms=rd) for rd in rounds] + [
+            dict(kind="time", name="cudnn", mode="fwdbwd", vs_cudnn=1.0, rounds=3, **meta), timed]
+
+    old_file = problem(True, [{"cudnn fwdbwd": 14.5, "v fwdbwd": 15.0},
+                              {"cudnn fwdbwd": 14.5, "v fwdbwd": 14.5},
+                              {"cudnn fwdbwd": 13.0, "v fwdbwd": 13.0 / 0.9}])
+    old_file += problem(False, [{"cudnn fwdbwd": 28.0, "v fwdbwd": 28.0},
+                                {"cudnn fwdbwd": 28.0, "v fwdbwd": 35.0}])
+    path = tmp_path / "grid.json"
+    json.dump(dict(lines=[], records=old_file), open(path, "w"))
+    rows = bench("hopper_table").main(["--spread", str(path)]).splitlines()[2:]
+    assert rows == ["| 32:32:128 | 16K | causal | 0.97x (0.90-1.00) | 3 |",
+                    "| 32:32:128 | 16K | full | 1.00x (0.80-1.00) | 2 |"]
+    new_file = problem(True, [{"cudnn fwdbwd": 1.0, "v fwdbwd": 1.0}] * 3, passes=[0.93, 1.0, 0.95])
+    json.dump(dict(lines=[], records=new_file), open(path, "w"))
+    assert bench("hopper_table").main(["--spread", str(path)]).splitlines()[2] == (
+        "| 32:32:128 | 16K | causal | 1.00x (0.93-1.00) | 3 |")
+    assert bench("hopper_table").main([str(path)]).splitlines()[2] == (
+        "| 32:32:128 | 16K | causal | 1.00x | 3 |")  # without --spread, as before
 
 
 def test_attention_block_spec_keeps_pallas_hopper_defaults(bench):
