@@ -306,7 +306,7 @@ def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, back
 def timed_calls(warm_s: float) -> int:
     """Calls per measurement for a function whose warm-up call took ``warm_s``: --reps, or as many
     as span --min-ms (at most MAX_REPS)."""
-    min_ms = REPS.get("min_ms", 0.0)
+    min_ms = REPS["min_ms"]
     want = math.ceil(min_ms / max(warm_s * 1e3, 1e-3)) if min_ms > 0 else 0
     return max(REPS["n"], min(want, MAX_REPS))
 

@@ -151,7 +151,7 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
     monkeypatch.setattr(hc, "cudnn_fns", xla_fns)
     monkeypatch.setattr(hc, "step_fns", xla_fns)
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused"])  # "mosaic" is "default"
-    monkeypatch.setattr(hc, "REPS", {"n": 1})
+    monkeypatch.setattr(hc, "REPS", {"n": 1, "min_ms": 0.0})
     monkeypatch.setattr(hc, "RECORDS", [])
     monkeypatch.setattr(hc, "write_out", lambda: None)
     hc.bench(64, True, 4, 2, 256)
@@ -458,8 +458,7 @@ def test_hopper_dq_cost_drops_the_adds_then_runs_hopper_check(bench, monkeypatch
 def test_hopper_profile_runs_the_steps_once_and_summarizes_ncu_csv(bench, tmp_path):
     """``hopper_profile.py``: a CPU dry run (interpret mode) of the calls it gives the profiler, and
     ``--summarize`` of an ncu details CSV, plain or gzipped (one column per kernel, rules by
-    estimated speedup); bad
-    shapes and empty CSVs are ValueErrors."""
+    estimated speedup); bad shapes and empty CSVs are ValueErrors."""
     hp = bench("hopper_profile")
     out = hp.main(["--shape", "2:1:64", "--seq", "128", "--interpret"])
     o, (dq, dk, dv) = out["pallas_hopper"]
