@@ -21,13 +21,13 @@
 #   with lse2 alone loaded before its wgmmas, or delta loaded while dp^T is in flight
 #   (benchmarks/results/hopper_runs_1204/kv_cols.py), against the library at head dim 128. Both
 #   lost (1-7% slower).
-# Planned 2026-12-03 (fourth session), not run yet:
+# Run 2026-12-03 (fifth session; results in benchmarks/results/hopper_runs_1205/, section
+# "2026-12-03 (fifth session)" of pallas_hopper_h200.md):
 #   `bash benchmarks/lease_next_h200.sh rerun16k` (about 2 minutes): the 16K cells of the target
 #   grid at head dim 128 with 5 interleaved passes, each measurement the median of at least 3 calls
-#   spanning at least 300 ms (hopper_check.py --min-ms, new), default and deterministic. In
-#   the fourth session's grid (hopper_runs_1204/grid.md) the two cells below target were at 16K,
-#   and their passes spread most: 32:32:128 causal default 0.97/0.95/0.95x, 32:8:128 full
-#   deterministic 0.99/0.92/0.82x.
+#   spanning at least 300 ms (hopper_check.py --min-ms), default and deterministic.
+# Planned 2026-12-03 (fourth session). In the fifth session Nsight Compute segfaulted on its first
+# launch and nothing came back; the same recipe had worked in the sixth session of 2026-12-02:
 #   `bash benchmarks/lease_next_h200.sh lagsass [CAUSAL]` (about 3 minutes; default 1): the
 #   head-dim-128 fused backward instruction by instruction at 32K, the library's kernel and the one
 #   with dq one pair late (hopper_runs_1204/lag_dq.patch, applied to the device's copy of the tree
