@@ -22,6 +22,10 @@ SourceCounters --launch-count 1 --kernel-name regex:scoped_mosaic`` (the backwar
   ncu --import $OUT/prof.ncu-rep --page source --print-source sass --csv > sass.csv
   python3 benchmarks/hopper_profile.py --sass sass.csv
 
+Every kernel's duration (XLA's fusions around the steps too): ``--section SpeedOfLight`` without
+``--kernel-name``, XLA's autotuning off (``--xla_gpu_autotune_level=0``) so that no launch goes to
+it, then ``--durations`` of the details CSV.
+
 Registers and spills per kernel, without a profiler: run the script (any ``--seq``, 1024 is enough)
 with ``MOSAIC_GPU_DUMP_PTXAS=1`` (``MOSAIC_GPU_DUMP_SASS=1`` adds the SASS where ``nvdisasm`` is
 installed; the H200 machine has none) and its output in a file, then ``--ptxas`` that file.
@@ -155,6 +159,37 @@ def summarize(path: str, rules: int = 4) -> str:
     return "\n".join(lines)
 
 
+_MICROSECONDS = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6}
+
+
+def durations(path: str) -> list[dict]:
+    """Each profiled kernel's ID, name, grid and ``Duration`` in microseconds, in launch order, from
+    ncu's details page as CSV (plain or .gz): where a step's time goes kernel by kernel, e.g. the
+    main kernels against XLA's fusions around them (any section set that has Duration, such as
+    ``--section SpeedOfLight`` without a kernel filter)."""
+    with _open_text(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("ID", "").isdigit()]
+    out = []
+    for r in rows:
+        if r["Metric Name"] != "Duration":
+            continue
+        unit = r["Metric Unit"].strip().lower()
+        if unit not in _MICROSECONDS:
+            raise ValueError(f"--durations {path!r}: kernel {r['ID']} Duration unit {unit!r} is not "
+                             f"one of {sorted(_MICROSECONDS)}")
+        us = _number(r["Metric Value"]) * _MICROSECONDS[unit]
+        out.append(dict(id=int(r["ID"]), kernel=r["Kernel Name"], grid=r.get("Grid Size", ""), us=us))
+    if not out:
+        raise ValueError(f"--durations {path!r}: no Duration rows (expected ncu --page details --csv)")
+    return out
+
+
+def durations_table(kernels: list[dict]) -> str:
+    """``durations`` as lines (ID, microseconds, grid, name) and their total."""
+    lines = [f"{k['id']:>4} {k['us']:12.1f} us  {k['grid']:>16s}  {k['kernel'][:70]}" for k in kernels]
+    return "\n".join([*lines, f"total {sum(k['us'] for k in kernels):12.1f} us"])
+
+
 SAMPLES = "Warp Stall Sampling (All Samples)"
 
 
@@ -268,6 +303,8 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--ptxas", metavar="LOG", help="print registers and spills per kernel from "
                     "the output of a run with MOSAIC_GPU_DUMP_PTXAS=1 (and _SASS=1)")
     ap.add_argument("--summarize", metavar="CSV", help="print the summary of an ncu details CSV")
+    ap.add_argument("--durations", metavar="CSV", help="print each kernel's duration from an ncu "
+                    "details CSV")
     ap.add_argument("--sass", metavar="CSV", help="print where the warps of an ncu source-page "
                     "CSV (SASS) wait")
     args = ap.parse_args(argv)
@@ -280,6 +317,10 @@ def main(argv: list[str]) -> dict:
         text = sass_summary(args.sass)
         print(text)
         return {"sass": text}
+    if args.durations:
+        kernels = durations(args.durations)
+        print(durations_table(kernels))
+        return {"durations": kernels}
     if args.summarize:
         text = summarize(args.summarize)
         print(text)

@@ -33,6 +33,13 @@
 #   with dq one pair late (hopper_runs_1204/lag_dq.patch, applied to the device's copy of the tree
 #   and reverted). The lag spilled less and ran 3-10% slower; where its time goes says what holds
 #   the head-dim-128 backward at 0.95-1.02x of cuDNN.
+# Planned 2026-12-03 (fifth session), first: the kernels write the step's [B, S, heads, D] layout
+# since then (hopper_runs_1205/layout16k.txt: 16K head dim 128 0.99-1.00x), measured at 16K only,
+# and checked on the device in 6 of the step cases only:
+#   `bash benchmarks/lease_next_h200.sh check` (about 6 minutes): every step case and the ring on
+#   one device against the float32 reference, default and deterministic backward;
+#   `bash benchmarks/lease_next_h200.sh grid 128`, then `grid 64` (about 8 and 6 minutes; a fresh
+#   R for the second): the target grid with the library as committed.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
 
@@ -51,7 +58,19 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols, rerun16k or lagsass}" in
+case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check or grid}" in
+check)
+  step timeout 560 python3 benchmarks/hopper_check.py --out "$R/check" --parts steps,ring \
+    --backwards default,deterministic,triton --hard-limit 540
+  grep -h "FAIL\|ERROR\|SUMMARY" "$R/check.txt"
+  pack ;;
+grid)
+  d=${2:-128}
+  step timeout 590 python3 benchmarks/hopper_check.py --out "$R/grid$d" --parts bench --reps 3 \
+    --rounds 3 --min-ms 300 --hard-limit 580 --shapes 32:8:$d,32:32:$d --seqs 16384,65536,131072 \
+    --causal 1,0 --backwards default,deterministic
+  times "$R/grid$d.txt"
+  pack ;;
 lagsass)
   causal=${2:-1} patch=benchmarks/results/hopper_runs_1204/lag_dq.patch
   sass_profile "lagsass_lockstep_c$causal" scoped_mosaic 0 32:32:128 "$causal" default

@@ -455,6 +455,39 @@ def test_hopper_dq_cost_drops_the_adds_then_runs_hopper_check(bench, monkeypatch
         hdc.drop("dk_add")
 
 
+def test_hopper_profile_durations_per_kernel(bench, tmp_path):
+    """``hopper_profile.py --durations``: each kernel's Duration from an ncu details CSV (plain or
+    gzipped) in launch order, converted to microseconds, other metrics ignored; no Duration rows or
+    an unknown unit are ValueErrors."""
+    hp = bench("hopper_profile")
+    head = ["ID", "Kernel Name", "Grid Size", "Section Name", "Metric Name", "Metric Unit",
+            "Metric Value"]
+    rows = [["0", "loop_broadcast_fusion", "(131072, 1, 1)", "SOL", "Duration", "usecond", "81.25"],
+            ["0", "loop_broadcast_fusion", "(131072, 1, 1)", "SOL", "SM Frequency", "Ghz", "1.96"],
+            ["1", "scoped_mosaic_gpu_kernel", "(1, 128, 32)", "SOL", "Duration", "msecond", "9.57"],
+            ["2", "convert_dq", "(1024, 1, 32)", "SOL", "Duration", "ns", "103,040"]]
+    path = tmp_path / "k.csv.gz"
+    path.write_bytes(gzip.compress(
+        ("\n".join(",".join(f'"{x}"' for x in r) for r in [head, *rows]) + "\n").encode()))
+    kernels = hp.main(["--durations", str(path)])["durations"]
+    assert [k["id"] for k in kernels] == [0, 1, 2]
+    assert [k["kernel"] for k in kernels] == ["loop_broadcast_fusion", "scoped_mosaic_gpu_kernel",
+                                              "convert_dq"]
+    assert [round(k["us"], 2) for k in kernels] == [81.25, 9570.0, 103.04]
+    assert kernels[1]["grid"] == "(1, 128, 32)"
+    table = hp.durations_table(kernels)
+    assert table.splitlines()[-1].split() == ["total", "9754.3", "us"]
+    rows[0][5] = "cycle"
+    path.write_bytes(gzip.compress(
+        ("\n".join(",".join(f'"{x}"' for x in r) for r in [head, *rows]) + "\n").encode()))
+    with pytest.raises(ValueError, match="unit 'cycle'"):
+        hp.durations(str(path))
+    plain = tmp_path / "none.csv"
+    plain.write_text(",".join(head) + "\n")
+    with pytest.raises(ValueError, match="no Duration rows"):
+        hp.durations(str(plain))
+
+
 def test_hopper_profile_runs_the_steps_once_and_summarizes_ncu_csv(bench, tmp_path):
     """``hopper_profile.py``: a CPU dry run (interpret mode) of the calls it gives the profiler, and
     ``--summarize`` of an ncu details CSV, plain or gzipped (one column per kernel, rules by

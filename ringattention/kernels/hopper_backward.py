@@ -89,7 +89,7 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     *bounds, edge = pg.block_bounds(table, B, window)  # a window's edge bound is the last input
     dq_cfg = cfg(block=c, n_cta=sq // CTA)
     dq = hk.launch(functools.partial(hbk.dq_kernel, cfg=dq_cfg),
-                   jax.ShapeDtypeStruct((B, H, sq, d), F32),
+                   jax.ShapeDtypeStruct((B, sq, H, d), F32),
                    _scratch(ROWS, c, d, q.dtype, bs.bwd_stages, 2, 0, positions, segments),
                    grid=(H, sq // CTA, B), interpret=interpret)(
                        *bounds, *args, *(() if edge is None else (edge,)))
@@ -97,10 +97,10 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window)
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
     kv_cfg = cfg(block=ROWS, n_cta=sk // CTA)
-    out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
+    out = jax.ShapeDtypeStruct((B, sk, K, d), F32)
     dk, dv = hk.launch(functools.partial(hbk.dkv_kernel, cfg=kv_cfg), (out, out),
                        _scratch(ROWS, ROWS, d, q.dtype, bs.bwd_stages, 0, 2, positions, segments),
                        grid=(K, sk // CTA, B), interpret=interpret)(*bounds[:3], *args,
                                                                       *bounds[3:])
-    cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :D]  # noqa: E731
+    cut = lambda x, n: x[:, :n, :, :D]  # noqa: E731
     return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)

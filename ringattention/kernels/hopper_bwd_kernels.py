@@ -144,7 +144,7 @@ def _load_queries(cfg: BwdConfig, ops: Ops, wg, gmem, smem, bar):
 def dq_kernel(*refs, cfg: BwdConfig):
     """Grid ("h", "i", "b"), warpgroups "wg". GMEM: lo/mid/hi [B, nq]; q, do [B, Sq, H, D]; k, v
     [B, Sk, K, D]; lse2, delta f32 [B, H, Sq]; positions / ids as in the forward. Out: dq f32
-    [B, H, Sq, D]."""
+    [B, Sq, H, D] (the step's layout: no transpose after the kernel)."""
     bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
         (dq_ref,), scratch = _split(refs, cfg, 1)
     (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free) = scratch
@@ -198,7 +198,7 @@ def dq_kernel(*refs, cfg: BwdConfig):
             return dq
 
         dq = block_loops(body, bounds, cfg.masked, ops.full((r, q_s.shape[2]), 0.0))  # slots from lo
-        dq_ref.at[b, h, rows][...] = dq * cfg.scale
+        dq_ref.at[b, rows, h][...] = dq * cfg.scale
 
 
 def nothing_masked(bounds, masked: bool) -> bool:
@@ -355,7 +355,7 @@ def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs) -> None:
 
 def dkv_kernel(*refs, cfg: BwdConfig):
     """Grid ("h", "i", "b") over kv heads and key CTAs. Inputs as ``dq_kernel`` (lo/mid/hi [B, nk]
-    over query blocks). Out: dk, dv f32 [B, K, Sk, D]."""
+    over query blocks). Out: dk, dv f32 [B, Sk, K, D]."""
     bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
         (dk_ref, dv_ref), scratch = _split(refs, cfg, 2)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch
@@ -389,4 +389,4 @@ def dkv_kernel(*refs, cfg: BwdConfig):
             return carry
 
         group_loop(cfg, ops, body, bounds, masked, k_s.shape[2],
-                   (dk_ref.at[b, kvh, rows], dv_ref.at[b, kvh, rows]))
+                   (dk_ref.at[b, rows, kvh], dv_ref.at[b, rows, kvh]))

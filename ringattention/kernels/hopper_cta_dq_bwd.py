@@ -6,7 +6,8 @@ dq_tile="cta")``. There each compute warpgroup reduce-adds its own dq contributi
 ([64 queries, D] float32) for every query block it visits: two tiles per CTA and pair. Here the two
 warpgroups of a CTA (which visit the same query blocks in the same order) share one, so the
 reduce-add traffic (what limits the fused backward: removing it makes the step 1.22-1.25x faster on
-an H200) and the float32 dq accumulator halve, and the accumulator is one [B, H, Sq, D] buffer:
+an H200) and the float32 dq accumulator halve, and the accumulator is one [B, Sq, H, D] buffer
+(the step's layout, tiles scaled before they are added: dq needs no pass after the kernel):
 
 * head dims 65-128 (``cta_dq_kernel``): after both have written ds^T of their 64 keys to shared
   memory, warpgroup w computes the columns Dw = [w D/2, (w + 1) D/2) of
@@ -69,7 +70,7 @@ def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape):
 
 
 def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
-    """``hfb.key_cta_kernel`` with the dq accumulator f32 [B, H, Sq, D], a ds^T tile and half a dq
+    """``hfb.key_cta_kernel`` with the dq accumulator f32 [B, Sq, H, D], a ds^T tile and half a dq
     staging tile per warpgroup, and the barriers ds^T written / ds^T read. Out: dk, dv f32
     [B, K, Sk, D]."""
     hfb.key_cta_kernel(refs, cfg, _split_columns)
@@ -94,7 +95,7 @@ def _split_columns(c: hfb.KeyCta):
         dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS))  # [c, D/2]
         plgpu.barrier_arrive(ds_free)
         h, rows_q = c.dq_rows(j, g)
-        ops.reduce_add(dq_s.at[wg], dq, c.outs[0].at[c.b, h, rows_q, dw])
+        ops.reduce_add(dq_s.at[wg], dq * cfg.scale, c.outs[0].at[c.b, rows_q, h, dw])
         return carry
 
     c.loop(body)
@@ -136,7 +137,7 @@ def _take_turns(c: hfb.KeyCta):
             dq = _dq_half(ops, ds_s.at[par], k_s, pl.ds(0, d), (cfg.block, d))  # [c, D]
             plgpu.barrier_arrive(done.at[par])
             h, rows_q = c.dq_rows(j, g)
-            ops.reduce_add(dq_s.at[wg], dq, c.outs[0].at[c.b, h, rows_q])
+            ops.reduce_add(dq_s.at[wg], dq * cfg.scale, c.outs[0].at[c.b, rows_q, h])
 
         return carry
 
@@ -173,11 +174,11 @@ def smem_bytes(d: int, dtype, stages: int) -> int:
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
-    """Padded inputs -> unscaled dq f32 [B, H, Sq, D], dk, dv f32 [B, K, Sk, D]."""
+    """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk, dv f32 [B, Sk, K, D]."""
     B, sq, H, d = q.shape
     sk, K = k.shape[1], k.shape[2]
-    dq_acc = jax.new_ref(jnp.zeros((B, H, sq, d), F32), memory_space=plgpu.GMEM)
-    out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
+    dq_acc = jax.new_ref(jnp.zeros((B, sq, H, d), F32), memory_space=plgpu.GMEM)
+    out = jax.ShapeDtypeStruct((B, sk, K, d), F32)
     kernel = alternating_kernel if d == 64 else cta_dq_kernel
     dk, dv = hfb._launch(functools.partial(kernel, cfg=cfg), (out, out),
                          _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),

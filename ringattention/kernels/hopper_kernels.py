@@ -278,8 +278,9 @@ def fwd_kernel(*refs, cfg: FwdConfig):
 
     GMEM inputs: lo/mid/hi int32 [B, nq]; q [B, Sq, H, D]; k, v [B, Sk, K, D]; then (causal or
     window) q_pos [Sq], k_pos [Sk]; then (segments) q_seg [B, Sq], k_seg [B, Sk]; then (window) edge
-    int32 [B, nq]. GMEM outputs: o f32 [B, H, Sq, D] (head-major, so a warpgroup's tile is
-    contiguous), lse f32 [B, H, Sq] (natural log).
+    int32 [B, nq]. GMEM outputs: o f32 [B, Sq, H, D] (the step's layout: a warpgroup's tile is 64
+    rows of D contiguous floats, H * D apart, and no transpose follows the kernel), lse f32
+    [B, H, Sq] (natural log).
     """
     n_in = 6 + 2 * cfg.positions + 2 * cfg.segments + (cfg.window is not None)
     ins, (o_ref, lse_ref), scratch = refs[:n_in], refs[n_in:n_in + 2], refs[n_in + 2:]
@@ -375,7 +376,7 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
     def write(acc, m, l):
         seen = l > 0.0
         inv = 1.0 / jnp.where(seen, l, 1.0)  # [bq]: one reciprocal per row, then multiplies
-        o_ref.at[b, h, rows][...] = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+        o_ref.at[b, rows, h][...] = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
         lse_ref.at[b, h, rows][...] = jnp.where(seen, m * LN2 - jnp.log(inv), -jnp.inf)
 
     w = hfl.Warpgroup(cfg, ops, q_smem.at[wg], k_smem, v_smem, k_bar, v_bar, k_free, v_free, sched,

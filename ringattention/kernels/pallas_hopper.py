@@ -289,7 +289,7 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_s
     extra += (edge,) if window is not None else ()
     o, lse = _fwd_call(geo, bs, *bounds, q, k, v, *extra, causal=causal, segments=q_seg is not None,
                        scale=softmax_scale, interpret=interpret, window=window)
-    return jnp.swapaxes(o, 1, 2)[:, :Sq, :, :D], lse[:, :, :Sq]
+    return o[:, :Sq, :, :D], lse[:, :, :Sq]
 
 
 def _fwd_call(geo: Geometry, bs: BlockSizes, lo, mid, hi, q, k, v, *extra, causal: bool,
@@ -306,7 +306,7 @@ def _fwd_call(geo: Geometry, bs: BlockSizes, lo, mid, hi, q, k, v, *extra, causa
     if smem > SMEM_LIMIT - 1024:
         raise ValueError(f"pallas_hopper: block_k={geo.bk}, stages={bs.stages} at head dim {D} need "
                          f"{smem} bytes of shared memory (limit {SMEM_LIMIT}); use fewer/smaller")
-    out_type = (jax.ShapeDtypeStruct((B, H, Sq, D), F32), jax.ShapeDtypeStruct((B, H, Sq), F32))
+    out_type = (jax.ShapeDtypeStruct((B, Sq, H, D), F32), jax.ShapeDtypeStruct((B, H, Sq), F32))
     kernel = hk.launch(functools.partial(hk.fwd_kernel, cfg=cfg), out_type,
                        _scratch(cfg, D, q.dtype), grid=(H, nq, B), interpret=interpret)
     return kernel(lo, mid, hi, q, k, v, *extra)
