@@ -72,7 +72,7 @@ def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape):
 def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
     """``hfb.key_cta_kernel`` with the dq accumulator f32 [B, Sq, H, D], a ds^T tile and half a dq
     staging tile per warpgroup, and the barriers ds^T written / ds^T read. Out: dk, dv f32
-    [B, K, Sk, D]."""
+    [B, Sk, K, D]."""
     hfb.key_cta_kernel(refs, cfg, _split_columns)
 
 
