@@ -33,13 +33,18 @@
 #   with dq one pair late (hopper_runs_1204/lag_dq.patch, applied to the device's copy of the tree
 #   and reverted). The lag spilled less and ran 3-10% slower; where its time goes says what holds
 #   the head-dim-128 backward at 0.95-1.02x of cuDNN.
-# Planned 2026-12-03 (fifth session), first: the kernels write the step's [B, S, heads, D] layout
-# since then (hopper_runs_1205/layout16k.txt: 16K head dim 128 0.99-1.00x), measured at 16K only,
-# and checked on the device in 6 of the step cases only:
-#   `bash benchmarks/lease_next_h200.sh check` (about 6 minutes): every step case and the ring on
-#   one device against the float32 reference, default and deterministic backward;
-#   `bash benchmarks/lease_next_h200.sh grid 128`, then `grid 64` (about 8 and 6 minutes; a fresh
-#   R for the second): the target grid with the library as committed.
+# Run 2026-12-03 (sixth session; results in benchmarks/results/hopper_runs_1203f/, section
+# "2026-12-03 (sixth session)" of pallas_hopper_h200.md): `check` (104 PASS; "fused" added, which
+# checks head dim 256's atomic backward), `grid 128` (about 8 minutes), `grid 64` (6 minutes, a
+# fresh R). The grid found head dim 128 without a mask at 0.97x (64K) and 0.91x (128K): the step's
+# layout of dq's reduce-adds, since limited to 16K tokens by STEP_LAYOUT_MAX_HEAD_DQ_BYTES.
+# Planned 2026-12-03 (sixth session), first (a fresh R for each):
+#   `bash benchmarks/lease_next_h200.sh dqlayout` (about 7 minutes): the rule against the step's
+#   layout and head-major at every length, head dim 128, 16K-128K, causal and not;
+#   `bash benchmarks/lease_next_h200.sh grid 128` (about 8 minutes): the target grid with the rule;
+#   `bash benchmarks/lease_next_h200.sh ab256` (about 3 minutes): head dim 256's split backward
+#   in the step's layout (hopper_runs_1203f/d256_layout.patch, checked on the device by this
+#   session's `check`, not timed) against the library.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
 
@@ -58,10 +63,11 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check or grid}" in
+case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, dqlayout or ab256}" in
 check)
+  # "fused" adds head dim 256's atomic backward (at 64 and 128 it is the default)
   step timeout 560 python3 benchmarks/hopper_check.py --out "$R/check" --parts steps,ring \
-    --backwards default,deterministic,triton --hard-limit 540
+    --backwards default,deterministic,triton,fused --hard-limit 540
   grep -h "FAIL\|ERROR\|SUMMARY" "$R/check.txt"
   pack ;;
 grid)
@@ -70,6 +76,24 @@ grid)
     --rounds 3 --min-ms 300 --hard-limit 580 --shapes 32:8:$d,32:32:$d --seqs 16384,65536,131072 \
     --causal 1,0 --backwards default,deterministic
   times "$R/grid$d.txt"
+  pack ;;
+ab256)
+  # head dim 256's split backward writing the step's layout (hopper_runs_1203f/d256_layout.patch,
+  # applied to the device's copy and reverted), against the library (head-major plus transposes)
+  patch=benchmarks/results/hopper_runs_1203f/d256_layout.patch
+  ab="--parts bench --reps 3 --rounds 3 --min-ms 300 --shapes 16:8:256 --seqs ${2:-32768}
+    --causal 1,0 --backwards default"
+  step timeout 200 python3 benchmarks/hopper_check.py --out "$R/d256_library" $ab --hard-limit 190
+  git apply "$patch" || patch -p1 < "$patch" || exit 1
+  step timeout 200 python3 benchmarks/hopper_check.py --out "$R/d256_layout" $ab --hard-limit 190
+  git apply -R "$patch" || patch -R -p1 < "$patch"
+  times "$R/d256_library.txt" "$R/d256_layout.txt"
+  pack ;;
+dqlayout)
+  # head dim 128's dq accumulator: the library's rule, the step's layout, head-major
+  step timeout 580 python3 benchmarks/results/hopper_runs_1203f/dq_layout.py --backwards default \
+    --problems 32:32:128@16384+32768+65536+131072 --variants library,step,head \
+    --out "$R/dq_layout"
   pack ;;
 lagsass)
   causal=${2:-1} patch=benchmarks/results/hopper_runs_1204/lag_dq.patch

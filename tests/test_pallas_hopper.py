@@ -307,11 +307,15 @@ def test_head_dim_256_fused_split_backward():
 
 
 @needs_interpret
-@pytest.mark.parametrize("dim", [128, 64])
-def test_fused_backward_with_one_dq_tile_per_cta(dim):
+@pytest.mark.parametrize("dim,head_major", [(128, False), (128, True), (64, False)])
+def test_fused_backward_with_one_dq_tile_per_cta(dim, head_major, monkeypatch):
     """``dq_tile="cta"`` (``hopper_cta_dq_bwd``): the two warpgroups of a key CTA add one dq tile,
     half its columns each (128) or taking turns by pair parity (64: four pairs per key CTA, so
-    both parities' buffers are reused); causal, GQA, segment ids, ragged, two key CTAs."""
+    both parities' buffers are reused); causal, GQA, segment ids, ragged, two key CTAs.
+    ``head_major``: head dim 128's dq accumulator as [B, H, Sq, D] (long shards; here forced by a
+    threshold of 0 bytes), transposed after the kernel."""
+    if head_major:
+        monkeypatch.setattr(hcb, "STEP_LAYOUT_MAX_HEAD_DQ_BYTES", 0)
     rng = np.random.default_rng(13)
     inputs = _inputs(rng, sq=72, sk=200, heads=2, kv_heads=1, dim=dim, dtype="bfloat16",
                      where="overlap", segments=True, batch=1)
@@ -576,7 +580,8 @@ def test_steps_write_their_outputs_in_place(dim, causal, deterministic):
     """The Mosaic kernels write o, dq, dk and dv in the step's [B, S, heads, D] layout (and scale dq
     before adding it), so the default steps and the deterministic backward, lowered for CUDA, hold
     no transpose: on an H200 the four transposes took about 0.5 ms of a 15 ms step at 16K tokens
-    (results: pallas_hopper_h200.md, 2026-12-03 fifth session)."""
+    (results: pallas_hopper_h200.md, 2026-12-03 fifth session). (Head dim 128's default backward
+    from 32K tokens has one: see the next test.)"""
     bs = (ph.deterministic_block_sizes(None, dim, causal) if deterministic
           else ph.default_block_sizes(dim, causal))
     q = jax.ShapeDtypeStruct((1, 512, 4, dim), jnp.bfloat16)
@@ -598,6 +603,33 @@ def test_steps_write_their_outputs_in_place(dim, causal, deterministic):
         moved = [line for line in text.splitlines()
                  if "stablehlo.transpose" in line and ("xf32>" in line or "xbf16>" in line)]
         assert moved == [], fn.__name__
+
+
+def test_long_shards_accumulate_dq_head_major_at_head_dim_128(monkeypatch):
+    """Above ``STEP_LAYOUT_MAX_HEAD_DQ_BYTES`` of one head's dq (head dim 128 from 32K tokens) the
+    default backward adds its dq tiles to a head-major buffer and transposes it once after the
+    kernel (the step's layout lost 2-9% there on an H200); head dim 64 keeps the step's layout."""
+    assert not hcb.dq_head_major(16384, 128) and hcb.dq_head_major(32768, 128)
+    assert hcb.dq_head_major(131072, 128) and not hcb.dq_head_major(131072, 64)
+    monkeypatch.setattr(hcb, "STEP_LAYOUT_MAX_HEAD_DQ_BYTES", 0)  # 512 tokens count as long
+    for dim, want in ((128, 1), (64, 0)):
+        bs = ph.default_block_sizes(dim, False)
+        q = jax.ShapeDtypeStruct((1, 512, 4, dim), jnp.bfloat16)
+        k = jax.ShapeDtypeStruct((1, 512, 2, dim), jnp.bfloat16)
+        lse = jax.ShapeDtypeStruct((1, 4, 512), jnp.float32)
+        pos = jax.ShapeDtypeStruct((512,), jnp.int32)
+
+        def bwd(q, k, v, do, lse, delta, p, dim=dim, bs=bs):
+            return ph.backward_step(q, k, v, do, lse, delta, p, p, None, None, causal=False,
+                                    softmax_scale=dim**-0.5, block_sizes=bs)
+
+        lowered = jax.jit(bwd).trace(q, k, k, q, lse, lse, pos).lower(lowering_platforms=("cuda",))
+        text = lowered.as_text()
+        moved = [line for line in text.splitlines()
+                 if "stablehlo.transpose" in line and "xf32>" in line]
+        assert len(moved) == want, (dim, moved)
+        if want:
+            assert "tensor<1x4x512x128xf32>) -> tensor<1x512x4x128xf32>" in moved[0]
 
 
 def test_float32_forward_is_the_triton_step():
