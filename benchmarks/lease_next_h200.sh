@@ -42,6 +42,8 @@
 #   `bash benchmarks/lease_next_h200.sh dqlayout` (about 7 minutes): the rule against the step's
 #   layout and head-major at every length, head dim 128, 16K-128K, causal and not;
 #   `bash benchmarks/lease_next_h200.sh grid 128` (about 8 minutes): the target grid with the rule;
+#   `bash benchmarks/lease_next_h200.sh dqprof` (about 2 minutes, if time is left): why the
+#   step's layout loses at 64K, from Nsight Compute's memory counters of the two layouts;
 #   `bash benchmarks/lease_next_h200.sh ab256` (about 3 minutes): head dim 256's split backward
 #   in the step's layout (hopper_runs_1203f/d256_layout.patch, checked on the device by this
 #   session's `check`, not timed) against the library.
@@ -63,7 +65,7 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, dqlayout or ab256}" in
+case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, dqlayout, dqprof or ab256}" in
 check)
   # "fused" adds head dim 256's atomic backward (at 64 and 128 it is the default)
   step timeout 560 python3 benchmarks/hopper_check.py --out "$R/check" --parts steps,ring \
@@ -94,6 +96,26 @@ dqlayout)
   step timeout 580 python3 benchmarks/results/hopper_runs_1203f/dq_layout.py --backwards default \
     --problems 32:32:128@16384+32768+65536+131072 --variants library,step,head \
     --out "$R/dq_layout"
+  pack ;;
+dqprof)
+  # the default backward kernel at 32:32:128, 64K, no mask, with dq in the step's layout and
+  # head-major: Nsight Compute's SpeedOfLight and MemoryWorkloadAnalysis (L2 hit rate of the
+  # reduce-adds, DRAM traffic), one launch each; summarized by hopper_profile.py --summarize
+  for v in step head; do
+    name="dqprof_$v"
+    step env -u XLA_PYTHON_CLIENT_MEM_FRACTION XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 200 ncu --clock-control none \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats -f \
+        --launch-skip 1 --launch-count 1 --kernel-name regex:mosaic --export "$R/$name" \
+        python3 benchmarks/results/hopper_runs_1203f/dq_layout.py profile "$v" --shape 32:32:128 \
+        --seq 65536 --causal 0
+    timeout -k 5 120 ncu --import "$R/$name.ncu-rep" --page details --csv 2>&1 | gzip \
+      > "$R/$name.csv.gz"
+    rm -f "$R/$name.ncu-rep"
+  done
+  python3 benchmarks/hopper_profile.py --summarize "$R/dqprof_step.csv.gz" > "$R/dqprof_step.txt" 2>&1
+  python3 benchmarks/hopper_profile.py --summarize "$R/dqprof_head.csv.gz" > "$R/dqprof_head.txt" 2>&1
+  cat "$R/dqprof_step.txt" "$R/dqprof_head.txt"
   pack ;;
 lagsass)
   causal=${2:-1} patch=benchmarks/results/hopper_runs_1204/lag_dq.patch

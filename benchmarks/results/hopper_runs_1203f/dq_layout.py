@@ -13,6 +13,10 @@ session's grid). The library now keeps the step's layout only up to
 * ``step``: the step's layout at every length (the fifth session's library);
 * ``head``: head-major at every length (the fourth session's layout for dq).
 
+``profile VARIANT ARGS...`` runs ``benchmarks/hopper_profile.py ARGS`` with that variant in place,
+for Nsight Compute (``lease_next_h200.sh dqprof``: L2 and DRAM traffic of the backward kernel in
+the step's layout and head-major).
+
 Timed with ``hopper_runs_1203c/kv_init.py``'s harness (bare backward step, interleaved rounds,
 gradients compared with the library's):
 
@@ -23,6 +27,7 @@ gradients compared with the library's):
 
 from __future__ import annotations
 
+import runpy
 import sys
 
 sys.path.insert(0, "benchmarks/results/hopper_runs_1203c")
@@ -42,4 +47,9 @@ kv_init.USE["variant"] = use
 kv_init.VARIANTS = VARIANTS
 
 if __name__ == "__main__":
-    kv_init.main()
+    if sys.argv[1:2] == ["profile"]:
+        use(sys.argv[2])
+        sys.argv = ["benchmarks/hopper_profile.py", *sys.argv[3:]]
+        runpy.run_path("benchmarks/hopper_profile.py", run_name="__main__")
+    else:
+        kv_init.main()
