@@ -39,8 +39,9 @@
 # fresh R). The grid found head dim 128 without a mask at 0.97x (64K) and 0.91x (128K): the step's
 # layout of dq's reduce-adds, since limited to 16K tokens by STEP_LAYOUT_MAX_HEAD_DQ_BYTES.
 # Planned 2026-12-03 (sixth session), first (a fresh R for each):
-#   `bash benchmarks/lease_next_h200.sh dqlayout` (about 7 minutes): the rule against the step's
-#   layout and head-major at every length, head dim 128, 16K-128K, causal and not;
+#   `bash benchmarks/lease_next_h200.sh dqlayout` (about 8 minutes), then
+#   `... dqlayout 32:32:128@131072,32:8:128@131072 dq_layout128k` (about 6 minutes): the rule
+#   against the step's layout and head-major at every length, head dim 128, causal and not;
 #   `bash benchmarks/lease_next_h200.sh grid 128` (about 8 minutes): the target grid with the rule;
 #   `bash benchmarks/lease_next_h200.sh dqprof` (about 2 minutes, if time is left): why the
 #   step's layout loses at 64K, from Nsight Compute's memory counters of the two layouts;
@@ -92,10 +93,11 @@ ab256)
   times "$R/d256_library.txt" "$R/d256_layout.txt"
   pack ;;
 dqlayout)
-  # head dim 128's dq accumulator: the library's rule, the step's layout, head-major
+  # head dim 128's dq accumulator: the library's rule, the step's layout, head-major (24
+  # compilations at the default problems: about 8 minutes)
+  probs=${2:-32:32:128@16384+32768+65536} name=${3:-dq_layout}
   step timeout 580 python3 benchmarks/results/hopper_runs_1203f/dq_layout.py --backwards default \
-    --problems 32:32:128@16384+32768+65536+131072 --variants library,step,head \
-    --out "$R/dq_layout"
+    --problems "$probs" --variants library,step,head --out "$R/$name"
   pack ;;
 dqprof)
   # the default backward kernel at 32:32:128, 64K, no mask, with dq in the step's layout and
