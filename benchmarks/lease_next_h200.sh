@@ -38,7 +38,7 @@
 # checks head dim 256's atomic backward), `grid 128` (about 8 minutes), `grid 64` (6 minutes, a
 # fresh R). The grid found head dim 128 without a mask at 0.97x (64K) and 0.91x (128K): the step's
 # layout of dq's reduce-adds, since limited to 16K tokens by STEP_LAYOUT_MAX_HEAD_DQ_BYTES.
-# Planned 2026-12-03 (sixth session), first (a fresh R for each):
+# Planned 2026-12-03 (sixth session), first (one R per machine; the outputs have their own names):
 #   `bash benchmarks/lease_next_h200.sh dqlayout` (about 8 minutes), then
 #   `... dqlayout 32:32:128@131072,32:8:128@131072 dq_layout128k` (about 6 minutes): the rule
 #   against the step's layout and head-major at every length, head dim 128, causal and not;

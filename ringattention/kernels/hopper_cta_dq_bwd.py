@@ -65,7 +65,8 @@ STEP_LAYOUT_MAX_HEAD_DQ_BYTES = 8 * 2**20
 
 def dq_head_major(sq: int, d: int) -> bool:
     """Whether the one-tile-per-CTA backward accumulates dq head-major (see the constant above):
-    ``sq`` query rows (padded), padded head dim ``d``."""
+    ``sq`` query rows, padded head dim ``d``. (The threshold is a whole number of 128-row CTAs at
+    head dim 128, so padding the rows would not change the answer.)"""
     return d == 128 and sq * d * 4 > STEP_LAYOUT_MAX_HEAD_DQ_BYTES
 
 
@@ -227,8 +228,8 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
                              f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
                              f"{hb.SMEM_LIMIT}); use fewer bwd_stages")
 
-    if head_major is None:  # on the padded lengths
-        head_major = dq_head_major(-(-q.shape[1] // CTA) * CTA, -(-q.shape[3] // 64) * 64)
+    if head_major is None:
+        head_major = dq_head_major(q.shape[1], -(-q.shape[3] // 64) * 64)
     run = functools.partial(_run, head_major=head_major)
     return hfb.key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
                                 bs=bs, causal=causal, softmax_scale=softmax_scale,
