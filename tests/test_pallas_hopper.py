@@ -307,15 +307,11 @@ def test_head_dim_256_fused_split_backward():
 
 
 @needs_interpret
-@pytest.mark.parametrize("dim,head_major", [(128, False), (128, True), (64, False)])
-def test_fused_backward_with_one_dq_tile_per_cta(dim, head_major, monkeypatch):
+@pytest.mark.parametrize("dim", [128, 64])
+def test_fused_backward_with_one_dq_tile_per_cta(dim):
     """``dq_tile="cta"`` (``hopper_cta_dq_bwd``): the two warpgroups of a key CTA add one dq tile,
     half its columns each (128) or taking turns by pair parity (64: four pairs per key CTA, so
-    both parities' buffers are reused); causal, GQA, segment ids, ragged, two key CTAs.
-    ``head_major``: head dim 128's dq accumulator as [B, H, Sq, D] (long shards; here forced by a
-    threshold of 0 bytes), transposed after the kernel."""
-    if head_major:
-        monkeypatch.setattr(hcb, "STEP_LAYOUT_MAX_HEAD_DQ_BYTES", 0)
+    both parities' buffers are reused); causal, GQA, segment ids, ragged, two key CTAs."""
     rng = np.random.default_rng(13)
     inputs = _inputs(rng, sq=72, sk=200, heads=2, kv_heads=1, dim=dim, dtype="bfloat16",
                      where="overlap", segments=True, batch=1)
@@ -596,8 +592,9 @@ def test_steps_write_their_outputs_in_place(dim, causal, deterministic):
     """The Mosaic kernels write o, dq, dk and dv in the step's [B, S, heads, D] layout (and scale dq
     before adding it), so the default steps and the deterministic backward, lowered for CUDA, hold
     no transpose: on an H200 the four transposes took about 0.5 ms of a 15 ms step at 16K tokens
-    (results: pallas_hopper_h200.md, 2026-12-03 fifth session). (Head dim 128's default backward
-    from 32K tokens has one: see the next test.)"""
+    (results: pallas_hopper_h200.md, 2026-12-03 fifth session). Head dim 128's dq accumulated
+    head-major above 16K tokens ran no faster (2026-12-03, seventh session), so there is no
+    exception."""
     bs = (ph.deterministic_block_sizes(None, dim, causal) if deterministic
           else ph.default_block_sizes(dim, causal))
     q, k, pos, lse = _step_shapes(dim)
@@ -611,33 +608,6 @@ def test_steps_write_their_outputs_in_place(dim, causal, deterministic):
 
     for fn, args in ((fwd, (q, k, k, pos)), (bwd, (q, k, k, q, lse, lse, pos))):
         assert _float_transposes(fn, *args) == [], fn.__name__
-
-
-@pytest.mark.parametrize("semantics", ["default", "warpgroup"])
-def test_long_shards_accumulate_dq_head_major_at_head_dim_128(semantics, monkeypatch):
-    """Above ``STEP_LAYOUT_MAX_HEAD_DQ_BYTES`` of one head's dq (head dim 128 from 32K tokens) the
-    default backward adds its dq tiles to a head-major buffer and transposes it once after the
-    kernel (the step's layout lost 2-10% there on an H200); head dim 64 keeps the step's layout.
-    Lowered for CUDA under both semantics (see ``test_kernels_lower_for_cuda``)."""
-    assert not hcb.dq_head_major(16384, 128) and hcb.dq_head_major(16385, 128)
-    assert hcb.dq_head_major(131072, 128) and not hcb.dq_head_major(131072, 64)
-    jax.clear_caches()
-    if semantics == "warpgroup":
-        monkeypatch.setattr(plgpu, "CompilerParams", functools.partial(
-            plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
-    monkeypatch.setattr(hcb, "STEP_LAYOUT_MAX_HEAD_DQ_BYTES", 0)  # 512 tokens count as long
-    for dim, want in ((128, 1), (64, 0)):
-        bs = ph.default_block_sizes(dim, False)
-        q, k, pos, lse = _step_shapes(dim)
-
-        def bwd(q, k, v, do, lse, delta, p, dim=dim, bs=bs):
-            return ph.backward_step(q, k, v, do, lse, delta, p, p, None, None, causal=False,
-                                    softmax_scale=dim**-0.5, block_sizes=bs)
-
-        moved = _float_transposes(bwd, q, k, k, q, lse, lse, pos)
-        assert len(moved) == want, (dim, moved)
-        if want:
-            assert "tensor<1x4x512x128xf32>) -> tensor<1x512x4x128xf32>" in moved[0]
 
 
 def test_float32_forward_is_the_triton_step():

@@ -6,10 +6,10 @@ dq_tile="cta")``. There each compute warpgroup reduce-adds its own dq contributi
 ([64 queries, D] float32) for every query block it visits: two tiles per CTA and pair. Here the two
 warpgroups of a CTA (which visit the same query blocks in the same order) share one, so the
 reduce-add traffic (what limits the fused backward: removing it makes the step 1.22-1.25x faster on
-an H200) and the float32 dq accumulator halve, and the accumulator is one buffer, its tiles scaled
-before they are added: [B, Sq, H, D], the step's layout (no pass after the kernel), except at head
-dim 128 above ``STEP_LAYOUT_MAX_HEAD_DQ_BYTES`` per head (``dq_head_major``), where it is
-[B, H, Sq, D] and transposed after the kernel:
+an H200) and the float32 dq accumulator halve, and the accumulator is one [B, Sq, H, D] buffer
+(the step's layout, tiles scaled before they are added: dq needs no pass after the kernel;
+accumulating head dim 128's dq head-major instead, plus one transpose, ran no faster at 16K-128K
+tokens on an H200: ``benchmarks/results/hopper_runs_1203g/``):
 
 * head dims 65-128 (``cta_dq_kernel``): after both have written ds^T of their 64 keys to shared
   memory, warpgroup w computes the columns Dw = [w D/2, (w + 1) D/2) of
@@ -53,22 +53,6 @@ WGS = hk.COMPUTE_WGS
 ROWS = hb.ROWS  # own key rows per compute warpgroup and streamed query block length
 CTA = hb.CTA
 
-# Head dim 128's dq accumulator in the step's layout [B, Sq, H, D] up to this many bytes of one
-# head's dq (Sq * D * 4), head-major [B, H, Sq, D] plus a transpose above it. Measured on an H200
-# (2026-12-03, benchmarks/results/hopper_runs_1203f): the step's layout, whose half-tile rows of
-# 256 bytes lie H * D * 4 bytes apart, won at 16K tokens (8 MiB per head: 32:32:128 causal
-# 0.97 -> 1.00x cuDNN, the dq transpose gone) and lost at 64K (0.99 -> 0.97x without a mask) and
-# 128K (1,758 -> 1,931 ms without a mask, 0.99 -> 0.91x); not profiled. 32K, not measured, is
-# head-major, the layout of the fourth session's grid (0.99x at 64K and 128K without a mask).
-STEP_LAYOUT_MAX_HEAD_DQ_BYTES = 8 * 2**20
-
-
-def dq_head_major(sq: int, d: int) -> bool:
-    """Whether the one-tile-per-CTA backward accumulates dq head-major (see the constant above):
-    ``sq`` query rows, padded head dim ``d``. (The threshold is a whole number of 128-row CTAs at
-    head dim 128, so padding the rows would not change the answer.)"""
-    return d == 128 and sq * d * 4 > STEP_LAYOUT_MAX_HEAD_DQ_BYTES
-
 
 def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape):
     """float32 ``shape`` = sum over the warpgroups w' of ds_w' [queries, keys] @ k_w'[:, dw]: both
@@ -87,14 +71,14 @@ def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape):
     return pl.run_scoped(scope, plgpu.WGMMAAccumulatorRef(shape, F32))
 
 
-def cta_dq_kernel(*refs, cfg: hbk.BwdConfig, head_major: bool = False):
-    """``hfb.key_cta_kernel`` with the dq accumulator f32 [B, Sq, H, D] ([B, H, Sq, D] if
-    ``head_major``), a ds^T tile and half a dq staging tile per warpgroup, and the barriers ds^T
-    written / ds^T read. Out: dk, dv f32 [B, Sk, K, D]."""
-    hfb.key_cta_kernel(refs, cfg, functools.partial(_split_columns, head_major=head_major))
+def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
+    """``hfb.key_cta_kernel`` with the dq accumulator f32 [B, Sq, H, D], a ds^T tile and half a dq
+    staging tile per warpgroup, and the barriers ds^T written / ds^T read. Out: dk, dv f32
+    [B, Sk, K, D]."""
+    hfb.key_cta_kernel(refs, cfg, _split_columns)
 
 
-def _split_columns(c: hfb.KeyCta, head_major: bool):
+def _split_columns(c: hfb.KeyCta):
     cfg, ops, wg = c.cfg, c.ops, c.wg
     k_s, _, q_s, do_s = c.smem[:4]
     ds_s, dq_s, ds_ready, ds_free = c.scratch
@@ -113,8 +97,7 @@ def _split_columns(c: hfb.KeyCta, head_major: bool):
         dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS))  # [c, D/2]
         plgpu.barrier_arrive(ds_free)
         h, rows_q = c.dq_rows(j, g)
-        tile = (c.b, h, rows_q, dw) if head_major else (c.b, rows_q, h, dw)
-        ops.reduce_add(dq_s.at[wg], dq * cfg.scale, c.outs[0].at[tile])
+        ops.reduce_add(dq_s.at[wg], dq * cfg.scale, c.outs[0].at[c.b, rows_q, h, dw])
         return carry
 
     c.loop(body)
@@ -191,32 +174,24 @@ def smem_bytes(d: int, dtype, stages: int) -> int:
     return tiles + WGS * ROWS * (ROWS * jnp.dtype(dtype).itemsize + d // WGS * 4)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "head_major"))
-def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig,
-         head_major: bool = False):
-    """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk, dv f32 [B, Sk, K, D]. ``head_major``:
-    accumulate dq as [B, H, Sq, D] and transpose it after."""
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
+    """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk, dv f32 [B, Sk, K, D]."""
     B, sq, H, d = q.shape
     sk, K = k.shape[1], k.shape[2]
-    if head_major and d != 128:
-        raise ValueError(f"hopper_cta_dq_bwd: head_major=True needs head dim 128 ({q.shape=})")
-    dq_acc = jax.new_ref(jnp.zeros((B, H, sq, d) if head_major else (B, sq, H, d), F32),
-                         memory_space=plgpu.GMEM)
+    dq_acc = jax.new_ref(jnp.zeros((B, sq, H, d), F32), memory_space=plgpu.GMEM)
     out = jax.ShapeDtypeStruct((B, sk, K, d), F32)
-    kernel = (alternating_kernel if d == 64
-              else functools.partial(cta_dq_kernel, head_major=head_major))
+    kernel = alternating_kernel if d == 64 else cta_dq_kernel
     dk, dv = hfb._launch(functools.partial(kernel, cfg=cfg), (out, out),
                          _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),
                          grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                          lse2, delta, *extra, dq_acc)
-    return (jnp.swapaxes(dq_acc[...], 1, 2) if head_major else dq_acc[...]), dk, dv
+    return dq_acc[...], dk, dv
 
 
 def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool, window: int | None = None,
-             head_major: bool | None = None):
-    """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``).
-    ``head_major``: the dq accumulator's layout at head dim 128 (None: ``dq_head_major``)."""
+             softmax_scale: float, interpret: bool, window: int | None = None):
+    """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``)."""
 
     def check(D: int, d: int):
         if d not in (64, 128):  # 128: halves of whole 64-column tiles; 64: alternating_kernel
@@ -228,9 +203,6 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
                              f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
                              f"{hb.SMEM_LIMIT}); use fewer bwd_stages")
 
-    if head_major is None:
-        head_major = dq_head_major(q.shape[1], -(-q.shape[3] // 64) * 64)
-    run = functools.partial(_run, head_major=head_major)
-    return hfb.key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
+    return hfb.key_cta_backward(_run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
                                 bs=bs, causal=causal, softmax_scale=softmax_scale,
                                 interpret=interpret, window=window)

@@ -17,9 +17,6 @@ warpgroup; tiles scaled by the softmax scale before they are added), passed to t
 ``Ref`` (read and written in place, i.e. aliased in and out) and summed by the wrapper. Every
 output is in the step's layout ([B, S, heads, D]), so no transpose follows the kernel: on an H200
 the transposes of o, dq, dk and dv took about 0.5 ms of a 15 ms step at 16K tokens (2026-12-03).
-(The default at head dims <= 128, ``hopper_cta_dq_bwd``, accumulates head dim 128's dq head-major
-from 32K tokens, where the step's layout lost: ``STEP_LAYOUT_MAX_HEAD_DQ_BYTES`` there. This
-kernel is no default and keeps the step's layout at every length.)
 Per-warpgroup slices keep the two warpgroups of a CTA off each other's rows. ``ds^T`` goes through
 shared memory so that wgmma can read it transposed.
 
