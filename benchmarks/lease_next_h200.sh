@@ -37,17 +37,22 @@
 # "2026-12-03 (sixth session)" of pallas_hopper_h200.md): `check` (104 PASS; "fused" added, which
 # checks head dim 256's atomic backward), `grid 128` (about 8 minutes), `grid 64` (6 minutes, a
 # fresh R). The grid found head dim 128 without a mask at 0.97x (64K) and 0.91x (128K): the step's
-# layout of dq's reduce-adds, since limited to 16K tokens by STEP_LAYOUT_MAX_HEAD_DQ_BYTES.
-# Planned 2026-12-03 (sixth session), first (one R per machine; the outputs have their own names):
-#   `bash benchmarks/lease_next_h200.sh dqlayout` (about 8 minutes), then
-#   `... dqlayout 32:32:128@131072,32:8:128@131072 dq_layout128k` (about 6 minutes): the rule
-#   against the step's layout and head-major at every length, head dim 128, causal and not;
-#   `bash benchmarks/lease_next_h200.sh grid 128` (about 8 minutes): the target grid with the rule;
-#   `bash benchmarks/lease_next_h200.sh dqprof` (about 2 minutes, if time is left): why the
-#   step's layout loses at 64K, from Nsight Compute's memory counters of the two layouts;
-#   `bash benchmarks/lease_next_h200.sh ab256` (about 3 minutes): head dim 256's split backward
-#   in the step's layout (hopper_runs_1203f/d256_layout.patch, checked on the device by this
-#   session's `check`, not timed) against the library.
+# layout of dq's reduce-adds, it said, and limited that to 16K tokens (wrong: see the seventh session).
+# Run 2026-12-03 (seventh session; results in benchmarks/results/hopper_runs_1203g/, section
+# "2026-12-03 (seventh session)" of pallas_hopper_h200.md): `dqlayout` (16K-64K, then 128K),
+# `grid 128`, `ab256` and `dqprof`. The dq accumulator's layout timed the same at every length,
+# so the sixth session's rule was removed; the parts `dqlayout` and `dqprof` (which set that
+# rule's constant, hopper_runs_1203f/dq_layout.py) and `ab256` (no gain) are gone from this script.
+# Planned 2026-12-03 (seventh session): which part of 92f7d26 made head dim 128's default
+# backward 0.91x cuDNN at 128K without a mask (88922ab: 0.99x in the same lease), one R per
+# machine:
+#   `R=/tmp/resA bash benchmarks/lease_next_h200.sh bisect time` (about 3.5 minutes): the library,
+#   dq scaled after the kernel, dk/dv head-major, both, and 88922ab's kernels, fwd+bwd at 128K
+#   with nvidia-smi's clock and power per variant (hopper_runs_1203g/bisect.sh);
+#   `... bisect l2` (about 2 minutes): Nsight Compute's L2 hit rate and DRAM traffic of the
+#   backward at 64K for the library, dq scaled after the kernel, and 88922ab;
+#   `... bisect ptxas` (about 1 minute): registers and spills of every variant;
+#   then, if a variant wins, `grid 128` with it applied (`git apply` the patch first) or committed.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
 
@@ -66,7 +71,7 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, dqlayout, dqprof or ab256}" in
+case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid or bisect}" in
 check)
   # "fused" adds head dim 256's atomic backward (at 64 and 128 it is the default)
   step timeout 560 python3 benchmarks/hopper_check.py --out "$R/check" --parts steps,ring \
@@ -80,44 +85,9 @@ grid)
     --causal 1,0 --backwards default,deterministic
   times "$R/grid$d.txt"
   pack ;;
-ab256)
-  # head dim 256's split backward writing the step's layout (hopper_runs_1203f/d256_layout.patch,
-  # applied to the device's copy and reverted), against the library (head-major plus transposes)
-  patch=benchmarks/results/hopper_runs_1203f/d256_layout.patch
-  ab="--parts bench --reps 3 --rounds 3 --min-ms 300 --shapes 16:8:256 --seqs ${2:-32768}
-    --causal 1,0 --backwards default"
-  step timeout 200 python3 benchmarks/hopper_check.py --out "$R/d256_library" $ab --hard-limit 190
-  git apply "$patch" || patch -p1 < "$patch" || exit 1
-  step timeout 200 python3 benchmarks/hopper_check.py --out "$R/d256_layout" $ab --hard-limit 190
-  git apply -R "$patch" || patch -R -p1 < "$patch"
-  times "$R/d256_library.txt" "$R/d256_layout.txt"
-  pack ;;
-dqlayout)
-  # head dim 128's dq accumulator: the library's rule, the step's layout, head-major (24
-  # compilations at the default problems: about 8 minutes)
-  probs=${2:-32:32:128@16384+32768+65536} name=${3:-dq_layout}
-  step timeout 580 python3 benchmarks/results/hopper_runs_1203f/dq_layout.py --backwards default \
-    --problems "$probs" --variants library,step,head --out "$R/$name"
-  pack ;;
-dqprof)
-  # the default backward kernel at 32:32:128, 64K, no mask, with dq in the step's layout and
-  # head-major: Nsight Compute's SpeedOfLight and MemoryWorkloadAnalysis (L2 hit rate of the
-  # reduce-adds, DRAM traffic), one launch each; summarized by hopper_profile.py --summarize
-  for v in step head; do
-    name="dqprof_$v"
-    step env -u XLA_PYTHON_CLIENT_MEM_FRACTION XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
-        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 200 ncu --clock-control none \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats -f \
-        --launch-skip 1 --launch-count 1 --kernel-name regex:mosaic --export "$R/$name" \
-        python3 benchmarks/results/hopper_runs_1203f/dq_layout.py profile "$v" --shape 32:32:128 \
-        --seq 65536 --causal 0
-    timeout -k 5 120 ncu --import "$R/$name.ncu-rep" --page details --csv 2>&1 | gzip \
-      > "$R/$name.csv.gz"
-    rm -f "$R/$name.ncu-rep"
-  done
-  python3 benchmarks/hopper_profile.py --summarize "$R/dqprof_step.csv.gz" > "$R/dqprof_step.txt" 2>&1
-  python3 benchmarks/hopper_profile.py --summarize "$R/dqprof_head.csv.gz" > "$R/dqprof_head.txt" 2>&1
-  cat "$R/dqprof_step.txt" "$R/dqprof_head.txt"
+bisect)
+  # hopper_runs_1203g/bisect.sh MODE (time, l2 or ptxas); VARIANTS, SHAPE, SEQ as there
+  R="$R" step bash benchmarks/results/hopper_runs_1203g/bisect.sh "${2:?time, l2 or ptxas}"
   pack ;;
 lagsass)
   causal=${2:-1} patch=benchmarks/results/hopper_runs_1204/lag_dq.patch
