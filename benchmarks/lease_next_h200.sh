@@ -46,8 +46,9 @@
 # Planned 2026-12-03 (seventh session): which part of 92f7d26 made head dim 128's default
 # backward 0.91x cuDNN at 128K without a mask (88922ab: 0.99x in the same lease), one R per
 # machine:
-#   `R=/tmp/resA bash benchmarks/lease_next_h200.sh bisect time` (about 3.5 minutes): the library,
-#   dq scaled after the kernel, dk/dv head-major, both, and 88922ab's kernels, fwd+bwd at 128K
+#   `R=/tmp/resA bash benchmarks/lease_next_h200.sh bisect time` (about 4 minutes): the library,
+#   dq scaled after the kernel, dk/dv head-major, both, 88922ab's kernels and ds scaled where it
+#   is computed (a candidate fix), fwd+bwd at 128K
 #   with nvidia-smi's clock and power per variant (hopper_runs_1203g/bisect.sh);
 #   `... bisect l2` (about 2 minutes): Nsight Compute's L2 hit rate and DRAM traffic of the
 #   backward at 64K for the library, dq scaled after the kernel, and 88922ab;

@@ -9,8 +9,13 @@
 #   kvhead.patch   dk, dv written head-major [B, K, Sk, D] and transposed after the kernel;
 #   both.patch     both;
 #   old.patch      ringattention/ as of 88922ab (also the forward's o head-major).
+# and a candidate fix, should the in-loop multiply be it:
+#   dsscale.patch  ds^T scaled where it is computed, p (dp scale - delta scale), i.e. one FMA in
+#                  place of a subtraction and a [c] vector multiply per pair: then dq = ds k
+#                  (fused and one-tile-per-CTA kernels) and dk = ds^T q need no multiply at all
+#                  (the deterministic and head-dim-256 kernels keep theirs).
 # From the repository root on the device, R a results folder:
-#   R=$OUT bash benchmarks/results/hopper_runs_1203g/bisect.sh time   (about 3.5 minutes)
+#   R=$OUT bash benchmarks/results/hopper_runs_1203g/bisect.sh time   (about 4 minutes)
 #       fwd+bwd against cuDNN at SEQ (131072) without a mask, SHAPE (32:32:128), each variant
 #       one hopper_check process (bisect_<variant>.txt), with nvidia-smi's SM clock and power
 #       sampled every 250 ms (smi_<variant>.csv): under Nsight Compute the library's backward at
@@ -22,7 +27,8 @@
 #       (l2_<variant>.txt);
 #   R=$OUT bash benchmarks/results/hopper_runs_1203g/bisect.sh ptxas  (about 1 minute)
 #       ptxas's registers and spills of each variant's kernels (ptxas_<variant>.log.gz).
-# VARIANTS overrides the list (default: library noscale kvhead both old; l2: library noscale old).
+# VARIANTS overrides the list (default: library noscale kvhead both old dsscale; l2: library
+# noscale old; ptxas: library noscale dsscale old).
 set -u
 D=benchmarks/results/hopper_runs_1203g
 export PYTHONPATH=. XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
@@ -38,7 +44,7 @@ variant() {  # variant NAME CMD...: runs CMD with NAME's patch applied
 
 case "${1:?time, l2 or ptxas}" in
 time)
-  for v in ${VARIANTS:-library noscale kvhead both old}; do
+  for v in ${VARIANTS:-library noscale kvhead both old dsscale}; do
     nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits \
       -lms 250 > "$R/smi_$v.csv" 2>&1 &
     local_smi=$!
@@ -67,7 +73,7 @@ l2)
     grep -E "Duration|Elapsed Cycles|SM Frequency|L2 Hit|DRAM Through|Spilling" "$R/l2_$v.txt"
   done ;;
 ptxas)
-  for v in ${VARIANTS:-library noscale kvhead both old}; do
+  for v in ${VARIANTS:-library noscale dsscale old}; do
     variant "$v" env MOSAIC_GPU_DUMP_PTXAS=1 timeout 100 python3 benchmarks/hopper_profile.py \
       --shape "${SHAPE:-32:32:128}" --seq 1024 --causal 0 > "$R/ptxas_$v.log" 2>&1
     echo "== $v"
