@@ -102,6 +102,10 @@ def use_kv_probs(name: str) -> None:
     hbk.kv_probs = VARIANTS[name]
 
 
+# ROTATE: the rounds take the variants in rotated order (round r starts with variant r), added
+# 2026-12-03 (seventh session) after dq_layout.py's run, in which the last of three variants ran up
+# to 3% slower than the first, the same program (hopper_runs_1203g/grid.md); before, every round
+# took them in the order given.
 # How main() puts variant ``name`` in place (a later script, hopper_runs_1204/lag_dq.py, patches
 # other functions through this hook; added after this script's own run, behaviour unchanged).
 USE = {"variant": use_kv_probs}
@@ -149,9 +153,10 @@ def main():
                                for x, y in zip(grads[n], grads["library"], strict=True)]
                            for n in names if n != "library" and "library" in grads}
                     times = {n: [] for n in compiled}
-                    for _ in range(a.rounds):
-                        for n, fn in compiled.items():
-                            times[n].append(hc.time_fn(fn, args, compiled=True) * 1e3)
+                    order = list(compiled)
+                    for r in range(a.rounds):  # each round starts one variant later (see ROTATE)
+                        for n in order[r % len(order):] + order[:r % len(order)]:
+                            times[n].append(hc.time_fn(compiled[n], args, compiled=True) * 1e3)
                     label = f"{backward} {shape} L={length} causal={causal}"
                     print(f"bwd {label}: " + "; ".join(
                         f"{n} " + " / ".join(f"{t:.2f}" for t in ts) for n, ts in times.items())
