@@ -43,6 +43,10 @@
 # `grid 128`, `ab256` and `dqprof`. The dq accumulator's layout timed the same at every length,
 # so the sixth session's rule was removed; the parts `dqlayout` and `dqprof` (which set that
 # rule's constant, hopper_runs_1203f/dq_layout.py) and `ab256` (no gain) are gone from this script.
+# Run 2026-12-04 at 9d5c297 (results in benchmarks/results/hopper_runs_1204b/, bisect.md, and the
+# section "2026-12-04" of pallas_hopper_h200.md): `bisect time`, `bisect ptxas`, `bisect l2`, then
+# `grid 128` and `grid 64` with hopper_runs_1203g/both.patch applied, which the library then took.
+# The `bisect` part needs a checkout of 9d5c297 (its patches apply there only).
 # Planned 2026-12-03 (seventh session): which part of 92f7d26 made head dim 128's default
 # backward 0.91x cuDNN at 128K without a mask (88922ab: 0.99x in the same lease), one R per
 # machine:
@@ -54,6 +58,11 @@
 #   backward at 64K for the library, dq scaled after the kernel, and 88922ab;
 #   `... bisect ptxas` (about 1 minute): registers and spills of every variant;
 #   then, if a variant wins, `grid 128` with it applied (`git apply` the patch first) or committed.
+# Planned 2026-12-04: `bash benchmarks/lease_next_h200.sh kvlayout64` (about 5 minutes): head dim
+#   64's default backward with dk, dv head-major (the library since 2026-12-04) against the step's
+#   layout (hopper_runs_1204b/kv_layout64.py), 5 rounds in rotated order, 32:8:64 16K-128K and
+#   32:32:64 64K-128K; the grid at head dim 64 ran 0.00-0.03x below the sixth session's after the
+#   change, in another lease. Keep the step's layout at head dim 64 if it wins by more than 1%.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
 
@@ -72,7 +81,12 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid or bisect}" in
+case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect or kvlayout64}" in
+kvlayout64)
+  step timeout 500 python3 benchmarks/results/hopper_runs_1204b/kv_layout64.py --backwards default \
+    --problems 32:8:64@16384+65536+131072,32:32:64@65536+131072 --variants library,step \
+    --rounds 5 --out "$R/kv_layout64"
+  pack ;;
 check)
   # "fused" adds head dim 256's atomic backward (at 64 and 128 it is the default)
   step timeout 560 python3 benchmarks/hopper_check.py --out "$R/check" --parts steps,ring \

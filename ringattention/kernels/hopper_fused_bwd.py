@@ -14,9 +14,11 @@ dq is not bitwise reproducible.
 
 dq accumulates in a zero-initialised float32 buffer ``[2, B, Sq, H, D]`` (one slice per compute
 warpgroup; tiles scaled by the softmax scale before they are added), passed to the kernel as a JAX
-``Ref`` (read and written in place, i.e. aliased in and out) and summed by the wrapper. Every
-output is in the step's layout ([B, S, heads, D]), so no transpose follows the kernel: on an H200
-the transposes of o, dq, dk and dv took about 0.5 ms of a 15 ms step at 16K tokens (2026-12-03).
+``Ref`` (read and written in place, i.e. aliased in and out) and summed by the wrapper. dq is in the
+step's layout ([B, S, heads, D]); dk and dv are written head-major ([B, K, Sk, D]) and transposed
+after the kernel: writing them in the step's layout too lowered the L2 hit rate of the head-dim-128
+backward (``hopper_cta_dq_bwd.py``, which shares this frame) and cost 4% at 128K tokens
+(``benchmarks/results/hopper_runs_1204b/bisect.md``), more than the two transposes save.
 Per-warpgroup slices keep the two warpgroups of a CTA off each other's rows. ``ds^T`` goes through
 shared memory so that wgmma can read it transposed.
 
@@ -121,7 +123,7 @@ class KeyCta:
         _, dk_ref, dv_ref = self.outs
         d = self.smem[0].shape[2]
         hbk.group_loop(self.cfg, self.ops, body, self.bounds, self.cfg.masked, d,
-                       (dk_ref.at[self.b, self.rows, self.kvh], dv_ref.at[self.b, self.rows, self.kvh]))
+                       (dk_ref.at[self.b, self.kvh, self.rows], dv_ref.at[self.b, self.kvh, self.rows]))
 
 
 def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
@@ -158,7 +160,8 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
 
 def fused_kernel(*refs, cfg: hbk.BwdConfig):
     """``key_cta_kernel`` with the dq accumulator f32 [2, B, Sq, H, D] (one slice per compute
-    warpgroup) and per warpgroup a ds^T tile and a dq staging tile. Out: dk, dv f32 [B, Sk, K, D]."""
+    warpgroup) and per warpgroup a ds^T tile and a dq staging tile. Out: dk, dv f32 [B, K, Sk, D]
+    (head-major)."""
     key_cta_kernel(refs, cfg, _fused_compute)
 
 
@@ -217,16 +220,17 @@ def _launch(body, out_type, scratch, *, grid, interpret: bool):
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
-    """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk, dv f32 [B, Sk, K, D]. Under jit because a
-    Ref in GMEM can only be made there."""
+    """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk, dv f32 [B, Sk, K, D] (written
+    [B, K, Sk, D] by the kernel). Under jit because a Ref in GMEM can only be made there."""
     B, sq, H, d = q.shape
     sk, K = k.shape[1], k.shape[2]
     dq_acc = jax.new_ref(jnp.zeros((WGS, B, sq, H, d), F32), memory_space=plgpu.GMEM)
-    out = jax.ShapeDtypeStruct((B, sk, K, d), F32)
+    out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     dk, dv = _launch(functools.partial(fused_kernel, cfg=cfg), (out, out),
                      _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),
                      grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                        lse2, delta, *extra, dq_acc)
+    dk, dv = jnp.swapaxes(dk, 1, 2), jnp.swapaxes(dv, 1, 2)
     return dq_acc[...].sum(axis=0), dk, dv
 
 

@@ -2,6 +2,8 @@
 # slowed head dim 128's default backward without a mask from 64K tokens (2026-12-03, seventh
 # session: in one lease 88922ab, 92f7d26's parent, ran 32:32:128 128K fwd+bwd in 1,800.8 ms,
 # 0.99x cuDNN, the library in 1,947.6 ms, 0.91x; the dq accumulator's layout is not it).
+# Run 2026-12-04 at 9d5c297 (results and the fix adopted from them: ../hopper_runs_1204b/bisect.md);
+# the patches apply to 9d5c297, not to later commits, which hold both.patch.
 # The kernel changes of 92f7d26 left, each a patch on the library (applied to the device's copy of
 # the tree, then reverted):
 #   noscale.patch  dq tiles added unscaled and scaled after the kernel (the only change inside the
