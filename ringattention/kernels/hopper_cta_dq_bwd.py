@@ -10,9 +10,11 @@ an H200) and the float32 dq accumulator halve, and the accumulator is one [B, Sq
 in the step's layout (head-major plus one transpose ran no faster at 16K-128K tokens on an H200:
 ``benchmarks/results/hopper_runs_1203g/``). At head dim 128 the tiles are added unscaled and dq
 is scaled once after the kernel, and dk, dv are written head-major ([B, K, Sk, D], one transpose
-each after the kernel): scaling every tile before its reduce-add and writing dk, dv in the step's
-layout (92f7d26) made 32:32:128 at 128K without a mask 0.92x cuDNN where this runs 0.99x, with an
-L2 hit rate of 88% against 98% at 64K (``benchmarks/results/hopper_runs_1204b/bisect.md``):
+each after the kernel, ``hfb.dkv_head_major``): scaling every tile before its reduce-add and writing
+dk, dv in the step's layout (92f7d26) made 32:32:128 at 128K without a mask 0.92x cuDNN where this
+runs 0.99x, with an L2 hit rate of 88% against 98% at 64K
+(``benchmarks/results/hopper_runs_1204b/bisect.md``). Head dim 64 keeps its in-loop scale and the
+step's layout for dk, dv (the latter 0.4-2% faster than head-major at 128K tokens):
 
 * head dims 65-128 (``cta_dq_kernel``): after both have written ds^T of their 64 keys to shared
   memory, warpgroup w computes the columns Dw = [w D/2, (w + 1) D/2) of
@@ -77,7 +79,7 @@ def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape):
 def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
     """``hfb.key_cta_kernel`` with the dq accumulator f32 [B, Sq, H, D], a ds^T tile and half a dq
     staging tile per warpgroup, and the barriers ds^T written / ds^T read. Out: dk, dv f32
-    [B, K, Sk, D] (head-major)."""
+    (``hfb.dkv_out``)."""
     hfb.key_cta_kernel(refs, cfg, _split_columns)
 
 
@@ -179,20 +181,19 @@ def smem_bytes(d: int, dtype, stages: int) -> int:
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
-    """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk, dv f32 [B, Sk, K, D] (written
-    [B, K, Sk, D] by the kernel, see the module docstring)."""
+    """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk, dv f32 [B, Sk, K, D] (written as
+    ``hfb.dkv_out`` says)."""
     B, sq, H, d = q.shape
     sk, K = k.shape[1], k.shape[2]
     dq_acc = jax.new_ref(jnp.zeros((B, sq, H, d), F32), memory_space=plgpu.GMEM)
-    out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
+    out = hfb.dkv_out(B, sk, K, d)
     kernel = alternating_kernel if d == 64 else cta_dq_kernel
     dk, dv = hfb._launch(functools.partial(kernel, cfg=cfg), (out, out),
                          _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),
                          grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                          lse2, delta, *extra, dq_acc)
-    dk, dv = jnp.swapaxes(dk, 1, 2), jnp.swapaxes(dv, 1, 2)
     # head dim 64's alternating kernel scales its tiles (measured at 1.00-1.04x cuDNN that way)
-    return dq_acc[...] * (cfg.scale if d != 64 else 1.0), dk, dv
+    return (dq_acc[...] * (cfg.scale if d != 64 else 1.0), *hfb.dkv_to_step(dk, dv))
 
 
 def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,

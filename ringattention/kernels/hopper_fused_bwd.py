@@ -15,10 +15,10 @@ dq is not bitwise reproducible.
 dq accumulates in a zero-initialised float32 buffer ``[2, B, Sq, H, D]`` (one slice per compute
 warpgroup; tiles scaled by the softmax scale before they are added), passed to the kernel as a JAX
 ``Ref`` (read and written in place, i.e. aliased in and out) and summed by the wrapper. dq is in the
-step's layout ([B, S, heads, D]); dk and dv are written head-major ([B, K, Sk, D]) and transposed
-after the kernel: writing them in the step's layout too lowered the L2 hit rate of the head-dim-128
-backward (``hopper_cta_dq_bwd.py``, which shares this frame) and cost 4% at 128K tokens
-(``benchmarks/results/hopper_runs_1204b/bisect.md``), more than the two transposes save.
+step's layout ([B, S, heads, D]); dk and dv are too at head dim 64 and head-major ([B, K, Sk, D],
+transposed after the kernel) above it (``dkv_head_major``: at head dim 128 the step's layout
+lowered the L2 hit rate of ``hopper_cta_dq_bwd.py``, which shares this frame, and cost 4% at 128K
+tokens; ``benchmarks/results/hopper_runs_1204b/bisect.md``).
 Per-warpgroup slices keep the two warpgroups of a CTA off each other's rows. ``ds^T`` goes through
 shared memory so that wgmma can read it transposed.
 
@@ -56,6 +56,28 @@ F32 = jnp.float32
 WGS = hk.COMPUTE_WGS
 ROWS = hb.ROWS  # own key rows per compute warpgroup and streamed query block length
 CTA = hb.CTA
+
+
+def dkv_head_major(d: int) -> bool:
+    """Whether the key-CTA kernels write dk, dv head-major, [B, K, Sk, D] (two transposes follow),
+    rather than in the step's [B, Sk, K, D] layout: measured on an H200 in
+    ``benchmarks/results/hopper_runs_1204b/`` (``bisect.md``). At head dim 128 the step's layout
+    lowered the L2 hit rate of the backward and cost 4% at 128K tokens without a mask; at head dim
+    64 it ran 2% faster than head-major with a causal mask and 0.4-0.5% without one (128K tokens,
+    kv heads 8 and 32, ``kv_layout64.json``)."""
+    return d != 64
+
+
+def dkv_out(B: int, sk: int, K: int, d: int) -> jax.ShapeDtypeStruct:
+    """The float32 dk (and dv) a key-CTA kernel writes, in ``dkv_head_major``'s layout."""
+    return jax.ShapeDtypeStruct((B, K, sk, d) if dkv_head_major(d) else (B, sk, K, d), F32)
+
+
+def dkv_to_step(dk: jax.Array, dv: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A key-CTA kernel's dk, dv ([B, K, Sk, D] or [B, Sk, K, D]) -> the step's [B, Sk, K, D]."""
+    if dkv_head_major(dk.shape[3]):
+        return jnp.swapaxes(dk, 1, 2), jnp.swapaxes(dv, 1, 2)
+    return dk, dv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,8 +144,9 @@ class KeyCta:
         head of the group; writes the warpgroup's dk, dv rows."""
         _, dk_ref, dv_ref = self.outs
         d = self.smem[0].shape[2]
+        at = (self.b, self.kvh, self.rows) if dkv_head_major(d) else (self.b, self.rows, self.kvh)
         hbk.group_loop(self.cfg, self.ops, body, self.bounds, self.cfg.masked, d,
-                       (dk_ref.at[self.b, self.kvh, self.rows], dv_ref.at[self.b, self.kvh, self.rows]))
+                       (dk_ref.at[at], dv_ref.at[at]))
 
 
 def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
@@ -160,8 +183,7 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
 
 def fused_kernel(*refs, cfg: hbk.BwdConfig):
     """``key_cta_kernel`` with the dq accumulator f32 [2, B, Sq, H, D] (one slice per compute
-    warpgroup) and per warpgroup a ds^T tile and a dq staging tile. Out: dk, dv f32 [B, K, Sk, D]
-    (head-major)."""
+    warpgroup) and per warpgroup a ds^T tile and a dq staging tile. Out: dk, dv f32 (``dkv_out``)."""
     key_cta_kernel(refs, cfg, _fused_compute)
 
 
@@ -221,17 +243,16 @@ def _launch(body, out_type, scratch, *, grid, interpret: bool):
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk, dv f32 [B, Sk, K, D] (written
-    [B, K, Sk, D] by the kernel). Under jit because a Ref in GMEM can only be made there."""
+    as ``dkv_out`` says). Under jit because a Ref in GMEM can only be made there."""
     B, sq, H, d = q.shape
     sk, K = k.shape[1], k.shape[2]
     dq_acc = jax.new_ref(jnp.zeros((WGS, B, sq, H, d), F32), memory_space=plgpu.GMEM)
-    out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
+    out = dkv_out(B, sk, K, d)
     dk, dv = _launch(functools.partial(fused_kernel, cfg=cfg), (out, out),
                      _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),
                      grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                        lse2, delta, *extra, dq_acc)
-    dk, dv = jnp.swapaxes(dk, 1, 2), jnp.swapaxes(dv, 1, 2)
-    return dq_acc[...].sum(axis=0), dk, dv
+    return (dq_acc[...].sum(axis=0), *dkv_to_step(dk, dv))
 
 
 # ``BlockSizes(split_group=None)`` (the default): when the fused backward runs one key CTA per query

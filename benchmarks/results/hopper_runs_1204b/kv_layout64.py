@@ -1,4 +1,4 @@
-"""dk/dv's layout in the default backward at head dim 64 (2026-12-04, planned for the next lease).
+"""dk/dv's layout in the default backward at head dim 64 (2026-12-04).
 
 The library took ``../hopper_runs_1203g/both.patch`` on 2026-12-04 (``bisect.md``): the key-CTA
 kernels write dk, dv head-major [B, K, Sk, D] and two transposes follow. At head dim 128 that ran
@@ -8,6 +8,11 @@ kernels write dk, dv head-major [B, K, Sk, D] and two transposes follow. At head
 
 * ``library``: head-major dk, dv plus two transposes;
 * ``step``: dk, dv written in the step's layout, no transpose (the library before 2026-12-04).
+
+Run 2026-12-04 at 25e88d4 (128K tokens only; ``kv_layout64.json``, ``bisect.md`` section 6): the
+step's layout ran 2% faster with a causal mask and 0.3-0.5% faster without one, so the library went
+back to it at head dim 64 (``hopper_fused_bwd.dkv_head_major``). To run this script again, check
+out 25e88d4's ``ringattention/``: at later commits *library* is *step* at head dim 64.
 
 Timed with ``../hopper_runs_1203c/kv_init.py``'s harness (bare backward step, rounds in rotated
 order, gradients compared with the library's):
