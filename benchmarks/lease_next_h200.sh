@@ -62,8 +62,14 @@
 #   gone from this script, since the library took its winner): head dim 64's dk, dv in the step's
 #   layout ran 0.3-2% faster than head-major.
 # Next (issue 16): head dim 128's forward+backward is at 0.97-1.00x and the deterministic backward
-#   at 0.95-0.99x; head dim 256 at 0.91-0.94x. The results file's list (FA3's softmax/QK^T overlap
-#   in the backward, tile sweeps) stands; `grid 128` and `grid 64` re-measure the targets.
+#   at 0.95-0.99x; head dim 256 at 0.91-0.94x. Planned 2026-12-04, one R per machine:
+#   `check` (about 9 minutes): the full device check of the library since efd5f72 (this session
+#   checked 27 step cases with both.patch; windows, head dims 192/256 and the ring were cut);
+#   `bash benchmarks/lease_next_h200.sh scale64` (about 4 minutes): head dim 64's dq tiles added
+#   unscaled and scaled after the kernel, against the library's in-loop scale
+#   (hopper_runs_1204b/scale64.py; at head dim 128 the in-loop scale cost 6% at 128K); adopt if it
+#   wins by more than 1%, then `grid 64`.
+#   The results file's list (FA3's softmax/QK^T overlap in the backward, tile sweeps) stands.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
 
@@ -82,7 +88,12 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid or bisect}" in
+case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect or scale64}" in
+scale64)
+  step timeout 500 python3 benchmarks/results/hopper_runs_1204b/scale64.py --backwards default \
+    --problems 32:8:64@16384+65536+131072,32:32:64@65536+131072 --variants library,after \
+    --rounds 5 --out "$R/scale64"
+  pack ;;
 check)
   # "fused" adds head dim 256's atomic backward (at 64 and 128 it is the default)
   step timeout 560 python3 benchmarks/hopper_check.py --out "$R/check" --parts steps,ring \
