@@ -14,7 +14,7 @@ each after the kernel, ``hfb.dkv_head_major``): scaling every tile before its re
 dk, dv in the step's layout (92f7d26) made 32:32:128 at 128K without a mask 0.92x cuDNN where this
 runs 0.99x, with an L2 hit rate of 88% against 98% at 64K
 (``benchmarks/results/hopper_runs_1204b/bisect.md``). Head dim 64 keeps its in-loop scale and the
-step's layout for dk, dv (the latter 0.4-2% faster than head-major at 128K tokens):
+step's layout for dk, dv (the latter 0.3-2% faster than head-major at 128K tokens):
 
 * head dims 65-128 (``cta_dq_kernel``): after both have written ds^T of their 64 keys to shared
   memory, warpgroup w computes the columns Dw = [w D/2, (w + 1) D/2) of
@@ -192,7 +192,7 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
                          _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),
                          grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                          lse2, delta, *extra, dq_acc)
-    # head dim 64's alternating kernel scales its tiles (measured at 1.00-1.04x cuDNN that way)
+    # head dim 64's alternating kernel scales its tiles (fwd+bwd 1.01-1.05x cuDNN that way, 1203f)
     return (dq_acc[...] * (cfg.scale if d != 64 else 1.0), *hfb.dkv_to_step(dk, dv))
 
 
