@@ -61,14 +61,18 @@
 # Run 2026-12-04 at 25e88d4, 128K only (hopper_runs_1204b/kv_layout64.py; the part `kvlayout64` is
 #   gone from this script, since the library took its winner): head dim 64's dk, dv in the step's
 #   layout ran 0.3-2% faster than head-major.
-# Next (issue 16): head dim 128's forward+backward is at 0.97-1.00x and the deterministic backward
-#   at 0.95-0.99x; head dim 256 at 0.91-0.94x. Planned 2026-12-04, one R per machine:
-#   `check` (about 9 minutes): the full device check of the library since efd5f72 (this session
-#   checked 27 step cases with both.patch; windows, head dims 192/256 and the ring were cut);
-#   `bash benchmarks/lease_next_h200.sh scale64` (about 4 minutes): head dim 64's dq tiles added
-#   unscaled and scaled after the kernel, against the library's in-loop scale
-#   (hopper_runs_1204b/scale64.py; at head dim 128 the in-loop scale cost 6% at 128K); adopt if it
-#   wins by more than 1%, then `grid 64`.
+# Run 2026-12-04 (second session; results in benchmarks/results/hopper_runs_1204c/, runs.md, and
+#   the section "2026-12-04 (second session)" of pallas_hopper_h200.md) through
+#   hopper_runs_1204c/pipeline.sh: overlap_dq.py (dq's wgmmas issued while dk, dv run: 2-9% slower,
+#   not adopted), `check` (77 PASS; the 10 cases its limit skipped ran after it, 36 PASS), `scale64`
+#   (head dim 64's dq scaled after the kernel: adopted; the part is gone from this script), `rerun16k`.
+# Next (issue 16): head dim 128's forward+backward is at 0.97-1.00x (16K: 0.97-0.99x over 5 rounds),
+#   the deterministic backward at 0.95-0.99x, head dim 256 at 0.91-0.94x. Planned, one R per machine:
+#   `bash benchmarks/lease_next_h200.sh smemds` (about 6 minutes): the default backward's dk (and dv)
+#   wgmmas with their A operand from shared memory, ds^T from the tile staged for dq (and p^T from a
+#   new one), against the library at head dims 128 and 64, then ptxas's registers, spills and C7519
+#   notes per variant (hopper_runs_1204c/smem_ds.py); if one wins, `grid 128` / `grid 64` with it
+#   applied, and `check`.
 #   The results file's list (FA3's softmax/QK^T overlap in the backward, tile sweeps) stands.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
@@ -88,11 +92,15 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect or scale64}" in
-scale64)
-  step timeout 500 python3 benchmarks/results/hopper_runs_1204b/scale64.py --backwards default \
-    --problems 32:8:64@16384+65536+131072,32:32:64@65536+131072 --variants library,after \
-    --rounds 5 --out "$R/scale64"
+case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect or smemds}" in
+smemds)
+  step timeout 460 python3 benchmarks/results/hopper_runs_1204c/smem_ds.py --backwards default \
+    --problems 32:32:128@16384+131072,32:8:128@131072,32:8:64@16384+131072 \
+    --variants library,dk_smem,dkv_smem --rounds 3 --out "$R/smem_ds"
+  ptxas_variants benchmarks/results/hopper_runs_1204c/smem_ds.py ptxas_ library dk_smem dkv_smem
+  for v in library dk_smem dkv_smem; do
+    echo "== $v"; zcat "$R/ptxas_$v.log.gz" | grep -c C7519
+  done
   pack ;;
 check)
   # "fused" adds head dim 256's atomic backward (at 64 and 128 it is the default)

@@ -8,13 +8,14 @@ warpgroups of a CTA (which visit the same query blocks in the same order) share 
 reduce-add traffic (what limits the fused backward: removing it makes the step 1.22-1.25x faster on
 an H200) and the float32 dq accumulator halve, and the accumulator is one [B, Sq, H, D] buffer
 in the step's layout (head-major plus one transpose ran no faster at 16K-128K tokens on an H200:
-``benchmarks/results/hopper_runs_1203g/``). At head dim 128 the tiles are added unscaled and dq
-is scaled once after the kernel, and dk, dv are written head-major ([B, K, Sk, D], one transpose
-each after the kernel, ``hfb.dkv_head_major``): scaling every tile before its reduce-add and writing
-dk, dv in the step's layout (92f7d26) made 32:32:128 at 128K without a mask 0.92x cuDNN where this
-runs 0.99x, with an L2 hit rate of 88% against 98% at 64K
-(``benchmarks/results/hopper_runs_1204b/bisect.md``). Head dim 64 keeps its in-loop scale and the
-step's layout for dk, dv (the latter 0.3-2% faster than head-major at 128K tokens):
+``benchmarks/results/hopper_runs_1203g/``). The tiles are added unscaled and dq is scaled once
+after the kernel: at head dim 128 scaling every tile before its reduce-add (92f7d26) cost 6% at 128K
+tokens without a mask (with an L2 hit rate of 88% against 98% at 64K,
+``benchmarks/results/hopper_runs_1204b/bisect.md``); at head dim 64 the in-loop scale cost
+0.5-1.5% in 9 of 10 cells at 16K-128K tokens and saved 0.3% in the tenth
+(``benchmarks/results/hopper_runs_1204c/``). At head dim 128 dk, dv are written head-major
+([B, K, Sk, D], one transpose each after the kernel, ``hfb.dkv_head_major``; the step's layout cost
+4% at 128K), at head dim 64 in the step's layout (0.3-2% faster than head-major at 128K tokens):
 
 * head dims 65-128 (``cta_dq_kernel``): after both have written ds^T of their 64 keys to shared
   memory, warpgroup w computes the columns Dw = [w D/2, (w + 1) D/2) of
@@ -59,6 +60,14 @@ ROWS = hb.ROWS  # own key rows per compute warpgroup and streamed query block le
 CTA = hb.CTA
 
 
+def _kv_update(c: hfb.KeyCta, carry, p_t, ds_t, ds_smem, slot):
+    """dk += ds^T q, dv += p^T do (``hbk.kv_update``: p^T, ds^T from registers). ``ds_smem``, where
+    ds^T was just staged for dq, is unused here: the seam through which
+    ``benchmarks/results/hopper_runs_1204c/smem_ds.py`` times dk's wgmma reading it instead."""
+    del ds_smem
+    return hbk.kv_update(c.ops, carry, p_t, ds_t, c.smem[2].at[slot], c.smem[3].at[slot])
+
+
 def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape):
     """float32 ``shape`` = sum over the warpgroups w' of ds_w' [queries, keys] @ k_w'[:, dw]: both
     wgmmas issued into one accumulator before one wait."""
@@ -85,8 +94,8 @@ def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
 
 def _split_columns(c: hfb.KeyCta):
     cfg, ops, wg = c.cfg, c.ops, c.wg
-    k_s, _, q_s, do_s = c.smem[:4]
-    ds_s, dq_s, ds_ready, ds_free = c.scratch
+    k_s = c.smem[0]
+    ds_s, dq_s, ds_ready, ds_free = c.scratch[:4]  # (an A/B may append buffers)
     lo, d = c.bounds[0], k_s.shape[2]
     dw = pl.ds(wg * (d // WGS), d // WGS)
 
@@ -96,7 +105,7 @@ def _split_columns(c: hfb.KeyCta):
         pl.when(t > 0)(lambda: plgpu.barrier_wait(ds_free))  # both read the last ds^T
         ops.stage(ds_s.at[wg], ds_t)
         plgpu.barrier_arrive(ds_ready)
-        carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
+        carry = _kv_update(c, carry, p_t, ds_t, ds_s.at[wg], slot)
         plgpu.barrier_arrive(c.free.at[slot])
         plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
         dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS))  # [c, D/2]
@@ -124,8 +133,8 @@ def alternating_kernel(*refs, cfg: hbk.BwdConfig):
 
 def _take_turns(c: hfb.KeyCta):
     cfg, ops, wg = c.cfg, c.ops, c.wg
-    k_s, _, q_s, do_s = c.smem[:4]
-    ds_s, dq_s, ready, done = c.scratch
+    k_s = c.smem[0]
+    ds_s, dq_s, ready, done = c.scratch[:4]
     lo, d = c.bounds[0], k_s.shape[2]
 
     def body(j, carry, g, masked: bool):
@@ -135,7 +144,7 @@ def _take_turns(c: hfb.KeyCta):
         pl.when(t >= 2)(lambda: plgpu.barrier_wait(done.at[par]))  # read two pairs ago
         ops.stage(ds_s.at[par, wg], ds_t)
         plgpu.barrier_arrive(ready.at[par])
-        carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
+        carry = _kv_update(c, carry, p_t, ds_t, ds_s.at[par, wg], slot)
         plgpu.barrier_arrive(c.free.at[slot])
 
         @pl.when(wg == par)
@@ -144,7 +153,7 @@ def _take_turns(c: hfb.KeyCta):
             dq = _dq_half(ops, ds_s.at[par], k_s, pl.ds(0, d), (cfg.block, d))  # [c, D]
             plgpu.barrier_arrive(done.at[par])
             h, rows_q = c.dq_rows(j, g)
-            ops.reduce_add(dq_s.at[wg], dq * cfg.scale, c.outs[0].at[c.b, rows_q, h])
+            ops.reduce_add(dq_s.at[wg], dq, c.outs[0].at[c.b, rows_q, h])
 
         return carry
 
@@ -192,8 +201,8 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
                          _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),
                          grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                          lse2, delta, *extra, dq_acc)
-    # head dim 64's alternating kernel scales its tiles (fwd+bwd 1.01-1.05x cuDNN that way, 1203f)
-    return (dq_acc[...] * (cfg.scale if d != 64 else 1.0), *hfb.dkv_to_step(dk, dv))
+    # the tiles are added unscaled (see the module docstring)
+    return (dq_acc[...] * cfg.scale, *hfb.dkv_to_step(dk, dv))
 
 
 def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,

@@ -1,6 +1,10 @@
 """Head dim 64's dq tiles: scaled before each reduce-add or once after the kernel (2026-12-04, for
 the next lease).
 
+Run 2026-12-04 (second session; ``../hopper_runs_1204c/runs.md``): "after" 0.5-1.5% faster in 9 of
+10 cells, 0.3% slower in the tenth. The library took it for dq (dk's scale stays in the kernel), so
+``library`` below now names the kernel after that change; the description is of the run.
+
 At head dim 128 the bisect (``bisect.md``) found the softmax scale applied to every dq tile before
 its TMA reduce-add cost 6% at 128K tokens without a mask (0.92x -> 0.98x cuDNN when undone); the
 library now adds head dim 128's tiles unscaled and scales dq once after the kernel. Head dim 64's
