@@ -72,7 +72,11 @@
 #   wgmmas with their A operand from shared memory, ds^T from the tile staged for dq (and p^T from a
 #   new one), against the library at head dims 128 and 64, then ptxas's registers, spills and C7519
 #   notes per variant (hopper_runs_1204c/smem_ds.py); if one wins, `grid 128` / `grid 64` with it
-#   applied, and `check`.
+#   applied, and `check`;
+#   `bash benchmarks/lease_next_h200.sh kvlayout` (about 6 minutes): head dim 128's dk, dv written
+#   head-major plus two transposes (the library) against the step's layout, 16K-128K
+#   (hopper_runs_1204c/kv_layout.py; head-major won by 0.9% at 128K, the transposes cost about 2.5% at
+#   16K); if the step's layout wins at the shorter lengths, a rule by length like split_group's.
 #   The results file's list (FA3's softmax/QK^T overlap in the backward, tile sweeps) stands.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
@@ -92,7 +96,7 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect or smemds}" in
+case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect, smemds or kvlayout}" in
 smemds)
   step timeout 460 python3 benchmarks/results/hopper_runs_1204c/smem_ds.py --backwards default \
     --problems 32:32:128@16384+131072,32:8:128@131072,32:8:64@16384+131072 \
@@ -101,6 +105,11 @@ smemds)
   for v in library dk_smem dkv_smem; do
     echo "== $v"; zcat "$R/ptxas_$v.log.gz" | grep -c C7519
   done
+  pack ;;
+kvlayout)
+  step timeout 500 python3 benchmarks/results/hopper_runs_1204c/kv_layout.py --backwards default \
+    --problems 32:32:128@16384+32768+65536+131072,32:8:128@16384+65536 --variants library,step \
+    --rounds 3 --out "$R/kv_layout128"
   pack ;;
 check)
   # "fused" adds head dim 256's atomic backward (at 64 and 128 it is the default)

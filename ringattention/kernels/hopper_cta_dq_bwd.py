@@ -14,8 +14,9 @@ tokens without a mask (with an L2 hit rate of 88% against 98% at 64K,
 ``benchmarks/results/hopper_runs_1204b/bisect.md``); at head dim 64 the in-loop scale cost
 0.5-1.5% in 9 of 10 cells at 16K-128K tokens and saved 0.3% in the tenth
 (``benchmarks/results/hopper_runs_1204c/``). At head dim 128 dk, dv are written head-major
-([B, K, Sk, D], one transpose each after the kernel, ``hfb.dkv_head_major``; the step's layout cost
-4% at 128K), at head dim 64 in the step's layout (0.3-2% faster than head-major at 128K tokens):
+([B, K, Sk, D], one transpose each after the kernel, ``hfb.dkv_head_major``; at 128K the step's
+layout cost 4% with dq scaled in the loop, 0.9% with it scaled after), at head dim 64 in the step's
+layout (0.3-2% faster than head-major at 128K tokens):
 
 * head dims 65-128 (``cta_dq_kernel``): after both have written ds^T of their 64 keys to shared
   memory, warpgroup w computes the columns Dw = [w D/2, (w + 1) D/2) of

@@ -62,7 +62,8 @@ def dkv_head_major(d: int) -> bool:
     """Whether the key-CTA kernels write dk, dv head-major, [B, K, Sk, D] (two transposes follow),
     rather than in the step's [B, Sk, K, D] layout: measured on an H200 in
     ``benchmarks/results/hopper_runs_1204b/`` (``bisect.md``). At head dim 128 the step's layout
-    lowered the L2 hit rate of the backward and cost 4% at 128K tokens without a mask; at head dim
+    lowered the L2 hit rate of the backward and cost 4% at 128K tokens without a mask (0.9% with
+    dq's scale moved after the kernel; other lengths not yet timed: ``hopper_runs_1204c``); at head dim
     64 it ran 2% faster than head-major with a causal mask and 0.3-0.5% without one (128K tokens,
     kv heads 8 and 32, ``kv_layout64.json``)."""
     return d != 64
