@@ -64,19 +64,20 @@
 # Run 2026-12-04 (second session; results in benchmarks/results/hopper_runs_1204c/, runs.md, and
 #   the section "2026-12-04 (second session)" of pallas_hopper_h200.md) through
 #   hopper_runs_1204c/pipeline.sh: overlap_dq.py (dq's wgmmas issued while dk, dv run: 2-9% slower,
-#   not adopted), `check` (77 PASS; the 10 cases its limit skipped ran after it, 36 PASS), `scale64`
+#   not adopted), `check` (77 PASS; the 8 cases its limit cut ran after it with the ring at head dim 64, 36 PASS), `scale64`
 #   (head dim 64's dq scaled after the kernel: adopted; the part is gone from this script), `rerun16k`.
 # Next (issue 16): head dim 128's forward+backward is at 0.97-1.00x (16K: 0.97-0.99x over 5 rounds),
 #   the deterministic backward at 0.95-0.99x, head dim 256 at 0.91-0.94x. Planned, one R per machine:
 #   `bash benchmarks/lease_next_h200.sh smemds` (about 6 minutes): the default backward's dk (and dv)
 #   wgmmas with their A operand from shared memory, ds^T from the tile staged for dq (and p^T from a
 #   new one), against the library at head dims 128 and 64, then ptxas's registers, spills and C7519
-#   notes per variant (hopper_runs_1204c/smem_ds.py); if one wins, `grid 128` / `grid 64` with it
-#   applied, and `check`;
+#   notes per variant (head dim 128 only; hopper_runs_1204c/smem_ds.py); if one wins, `grid 128` /
+#   `grid 64` with it applied (with_variant.py smem_ds:VARIANT), and `check`;
 #   `bash benchmarks/lease_next_h200.sh kvlayout` (about 6 minutes): head dim 128's dk, dv written
 #   head-major plus two transposes (the library) against the step's layout, 16K-128K
-#   (hopper_runs_1204c/kv_layout.py; head-major won by 0.9% at 128K, the transposes cost about 2.5% at
-#   16K); if the step's layout wins at the shorter lengths, a rule by length like split_group's.
+#   (hopper_runs_1204c/kv_layout.py; head-major won by 0.9% at 128K, within that lease's spread; the
+#   transposes cost about 2.5% of the 16K backward at 32:32:128, 0.65% at 32:8:128); if the step's
+#   layout wins at the shorter lengths, a rule by length like split_group's.
 #   The results file's list (FA3's softmax/QK^T overlap in the backward, tile sweeps) stands.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh

@@ -9,14 +9,15 @@ reduce-add traffic (what limits the fused backward: removing it makes the step 1
 an H200) and the float32 dq accumulator halve, and the accumulator is one [B, Sq, H, D] buffer
 in the step's layout (head-major plus one transpose ran no faster at 16K-128K tokens on an H200:
 ``benchmarks/results/hopper_runs_1203g/``). The tiles are added unscaled and dq is scaled once
-after the kernel: at head dim 128 scaling every tile before its reduce-add (92f7d26) cost 6% at 128K
-tokens without a mask (with an L2 hit rate of 88% against 98% at 64K,
-``benchmarks/results/hopper_runs_1204b/bisect.md``); at head dim 64 the in-loop scale cost
-0.5-1.5% in 9 of 10 cells at 16K-128K tokens and saved 0.3% in the tenth
-(``benchmarks/results/hopper_runs_1204c/``). At head dim 128 dk, dv are written head-major
-([B, K, Sk, D], one transpose each after the kernel, ``hfb.dkv_head_major``; at 128K the step's
-layout cost 4% with dq scaled in the loop, 0.9% with it scaled after), at head dim 64 in the step's
-layout (0.3-2% faster than head-major at 128K tokens):
+after the kernel. At head dim 128 dk, dv are written head-major ([B, K, Sk, D], one transpose each
+after the kernel, ``hfb.dkv_head_major``). Scaling every tile before its reduce-add and writing dk,
+dv in the step's layout (92f7d26) made 32:32:128 at 128K without a mask 0.92x cuDNN where this
+runs 0.99x (1,971 against 1,814 ms; with only the scale undone 1,829 ms, with only the layout
+1,855 ms; an L2 hit rate of 88% against 98% at 64K; ``benchmarks/results/hopper_runs_1204b/
+bisect.md``). At head dim 64 an A/B of the scale after the kernel (dk's moved out as well) ran the
+backward 0.5-1.5% faster in 9 of 10 cells at 16K-128K tokens and 0.3% slower in the tenth
+(``benchmarks/results/hopper_runs_1204c/``); dk, dv stay in the step's layout there (0.3-2%
+faster than head-major at 128K tokens):
 
 * head dims 65-128 (``cta_dq_kernel``): after both have written ds^T of their 64 keys to shared
   memory, warpgroup w computes the columns Dw = [w D/2, (w + 1) D/2) of

@@ -61,9 +61,10 @@ CTA = hb.CTA
 def dkv_head_major(d: int) -> bool:
     """Whether the key-CTA kernels write dk, dv head-major, [B, K, Sk, D] (two transposes follow),
     rather than in the step's [B, Sk, K, D] layout: measured on an H200 in
-    ``benchmarks/results/hopper_runs_1204b/`` (``bisect.md``). At head dim 128 the step's layout
-    lowered the L2 hit rate of the backward and cost 4% at 128K tokens without a mask (0.9% with
-    dq's scale moved after the kernel; other lengths not yet timed: ``hopper_runs_1204c``); at head dim
+    ``benchmarks/results/hopper_runs_1204b/`` (``bisect.md``). At head dim 128 and 128K tokens
+    without a mask the step's layout ran 6% slower (1,971 against 1,855 ms) with dq scaled in the
+    loop and 0.9% slower (1,829 against 1,814 ms, within that lease's spread) with it scaled after
+    the kernel, as now (other lengths not yet timed: ``hopper_runs_1204c/kv_layout.py``); at head dim
     64 it ran 2% faster than head-major with a causal mask and 0.3-0.5% without one (128K tokens,
     kv heads 8 and 32, ``kv_layout64.json``)."""
     return d != 64

@@ -5,9 +5,10 @@ lease).
 ([B, K, Sk, D], then one float32 transpose each) at head dim 128 and in the step's layout
 ([B, Sk, K, D], no transpose) at head dim 64. Head dim 128's choice rests on one length: at 128K
 tokens without a mask (``../hopper_runs_1204b/bisect.md``, dq already scaled after the kernel)
-head-major ran 1,813.5 ms against 1,829.2 ms for the step's layout, 0.9% faster. At 16K the two
-transposes took about 128 us each of a 10.1 ms backward (``../hopper_runs_1205``, Nsight Compute,
-each kernel alone), about 2.5%, so the step's layout may win at shorter lengths. Variants of
+head-major ran 1,813.5 ms against 1,829.2 ms for the step's layout, 0.9% faster (within that
+lease's spread). At 16K the two transposes took about 128 us each of a 10.1 ms backward at
+32:32:128 causal, about 2.5%, and 32 us each at 32:8:128, about 0.65% (``../hopper_runs_1205``,
+Nsight Compute, each kernel alone), so the step's layout may win at shorter lengths. Variants of
 ``dkv_head_major``, monkeypatched in (the kernels' output shapes, their dk/dv rows and the
 transposes all follow it):
 
