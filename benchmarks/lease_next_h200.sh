@@ -72,7 +72,10 @@
 #   wgmmas with their A operand from shared memory, ds^T from the tile staged for dq (and p^T from a
 #   new one), against the library at head dims 128 and 64, then ptxas's registers, spills and C7519
 #   notes per variant (head dim 128 only; hopper_runs_1204c/smem_ds.py); if one wins, `grid 128` /
-#   `grid 64` with it applied (with_variant.py smem_ds:VARIANT), and `check`;
+#   `grid 64` with it applied (with_variant.py smem_ds:VARIANT), and `check`; if dkv_smem is not
+#   slower than the library, `bash benchmarks/lease_next_h200.sh overlapsmem` (about 4 minutes):
+#   overlap_dq.py's two orders again with those shared-memory operands (no register operand in
+#   flight, so none of the C7519 fences that the register versions got);
 #   `bash benchmarks/lease_next_h200.sh kvlayout` (about 6 minutes): head dim 128's dk, dv written
 #   head-major plus two transposes (the library) against the step's layout, 16K-128K
 #   (hopper_runs_1204c/kv_layout.py; head-major won by 0.9% at 128K, within that lease's spread; the
@@ -97,7 +100,7 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect, smemds or kvlayout}" in
+case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect, smemds, overlapsmem or kvlayout}" in
 smemds)
   step timeout 460 python3 benchmarks/results/hopper_runs_1204c/smem_ds.py --backwards default \
     --problems 32:32:128@16384+131072,32:8:128@131072,32:8:64@16384+131072 \
@@ -106,6 +109,13 @@ smemds)
   for v in library dk_smem dkv_smem; do
     echo "== $v"; zcat "$R/ptxas_$v.log.gz" | grep -c C7519
   done
+  pack ;;
+overlapsmem)
+  step timeout 420 python3 benchmarks/results/hopper_runs_1204c/overlap_dq.py --backwards default \
+    --problems 32:32:128@16384+131072,32:8:128@131072 --variants library,overlap_smem,fa3_smem \
+    --rounds 3 --out "$R/overlap_smem"
+  ptxas_variants benchmarks/results/hopper_runs_1204c/overlap_dq.py ptxas_ library overlap_smem \
+    fa3_smem
   pack ;;
 kvlayout)
   step timeout 500 python3 benchmarks/results/hopper_runs_1204c/kv_layout.py --backwards default \

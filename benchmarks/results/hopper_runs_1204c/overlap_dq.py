@@ -13,7 +13,10 @@ Variants of ``_split_columns``' loop body, monkeypatched in:
   (the query slot is freed) and one for dq;
 * ``fa3``: dv issued, ds^T of both awaited, the dq half issued, then dk; dq awaited with dk in
   flight (``wait_n=1``), ds^T released and dq staged and reduce-added, then dk awaited and the
-  query slot freed.
+  query slot freed;
+* ``overlap_smem``, ``fa3_smem`` (added after the run): the same orders with p^T and ds^T read by
+  dv's and dk's wgmmas from shared memory (``smem_ds.py``), so that no wgmma in flight holds
+  register operands (ptxas's C7519 fences, ``runs.md``).
 
 The interpret-mode path (CPU) computes the same sums in the same order as the library's. Timed
 with ``../hopper_runs_1203c/kv_init.py``'s harness (bare backward step, rounds in rotated order,
@@ -40,6 +43,9 @@ import kv_init  # noqa: E402
 from ringattention.kernels import hopper_cta_dq_bwd as hcb  # noqa: E402
 from ringattention.kernels import hopper_kernels as hk  # noqa: E402
 
+sys.path.insert(0, "benchmarks/results/hopper_runs_1204c")
+import smem_ds  # noqa: E402
+
 F32 = jnp.float32
 LIBRARY = hcb._split_columns
 
@@ -49,13 +55,15 @@ def _issue_dq(ops, ds_s, k_s, dw, ref):
         ops._issue(ref, hk.Smem(ds_s.at[w], transposed=True), hk.Smem(k_s.at[w, :, dw]))
 
 
-def _variant(order: str):
-    """``_split_columns`` with the pair's wgmmas issued in ``order`` ("overlap" or "fa3")."""
+def _variant(order: str, smem: bool = False):
+    """``_split_columns`` with the pair's wgmmas issued in ``order`` ("overlap" or "fa3"); with
+    ``smem``, dv's and dk's A operands (p^T, ds^T) read from shared memory, as ``smem_ds.py``'s
+    ``dkv_smem``."""
 
     def split_columns(c):
         cfg, ops, wg = c.cfg, c.ops, c.wg
         k_s, _, q_s, do_s = c.smem[:4]
-        ds_s, dq_s, ds_ready, ds_free = c.scratch
+        ds_s, dq_s, ds_ready, ds_free = c.scratch[:4]
         lo, d = c.bounds[0], k_s.shape[2]
         dw = pl.ds(wg * (d // hcb.WGS), d // hcb.WGS)
         shape = (cfg.block, d // hcb.WGS)
@@ -73,6 +81,9 @@ def _variant(order: str):
             plgpu.barrier_arrive(ds_ready)
             q_t, do_t = hk.Smem(q_s.at[slot]), hk.Smem(do_s.at[slot])
             p16, ds16 = p_t.astype(q_s.dtype), ds_t.astype(q_s.dtype)
+            if smem:  # p^T staged to the buffer smem_ds._scratch_pt appends; ds^T is staged
+                ops.stage(c.scratch[-1].at[wg], p16)
+                p16, ds16 = hk.Smem(c.scratch[-1].at[wg]), hk.Smem(ds_s.at[wg])
             if ops.interpret:  # the library's sums
                 dk, dv = carry
                 dv, dk = dv + ops._dot(p16, do_t), dk + ops._dot(ds16, q_t)
@@ -110,11 +121,14 @@ def _variant(order: str):
     return split_columns
 
 
-VARIANTS = {"library": LIBRARY, "overlap": _variant("overlap"), "fa3": _variant("fa3")}
+# overlap_smem and fa3_smem were added after the run, for the next lease (smem_ds.py first)
+VARIANTS = {"library": LIBRARY, "overlap": _variant("overlap"), "fa3": _variant("fa3"),
+            "overlap_smem": _variant("overlap", smem=True), "fa3_smem": _variant("fa3", smem=True)}
 
 
 def use(name: str) -> None:
     hcb._split_columns = VARIANTS[name]
+    hcb._scratch = smem_ds._scratch_pt if name.endswith("_smem") else smem_ds.LIBRARY[1]
 
 
 kv_init.USE["variant"] = use
