@@ -594,7 +594,7 @@ def test_steps_write_their_outputs_in_place(dim, causal, deterministic):
     transpose: on an H200 the transposes took about 0.5 ms of a 15 ms step at 16K tokens (results:
     pallas_hopper_h200.md, 2026-12-03 fifth session). At head dim 128 the default backward's
     kernel writes dk, dv head-major and holds exactly their two transposes, [B, K, Sk, D] ->
-    [B, Sk, K, D]: in the step's layout they cost 4% at 128K tokens (hopper_runs_1204b/bisect.md;
+    [B, Sk, K, D]: the step's layout ran 0.9-6% slower at 128K tokens (hopper_runs_1204b/bisect.md;
     ``hopper_fused_bwd.dkv_head_major``)."""
     bs = (ph.deterministic_block_sizes(None, dim, causal) if deterministic
           else ph.default_block_sizes(dim, causal))

@@ -16,9 +16,9 @@ dq accumulates in a zero-initialised float32 buffer ``[2, B, Sq, H, D]`` (one sl
 warpgroup; tiles scaled by the softmax scale before they are added), passed to the kernel as a JAX
 ``Ref`` (read and written in place, i.e. aliased in and out) and summed by the wrapper. dq is in the
 step's layout ([B, S, heads, D]); dk and dv are too at head dim 64 and head-major ([B, K, Sk, D],
-transposed after the kernel) above it (``dkv_head_major``: at head dim 128 the step's layout
-lowered the L2 hit rate of ``hopper_cta_dq_bwd.py``, which shares this frame, and cost 4% at 128K
-tokens; ``benchmarks/results/hopper_runs_1204b/bisect.md``).
+transposed after the kernel) above it (``dkv_head_major``, where the measurements behind the
+choice are: at head dim 128 and 128K tokens the step's layout ran 0.9-6% slower in
+``hopper_cta_dq_bwd.py``, which shares this frame; ``benchmarks/results/hopper_runs_1204b/bisect.md``).
 Per-warpgroup slices keep the two warpgroups of a CTA off each other's rows. ``ds^T`` goes through
 shared memory so that wgmma can read it transposed.
 
