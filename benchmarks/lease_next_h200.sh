@@ -66,22 +66,19 @@
 #   hopper_runs_1204c/pipeline.sh: overlap_dq.py (dq's wgmmas issued while dk, dv run: 2-9% slower,
 #   not adopted), `check` (77 PASS; the 8 cases its limit cut ran after it with the ring at head dim 64, 36 PASS), `scale64`
 #   (head dim 64's dq scaled after the kernel: adopted; the part is gone from this script), `rerun16k`.
-# Next (issue 16): head dim 128's forward+backward is at 0.97-1.00x (16K: 0.97-0.99x over 5 rounds),
-#   the deterministic backward at 0.95-0.99x, head dim 256 at 0.91-0.94x. Planned, one R per machine:
-#   `bash benchmarks/lease_next_h200.sh smemds` (about 6 minutes): the default backward's dk (and dv)
-#   wgmmas with their A operand from shared memory, ds^T from the tile staged for dq (and p^T from a
-#   new one), against the library at head dims 128 and 64, then ptxas's registers, spills and C7519
-#   notes per variant (head dim 128 only; hopper_runs_1204c/smem_ds.py); if one wins, `grid 128` /
-#   `grid 64` with it applied (with_variant.py smem_ds:VARIANT), and `check`; if dkv_smem is not
-#   slower than the library, `bash benchmarks/lease_next_h200.sh overlapsmem` (about 4 minutes):
-#   overlap_dq.py's two orders again with those shared-memory operands (no register operand in
-#   flight, so none of the C7519 fences that the register versions got);
-#   `bash benchmarks/lease_next_h200.sh kvlayout` (about 6 minutes): head dim 128's dk, dv written
-#   head-major plus two transposes (the library) against the step's layout, 16K-128K
-#   (hopper_runs_1204c/kv_layout.py; head-major won by 0.9% at 128K, within that lease's spread; the
-#   transposes cost about 2.5% of the 16K backward at 32:32:128, 0.65% at 32:8:128); if the step's
-#   layout wins at the shorter lengths, a rule by length like split_group's.
-#   The results file's list (FA3's softmax/QK^T overlap in the backward, tile sweeps) stands.
+# Run 2026-12-04 (third session; results in benchmarks/results/hopper_runs_1204d/, runs.md, and
+#   the section "2026-12-04 (third session)" of pallas_hopper_h200.md) through
+#   hopper_runs_1204d/pipeline.sh: smem_ds.py (dk's, dv's wgmma operand from shared memory: 0.69-1.03x,
+#   not adopted; the parts `smemds` and `overlapsmem` are gone from this script), `kvlayout` at
+#   16K-64K (the step's layout 1.6% faster in the bare backward at 16K, not visible in
+#   forward+backward next to cuDNN; not adopted), the head-dim-64 check (22 PASS) and `grid 64`.
+# Next (issue 16): head dim 128's forward+backward is at 0.97-1.00x (16K: 0.98-1.00x), the
+#   deterministic backward at 0.95-0.99x, head dim 256 at 0.91-0.94x. Planned, one R per machine:
+#   `bash benchmarks/lease_next_h200.sh kvlayout` (about 4 minutes): the 32K-128K rerun of the
+#   step's layout with 5 rounds that the third session's second machine start lost, to settle
+#   whether a rule by length (the step's layout at 16K) is worth a branch; then new work from the
+#   results file's list (FlashAttention-3's softmax/QK^T overlap inside a warpgroup in the
+#   backward), which has no script yet.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
 
@@ -100,27 +97,11 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect, smemds, overlapsmem or kvlayout}" in
-smemds)
-  step timeout 460 python3 benchmarks/results/hopper_runs_1204c/smem_ds.py --backwards default \
-    --problems 32:32:128@16384+131072,32:8:128@131072,32:8:64@16384+131072 \
-    --variants library,dk_smem,dkv_smem --rounds 3 --out "$R/smem_ds"
-  ptxas_variants benchmarks/results/hopper_runs_1204c/smem_ds.py ptxas_ library dk_smem dkv_smem
-  for v in library dk_smem dkv_smem; do
-    echo "== $v"; zcat "$R/ptxas_$v.log.gz" | grep -c C7519
-  done
-  pack ;;
-overlapsmem)
-  step timeout 420 python3 benchmarks/results/hopper_runs_1204c/overlap_dq.py --backwards default \
-    --problems 32:32:128@16384+131072,32:8:128@131072 --variants library,overlap_smem,fa3_smem \
-    --rounds 3 --out "$R/overlap_smem"
-  ptxas_variants benchmarks/results/hopper_runs_1204c/overlap_dq.py ptxas_ library overlap_smem \
-    fa3_smem
-  pack ;;
+case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect or kvlayout}" in
 kvlayout)
-  step timeout 500 python3 benchmarks/results/hopper_runs_1204c/kv_layout.py --backwards default \
-    --problems 32:32:128@16384+32768+65536+131072,32:8:128@16384+65536 --variants library,step \
-    --rounds 3 --out "$R/kv_layout128"
+  step timeout 300 python3 benchmarks/results/hopper_runs_1204c/kv_layout.py --backwards default \
+    --problems 32:32:128@32768+65536+131072 --variants library,step --rounds 5 \
+    --out "$R/kv_layout_long"
   pack ;;
 check)
   # "fused" adds head dim 256's atomic backward (at 64 and 128 it is the default)

@@ -109,6 +109,8 @@ def use_kv_probs(name: str) -> None:
 # How main() puts variant ``name`` in place (a later script, hopper_runs_1204/lag_dq.py, patches
 # other functions through this hook; added after this script's own run, behaviour unchanged).
 USE = {"variant": use_kv_probs}
+# PARTIAL: the JSON is rewritten after each case, so a run cut by its time limit keeps the cases it
+# finished (added 2026-12-04, third session; before, it was written once at the end).
 
 
 def main():
@@ -165,9 +167,9 @@ def main():
                         flush=True)
                     records.append(dict(backward=backward, shape=shape, seq=length,
                                         causal=causal, ms=times, rel_err_vs_library=err))
-    with open(a.out + ".json", "w") as fh:
-        json.dump(dict(jax=jax.__version__, device=jax.devices()[0].device_kind,
-                       records=records), fh, indent=1)
+                    with open(a.out + ".json", "w") as fh:  # after each case (see PARTIAL)
+                        json.dump(dict(jax=jax.__version__, device=jax.devices()[0].device_kind,
+                                       records=records), fh, indent=1)
 
 
 if __name__ == "__main__":

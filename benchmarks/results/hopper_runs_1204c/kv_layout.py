@@ -1,5 +1,7 @@
 """dk/dv's layout in the default backward, by length (2026-12-04, second session, for the next
-lease).
+lease). Run at 16K-64K in the third session (``../hopper_runs_1204d/runs.md``): the step's layout
+1.6% faster in the bare backward at 16K, mixed from 32K, not visible in forward+backward next to
+cuDNN; not adopted.
 
 ``hopper_fused_bwd.dkv_head_major(d)`` has the key-CTA kernels write dk, dv head-major
 ([B, K, Sk, D], then one float32 transpose each) at head dim 128 and in the step's layout

@@ -121,7 +121,8 @@ def _variant(order: str, smem: bool = False):
     return split_columns
 
 
-# overlap_smem and fa3_smem were added after the run, for the next lease (smem_ds.py first)
+# overlap_smem and fa3_smem were added after the run, for the next lease (smem_ds.py first); not
+# run: smem_ds.py's dkv_smem, which they build on, lost by 5-31% (../hopper_runs_1204d/runs.md)
 VARIANTS = {"library": LIBRARY, "overlap": _variant("overlap"), "fa3": _variant("fa3"),
             "overlap_smem": _variant("overlap", smem=True), "fa3_smem": _variant("fa3", smem=True)}
 

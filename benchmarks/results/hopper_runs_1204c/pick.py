@@ -3,6 +3,7 @@
 case slower than ``MAX_LOSS`` and gradients within ``MAX_REL`` of the library's; else "library".
 
   python3 benchmarks/results/hopper_runs_1204c/pick.py overlap_dq.json
+  python3 benchmarks/results/hopper_runs_1204c/pick.py smem_ds.json dkv_smem   # its geometric mean
 """
 
 import json
@@ -13,6 +14,13 @@ import sys
 MIN_GAIN = 1.01  # geometric mean over the cases
 MAX_LOSS = 0.99  # worst case
 MAX_REL = 2e-2  # dq/dk/dv relative error against the library's (bf16 inputs, float32 sums)
+
+
+def geomean(records: list, name: str) -> float:
+    """``name``'s geometric-mean speedup over ``library`` (ratio of the medians over rounds)."""
+    ratios = [statistics.median(r["ms"]["library"]) / statistics.median(r["ms"][name])
+              for r in records]
+    return math.exp(sum(map(math.log, ratios)) / len(ratios))
 
 
 def main(path: str) -> str:
@@ -33,4 +41,7 @@ def main(path: str) -> str:
 
 
 if __name__ == "__main__":
-    print(main(sys.argv[1]))
+    if len(sys.argv) > 2:
+        print(f"{geomean(json.load(open(sys.argv[1]))['records'], sys.argv[2]):.4f}")
+    else:
+        print(main(sys.argv[1]))

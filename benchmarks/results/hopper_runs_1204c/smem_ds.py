@@ -1,5 +1,7 @@
 """The fused (default) backward's dk, dv wgmmas with their A operand from shared memory instead of
-registers (2026-12-04, second session, for the next lease).
+registers (2026-12-04, second session, for the next lease). Run in the third session
+(``../hopper_runs_1204d/runs.md``): ``dk_smem`` 0.911-1.027x of the library, ``dkv_smem``
+0.686-0.947x, more spills in the causal kernel and no C7519 note in either; not adopted.
 
 ``hbk.kv_update`` issues ``dv += p^T do`` and ``dk += ds^T q`` with p^T and ds^T (16-bit) in
 registers. In ``hopper_cta_dq_bwd`` ds^T is already in shared memory by then (it is staged for dq,
