@@ -64,9 +64,11 @@ def dkv_head_major(d: int) -> bool:
     ``benchmarks/results/hopper_runs_1204b/`` (``bisect.md``). At head dim 128 and 128K tokens
     without a mask the step's layout ran 6% slower (1,971 against 1,855 ms) with dq scaled in the
     loop and 0.9% slower (1,829 against 1,814 ms, within that lease's spread) with it scaled after
-    the kernel, as now (other lengths not yet timed: ``hopper_runs_1204c/kv_layout.py``); at head dim
-    64 it ran 2% faster than head-major with a causal mask and 0.3-0.5% without one (128K tokens,
-    kv heads 8 and 32, ``kv_layout64.json``)."""
+    the kernel, as now. At 16K the step's layout ran the bare backward 1.6% faster, at 32K-64K
+    from 5% slower to 1.5% faster by cell, and forward+backward at 16K showed no difference next to
+    cuDNN (``hopper_runs_1204d/runs.md``), so head-major stays. At head dim 64 it ran 2% faster
+    than head-major with a causal mask and 0.3-0.5% without one (128K tokens, kv heads 8 and 32,
+    ``kv_layout64.json``)."""
     return d != 64
 
 
