@@ -8,7 +8,7 @@ JOBS ?= 2
 SRC := $(wildcard ringattention models train tests benchmarks)
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: demo demo-ring test test-all lint bench-work clean
+.PHONY: demo demo-ring test test-all lint bench-work aot clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -41,5 +41,23 @@ lint: $(STAMP)
 bench-work: $(STAMP)
 	$(PY) benchmarks/work_counts.py > benchmarks/results/work_counts_n8.md
 
+# The Hopper kernels compiled for an H200 without a GPU (XLA's deviceless compile), with ptxas's
+# registers and spills and the SASS of their hot loops (benchmarks/hopper_aot.py):
+# `make aot ARGS="--shape 32:8:128 --causal 0"`. Its own virtualenv: the GPU machine's jax (0.11.2,
+# Python 3.12; AOT_PYTHON=/path/to/python3.12 where `python3.12` is not on PATH) with the CUDA 13
+# plugin, ptxas 13.0 (the device's) and nvdisasm from PyPI. Not part of `make test`.
+AOT_PYTHON ?= python3.12
+AOT_VENV := .venv-aot
+AOT_STAMP := $(AOT_VENV)/.installed
+
+$(AOT_STAMP): Makefile
+	$(AOT_PYTHON) -m venv $(AOT_VENV)
+	$(AOT_VENV)/bin/pip install -q jax==0.11.2 jaxlib==0.11.2 jax-cuda13-plugin==0.11.2 \
+		jax-cuda13-pjrt==0.11.2 absl-py einops "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-nvdisasm==13.*"
+	touch $(AOT_STAMP)
+
+aot: $(AOT_STAMP)
+	$(AOT_VENV)/bin/python benchmarks/hopper_aot.py $(ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(AOT_VENV) .pytest_cache

@@ -73,12 +73,21 @@
 #   16K-64K (the step's layout 1.6% faster in the bare backward at 16K, not visible in
 #   forward+backward next to cuDNN; not adopted), the head-dim-64 check (22 PASS) and `grid 64`.
 # Next (issue 16): head dim 128's forward+backward is at 0.97-1.00x (16K: 0.98-1.00x), the
-#   deterministic backward at 0.95-0.99x, head dim 256 at 0.91-0.94x. Planned, one R per machine:
-#   `bash benchmarks/lease_next_h200.sh kvlayout` (about 4 minutes): the 32K-128K rerun of the
-#   step's layout with 5 rounds that the third session's second machine start lost, to settle
-#   whether a rule by length (the step's layout at 16K) is worth a branch; then new work from the
-#   results file's list (FlashAttention-3's softmax/QK^T overlap inside a warpgroup in the
-#   backward), which has no script yet.
+#   deterministic backward at 0.95-0.99x, head dim 256 at 0.91-0.94x. Planned 2026-12-04 (fourth
+#   session, no device lent), one R per machine, in this order:
+#   `bash benchmarks/lease_next_h200.sh ldesc check` (about 5 minutes): BlockSizes(
+#   loop_descriptors=True) (the wgmma descriptors of the loops' unchanging tiles built inside the
+#   loops: no spills left in any head-dim-64/128 backward kernel when compiled for an H200 on a CPU
+#   machine, benchmarks/results/hopper_aot_1204/aot.md) against the float32 reference on the
+#   device, default and deterministic, every step case and the ring: wgmma runs only there;
+#   `... ldesc grid 128` (about 9 minutes): the target grid at head dim 128, the default backward
+#   with and without it interleaved in each round; `... ldesc grid 64` (the flag adds 20-50
+#   instructions per trip where nothing spilled, as at head dim 64: expected no gain);
+#   `... ldesc det 128`: the deterministic pair with and without it;
+#   `... sass 32:32:128 1 default/loop_descriptors=true` (about 1 minute): where its warps wait.
+#   If it wins, `_DEFAULTS` / `_DETERMINISTIC_TILES` in pallas_hopper.py take it where it won.
+#   Then `kvlayout` (about 4 minutes): the 32K-128K rerun of the step's layout with 5 rounds
+#   that the third session's second machine start lost.
 # Copy the files under benchmarks/results/hopper_runs_<date>/.
 source benchmarks/lease_common.sh
 
@@ -97,7 +106,23 @@ sass_profile() {
   rm -f "$R/$1.ncu-rep"
 }
 
-case "${1:?sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect or kvlayout}" in
+case "${1:?ldesc, sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid, bisect or kvlayout}" in
+ldesc)
+  # BlockSizes(loop_descriptors=True) against the library: check | grid D | det D
+  flag=loop_descriptors=true d=${3:-128}
+  case "${2:?check, grid or det}" in
+  check)
+    step timeout 560 python3 benchmarks/hopper_check.py --out "$R/ldesc_check" --parts steps,ring \
+      --backwards "default/$flag,deterministic/$flag" --ring-dims 128,64 --hard-limit 540
+    grep -h "FAIL\|ERROR\|SUMMARY" "$R/ldesc_check.txt" ;;
+  grid|det)
+    name=default; [ "$2" = det ] && name=deterministic
+    step timeout 590 python3 benchmarks/hopper_check.py --out "$R/ldesc_${2}$d" --parts bench \
+      --reps 3 --rounds 3 --min-ms 300 --hard-limit 580 --shapes 32:8:$d,32:32:$d \
+      --seqs 16384,65536,131072 --causal 1,0 --backwards "$name,$name/$flag"
+    times "$R/ldesc_${2}$d.txt" ;;
+  esac
+  pack ;;
 kvlayout)
   step timeout 300 python3 benchmarks/results/hopper_runs_1204c/kv_layout.py --backwards default \
     --problems 32:32:128@32768+65536+131072 --variants library,step --rounds 5 \

@@ -637,3 +637,53 @@ def test_hopper_check_min_ms_times_short_problems_longer(bench, monkeypatch):
     assert count(1e-5) == hc.MAX_REPS
     monkeypatch.setattr(hc, "REPS", {"n": 3, "min_ms": 0.0})
     assert count(0.004) == 3  # the default: --reps calls
+
+
+# A made-up listing in nvdisasm's form: a two-trip loop (its latch a conditional forward exit and an
+# unconditional backward branch) holding tensor-core work and a spill reload, an out-of-line
+# mbarrier retry stub that jumps back into it, and a spin loop with no HGMMA.
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R2+URZ], R3 ;
+        /*0020*/              @!P1 BRA `(.L_x_9) ;
+.L_x_2:
+        /*0030*/                   LDL.64 R20, [R1+0x8]                   (*"SpillRefill"*);
+        /*0040*/                   WARPGROUP.ARRIVE ;
+        /*0050*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT ;
+        /*0060*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24, gsb0 ;
+        /*0070*/                   STL [R1+0x4], R9                       (*"SpillRefill"*);
+        /*0080*/                   BAR.SYNC.DEFER_BLOCKING R224, 0x80 ;
+        /*0090*/              @!P2 BRA `(.L_x_3) ;
+        /*00a0*/                   BRA `(.L_x_1) ;
+.L_x_3:
+        /*00b0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P3, [R4+URZ], R5 ;
+        /*00c0*/              @!P3 BRA `(.L_x_3) ;
+        /*00d0*/                   EXIT ;
+.L_x_9:
+        /*00e0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R2+URZ], R3 ;
+        /*00f0*/              @!P1 BRA `(.L_x_9) ;
+        /*0100*/                   BRA `(.L_x_2) ;
+"""
+
+
+def test_sass_loops_counts_what_a_loop_pays_per_trip(bench):
+    sass_loops = bench("sass_loops")
+    (loop,) = sass_loops.loops(SASS)  # not the retry stub's jump back, not the spin loop
+    assert (loop.start, loop.end) == (0x10, 0xA0)
+    assert (loop.instructions, loop.hgmma, loop.ldl, loop.stl, loop.bar) == (10, 2, 1, 1, 2)
+    head, row = sass_loops.summary(SASS)
+    assert head == "17 instructions, 2 HGMMA, 1 LDL, 1 STL in the whole kernel"
+    assert row == "loop 0x0010-0x00a0: 10 instructions, 2 HGMMA, 1 LDL, 1 STL, 2 barrier ops"
+
+
+def test_hopper_aot_reads_ptxas_output(bench):
+    log = ("ptxas info    : Function properties for scoped_mosaic_gpu_kernel\n"
+           "    200 bytes stack frame, 296 bytes spill stores, 336 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 16 barriers, 200 bytes cumulative stack size\n")
+    log += ("ptxas warning : (C7519) warpgroup.arrive is injected in around line 9 by "
+            "compiler to allow use of registers in GMMA in function 'k'\n")
+    assert bench("hopper_aot").ptxas_info(log) == dict(registers=168, spill_stores=296,
+                                                      spill_loads=336, stack_frame=200,
+                                                      wgmma_notes=1)
+    assert bench("hopper_aot").ptxas_info("")["registers"] is None

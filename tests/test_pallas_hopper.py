@@ -156,6 +156,7 @@ def _check_backward(inputs, causal, block_sizes, window=None):
             assert rel_err(g, w) <= RTOL[jnp.dtype(q.dtype).name], name
         else:  # nothing visible: exactly zero
             assert np.all(np.asarray(g) == 0.0), name
+    return got
 
 
 @needs_interpret
@@ -316,6 +317,28 @@ def test_fused_backward_with_one_dq_tile_per_cta(dim):
     inputs = _inputs(rng, sq=72, sk=200, heads=2, kv_heads=1, dim=dim, dtype="bfloat16",
                      where="overlap", segments=True, batch=1)
     _check_backward(inputs, True, ph.BlockSizes(backward="fused", dq_tile="cta", registers=240))
+
+
+@needs_interpret
+@pytest.mark.parametrize("dim,fields,causal", [
+    (128, dict(dq_tile="cta"), True),  # the default at 128: columns split between warpgroups
+    (64, dict(dq_tile="cta"), True),  # the default at 64: the warpgroups take turns
+    (128, dict(dq_tile="warpgroup"), False),  # one dq tile per warpgroup, the flat group loop
+    pytest.param(128, dict(backward="mosaic"), True, marks=pytest.mark.slow),  # deterministic
+])
+def test_loop_descriptors_change_no_result(dim, fields, causal):
+    """``BlockSizes(loop_descriptors=True)`` indexes the tiles a block loop reads unchanged with
+    ``index + (j >> 31)`` for block indices j >= 0: the same tiles, so the gradients are bit for
+    bit those of the default indexing, and match the reference (GQA, segment ids, a ragged query
+    shard, two key CTAs; ``j`` runs from a bound loaded from memory, as on the device)."""
+    rng = np.random.default_rng(17 + dim)
+    inputs = _inputs(rng, sq=72, sk=200, heads=4, kv_heads=2, dim=dim, dtype="bfloat16",
+                     where="overlap", segments=True, batch=1)
+    bs = ph.BlockSizes(**{"backward": "fused", "registers": 240, **fields})
+    on = _check_backward(inputs, causal, dataclasses.replace(bs, loop_descriptors=True))
+    off = _check_backward(inputs, causal, bs)
+    for name, a, b in zip(("dq", "dk", "dv"), on, off, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
 
 
 @needs_interpret
@@ -530,6 +553,10 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
                                       registers=240)),  # the default at 64 with a causal mask
     ("fused", 64, False, False, 2, dict(dq_tile="cta", block_k=256, bwd_stages=3), 100),
     ("fused", 128, False, False, 2, dict(dq_tile="cta", split_group=True)),  # a CTA per query head
+    ("fused", 128, True, True, 2, dict(dq_tile="cta", registers=240, loop_descriptors=True)),
+    ("fused", 64, True, False, 2, dict(dq_tile="cta", bwd_stages=3, loop_descriptors=True)),
+    ("fused", 128, False, False, 2, dict(loop_descriptors=True)),  # one dq tile per warpgroup
+    ("mosaic", 128, True, False, 2, dict(loop_descriptors=True)),  # the deterministic pair
 ]
 
 
@@ -668,6 +695,8 @@ def test_block_sizes_are_validated():
         ph.BlockSizes(fwd_overlap=1)
     with pytest.raises(TypeError, match="split_group"):
         ph.BlockSizes(split_group="true")
+    with pytest.raises(TypeError, match="loop_descriptors"):
+        ph.BlockSizes(loop_descriptors=1)
     assert ph.default_block_sizes(64) != ph.default_block_sizes(128)
     assert all(ph.default_block_sizes(d, c).split_group is None for d in (64, 128, 256)
                for c in (True, False))  # decided per call from the shapes

@@ -70,10 +70,12 @@ def _kv_update(c: hfb.KeyCta, carry, p_t, ds_t, ds_smem, slot):
     return hbk.kv_update(c.ops, carry, p_t, ds_t, c.smem[2].at[slot], c.smem[3].at[slot])
 
 
-def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape):
+def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape, own=lambda w: w):
     """float32 ``shape`` = sum over the warpgroups w' of ds_w' [queries, keys] @ k_w'[:, dw]: both
-    wgmmas issued into one accumulator before one wait."""
-    terms = [(hk.Smem(ds_s.at[w], transposed=True), hk.Smem(k_s.at[w, :, dw])) for w in range(WGS)]
+    wgmmas issued into one accumulator before one wait. ``own(w)``: the index of w's tiles
+    (``BwdConfig.own``)."""
+    terms = [(hk.Smem(ds_s.at[own(w)], transposed=True), hk.Smem(k_s.at[own(w), :, dw]))
+             for w in range(WGS)]
     if ops.interpret:
         return sum(ops._dot(a, b) for a, b in terms)
 
@@ -103,14 +105,15 @@ def _split_columns(c: hfb.KeyCta):
 
     def body(j, carry, g, masked: bool):
         t = g * c.n + j - lo
-        slot, p_t, ds_t = c.probs(t, masked)  # [r, c]
+        slot, p_t, ds_t = c.probs(t, masked, j)  # [r, c]
         pl.when(t > 0)(lambda: plgpu.barrier_wait(ds_free))  # both read the last ds^T
         ops.stage(ds_s.at[wg], ds_t)
         plgpu.barrier_arrive(ds_ready)
         carry = _kv_update(c, carry, p_t, ds_t, ds_s.at[wg], slot)
         plgpu.barrier_arrive(c.free.at[slot])
         plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
-        dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS))  # [c, D/2]
+        dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS),
+                      lambda w: cfg.own(w, j))  # [c, D/2]
         plgpu.barrier_arrive(ds_free)
         h, rows_q = c.dq_rows(j, g)
         ops.reduce_add(dq_s.at[wg], dq, c.outs[0].at[c.b, rows_q, h, dw])
@@ -142,7 +145,7 @@ def _take_turns(c: hfb.KeyCta):
     def body(j, carry, g, masked: bool):
         t = g * c.n + j - lo
         par = lax.rem(t, jnp.int32(2))
-        slot, p_t, ds_t = c.probs(t, masked)  # [r, c]
+        slot, p_t, ds_t = c.probs(t, masked, j)  # [r, c]
         pl.when(t >= 2)(lambda: plgpu.barrier_wait(done.at[par]))  # read two pairs ago
         ops.stage(ds_s.at[par, wg], ds_t)
         plgpu.barrier_arrive(ready.at[par])
@@ -152,7 +155,8 @@ def _take_turns(c: hfb.KeyCta):
         @pl.when(wg == par)
         def _():
             plgpu.barrier_wait(ready.at[par])  # ds^T of both warpgroups written
-            dq = _dq_half(ops, ds_s.at[par], k_s, pl.ds(0, d), (cfg.block, d))  # [c, D]
+            dq = _dq_half(ops, ds_s.at[par], k_s, pl.ds(0, d), (cfg.block, d),
+                          lambda w: cfg.own(w, j))  # [c, D]
             plgpu.barrier_arrive(done.at[par])
             h, rows_q = c.dq_rows(j, g)
             ops.reduce_add(dq_s.at[wg], dq, c.outs[0].at[c.b, rows_q, h])

@@ -129,12 +129,14 @@ class KeyCta:
     scratch: tuple  # the kernel's own buffers after the dk/dv kernel's
     n: jax.Array  # visible query blocks per head of the group
 
-    def probs(self, t, masked: bool):
-        """The t-th streamed pair (over the group's heads): waits for its slot, then slot, p^T
-        (float32) and ds^T (16-bit) [r keys, c queries] (``hbk.kv_probs``)."""
+    def probs(self, t, masked: bool, j=None):
+        """The t-th streamed pair (over the group's heads), of query block index ``j`` (for
+        ``cfg.own``; None: the own tiles indexed by the warpgroup alone): waits for its slot, then
+        slot, p^T (float32) and ds^T (16-bit) [r keys, c queries] (``hbk.kv_probs``)."""
         slot = lax.rem(t, jnp.int32(self.cfg.stages))
         plgpu.barrier_wait(self.loaded.at[slot])
-        p_t, ds_t = hbk.kv_probs(self.cfg, self.ops, self.wg, slot, self.own, self.smem, masked)
+        wg = self.wg if j is None else self.cfg.own(self.wg, j)
+        p_t, ds_t = hbk.kv_probs(self.cfg, self.ops, wg, slot, self.own, self.smem, masked)
         return slot, p_t, ds_t.astype(self.smem[2].dtype)
 
     def dq_rows(self, j, g):
@@ -198,12 +200,13 @@ def _fused_compute(c: KeyCta):
     lo, d = c.bounds[0], k_s.shape[2]
 
     def body(j, carry, g, masked: bool):
-        slot, p_t, ds_t = c.probs(g * c.n + j - lo, masked)  # [r, c]
+        slot, p_t, ds_t = c.probs(g * c.n + j - lo, masked, j)  # [r, c]
         ops.stage(ds_s.at[wg], ds_t)  # for dq, which reads it transposed
         carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
         plgpu.barrier_arrive(c.free.at[slot])  # dq needs only ds and the own keys
-        (dq,) = ops.mma(((cfg.block, d), hk.Smem(ds_s.at[wg], transposed=True),
-                         hk.Smem(k_s.at[wg])))  # [c, D] = ds @ k
+        own = cfg.own(wg, j)
+        (dq,) = ops.mma(((cfg.block, d), hk.Smem(ds_s.at[own], transposed=True),
+                         hk.Smem(k_s.at[own])))  # [c, D] = ds @ k
         h, rows_q = c.dq_rows(j, g)
         ops.reduce_add(dq_s.at[wg], dq * cfg.scale, c.outs[0].at[wg, c.b, rows_q, h])
         return carry
@@ -317,7 +320,7 @@ def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k
                         causal=causal, segments=segments, groups=H // k.shape[2],
                         n_cta=k.shape[1] // CTA,
                         qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret,
-                        window=window)
+                        window=window, loop_descriptors=bs.loop_descriptors)
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window)
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
     extra += tuple(bounds[3:])  # a window's edge bound is the last input

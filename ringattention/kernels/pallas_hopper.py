@@ -100,6 +100,12 @@ class BlockSizes:
     (float32) of memory (``hopper_fused_bwd.split_group_extra_bytes``). None (the default) decides
     per call from the shapes (``hopper_fused_bwd.use_split_group``: split where the group's dq is
     >= 32 MiB per batch row, not causal at head dim 128, at most 8 GiB extra); False never splits.
+    ``loop_descriptors`` (the Mosaic backwards at head dims <= 128): build the wgmma descriptors of
+    the tiles a block loop reads unchanged on every trip (the warpgroup's own k, v or q, do; dq's
+    ds^T and k) inside the loop rather than once before it (``hopper_bwd_kernels.BwdConfig.own``).
+    Compiled for an H200 (``benchmarks/hopper_aot.py``) it takes the head-dim-128 fused backward's
+    register spills from 296 / 336 bytes (stores / loads) to none with a causal mask and from
+    112 / 108 to none without one; not yet timed on a device, so off by default.
     Defaults: :func:`default_block_sizes`.
     """
 
@@ -115,6 +121,7 @@ class BlockSizes:
     dq_tile: str = "warpgroup"
     fwd_overlap: bool = False
     split_group: bool | None = None
+    loop_descriptors: bool = False
 
     def __post_init__(self):
         if self.block_q != ROWS:
@@ -137,6 +144,8 @@ class BlockSizes:
             raise TypeError(f"BlockSizes.pingpong={self.pingpong!r} must be a bool")
         if not isinstance(self.fwd_overlap, bool):
             raise TypeError(f"BlockSizes.fwd_overlap={self.fwd_overlap!r} must be a bool")
+        if not isinstance(self.loop_descriptors, bool):
+            raise TypeError(f"BlockSizes.loop_descriptors={self.loop_descriptors!r} must be a bool")
         if self.split_group is not None and not isinstance(self.split_group, bool):
             raise TypeError(f"BlockSizes.split_group={self.split_group!r} must be a bool or None")
         if self.triton is not None and not isinstance(self.triton, pg.BlockSizes):
