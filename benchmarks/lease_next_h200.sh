@@ -77,13 +77,17 @@
 #   session, no device lent), one R per machine, in this order:
 #   `bash benchmarks/lease_next_h200.sh ldesc check` (about 5 minutes): BlockSizes(
 #   loop_descriptors=True) (the wgmma descriptors of the loops' unchanging tiles built inside the
-#   loops: no spills left in any head-dim-64/128 backward kernel when compiled for an H200 on a CPU
+#   loops: no spills left in any backward kernel, head dims 64-256, when compiled for an H200 on a CPU
 #   machine, benchmarks/results/hopper_aot_1204/aot.md) against the float32 reference on the
 #   device, default and deterministic, every step case and the ring: wgmma runs only there;
 #   `... ldesc grid 128` (about 9 minutes): the target grid at head dim 128, the default backward
-#   with and without it interleaved in each round; `... ldesc grid 64` (the flag adds 20-50
-#   instructions per trip where nothing spilled, as at head dim 64: expected no gain);
-#   `... ldesc det 128`: the deterministic pair with and without it;
+#   with and without it interleaved in each round; `... ldesc grid 256` (head dim 256's dk/dv
+#   kernel spilled 56-116 bytes); `... ldesc det 128`: the deterministic pair with and without
+#   it; `... ldesc grid 64` last (the flag adds 20-50 instructions per trip where nothing
+#   spilled, as at head dim 64: expected no gain);
+#   `... ldesc ab` (about 6 minutes): with the flag, overlap_ld.py's two orders (dq's wgmmas
+#   issued while dk, dv run; they lost 2-9% with their spills, which the flag removes too) and
+#   bwd_stages=3 (spilled 108-208 bytes before; none with the flag) against the library;
 #   `... sass 32:32:128 1 default/loop_descriptors=true` (about 1 minute): where its warps wait.
 #   If it wins, `_DEFAULTS` / `_DETERMINISTIC_TILES` in pallas_hopper.py take it where it won.
 #   Then `kvlayout` (about 4 minutes): the 32K-128K rerun of the step's layout with 5 rounds
@@ -110,7 +114,7 @@ case "${1:?ldesc, sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid
 ldesc)
   # BlockSizes(loop_descriptors=True) against the library: check | grid D | det D
   flag=loop_descriptors=true d=${3:-128}
-  case "${2:?check, grid or det}" in
+  case "${2:?check, grid, det or ab}" in
   check)
     step timeout 560 python3 benchmarks/hopper_check.py --out "$R/ldesc_check" --parts steps,ring \
       --backwards "default/$flag,deterministic/$flag" --ring-dims 128,64 --hard-limit 540
@@ -121,6 +125,12 @@ ldesc)
       --reps 3 --rounds 3 --min-ms 300 --hard-limit 580 --shapes 32:8:$d,32:32:$d \
       --seqs 16384,65536,131072 --causal 1,0 --backwards "$name,$name/$flag"
     times "$R/ldesc_${2}$d.txt" ;;
+  ab)
+    # with the flag: the library, overlap_ld.py's two orders (dq issued while dk, dv run) and 3
+    # stages, bare backward, rotated rounds, gradients compared with the library's
+    step timeout 560 python3 benchmarks/results/hopper_aot_1204/overlap_ld.py \
+      --backwards "default/$flag,default/$flag/bwd_stages=3" --variants library,overlap,fa3 \
+      --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 --out "$R/ldesc_ab" ;;
   esac
   pack ;;
 kvlayout)

@@ -325,15 +325,19 @@ def test_fused_backward_with_one_dq_tile_per_cta(dim):
     (64, dict(dq_tile="cta"), True),  # the default at 64: the warpgroups take turns
     (128, dict(dq_tile="warpgroup"), False),  # one dq tile per warpgroup, the flat group loop
     pytest.param(128, dict(backward="mosaic"), True, marks=pytest.mark.slow),  # deterministic
+    (256, dict(backward="mosaic", block_k=64), True),  # hopper_split_bwd's pair (default at 256)
+    pytest.param(256, dict(block_k=64), False, marks=pytest.mark.slow),  # its fused split kernel
 ])
 def test_loop_descriptors_change_no_result(dim, fields, causal):
     """``BlockSizes(loop_descriptors=True)`` indexes the tiles a block loop reads unchanged with
-    ``index + (j >> 31)`` for block indices j >= 0: the same tiles, so the gradients are bit for
-    bit those of the default indexing, and match the reference (GQA, segment ids, a ragged query
-    shard, two key CTAs; ``j`` runs from a bound loaded from memory, as on the device)."""
+    ``index + (j >> 31)`` for block indices j >= 0 (head dim 256: its one own tile gets a leading
+    axis): the same tiles, so the gradients are bit for bit those of the default indexing, and
+    match the reference (GQA, segment ids, a ragged query shard, two or more key CTAs; ``j`` runs
+    from a bound loaded from memory, as on the device)."""
     rng = np.random.default_rng(17 + dim)
-    inputs = _inputs(rng, sq=72, sk=200, heads=4, kv_heads=2, dim=dim, dtype="bfloat16",
-                     where="overlap", segments=True, batch=1)
+    heads, sk = (2, 128) if dim == 256 else (4, 200)  # head dim 256: 64-key CTAs, slower to interpret
+    inputs = _inputs(rng, sq=72, sk=sk, heads=heads, kv_heads=heads // 2, dim=dim,
+                     dtype="bfloat16", where="overlap", segments=True, batch=1)
     bs = ph.BlockSizes(**{"backward": "fused", "registers": 240, **fields})
     on = _check_backward(inputs, causal, dataclasses.replace(bs, loop_descriptors=True))
     off = _check_backward(inputs, causal, bs)
@@ -557,6 +561,8 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("fused", 64, True, False, 2, dict(dq_tile="cta", bwd_stages=3, loop_descriptors=True)),
     ("fused", 128, False, False, 2, dict(loop_descriptors=True)),  # one dq tile per warpgroup
     ("mosaic", 128, True, False, 2, dict(loop_descriptors=True)),  # the deterministic pair
+    ("mosaic", 256, True, True, 2, dict(block_k=64, registers=240, loop_descriptors=True)),
+    ("fused", 256, False, False, 2, dict(block_k=64, registers=240, loop_descriptors=True)),
 ]
 
 

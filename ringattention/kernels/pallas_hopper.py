@@ -100,12 +100,14 @@ class BlockSizes:
     (float32) of memory (``hopper_fused_bwd.split_group_extra_bytes``). None (the default) decides
     per call from the shapes (``hopper_fused_bwd.use_split_group``: split where the group's dq is
     >= 32 MiB per batch row, not causal at head dim 128, at most 8 GiB extra); False never splits.
-    ``loop_descriptors`` (the Mosaic backwards at head dims <= 128): build the wgmma descriptors of
-    the tiles a block loop reads unchanged on every trip (the warpgroup's own k, v or q, do; dq's
-    ds^T and k) inside the loop rather than once before it (``hopper_bwd_kernels.BwdConfig.own``).
-    Compiled for an H200 (``benchmarks/hopper_aot.py``) it takes the head-dim-128 fused backward's
-    register spills from 296 / 336 bytes (stores / loads) to none with a causal mask and from
-    112 / 108 to none without one; not yet timed on a device, so off by default.
+    ``loop_descriptors`` (the Mosaic backwards): build the wgmma descriptors of the tiles a block
+    loop reads unchanged on every trip (the warpgroup's own k, v or q, do; dq's ds^T and k; at head
+    dim 256 the CTA's k, v, p^T, ds^T) inside the loop rather than once before it
+    (``hopper_bwd_kernels.BwdConfig.own``). Compiled for an H200 (``benchmarks/hopper_aot.py``) it
+    takes the head-dim-128 fused backward's register spills from 296 / 336 bytes (stores / loads)
+    to none with a causal mask and from 112 / 108 to none without one, and head dim 256's dk/dv
+    kernel's from 116 / 128 to none; where nothing spilled it adds 20-50 instructions per loop
+    trip. Not yet timed on a device, so off by default.
     Defaults: :func:`default_block_sizes`.
     """
 

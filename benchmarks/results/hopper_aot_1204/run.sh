@@ -1,5 +1,5 @@
 #!/bin/bash
-# The backward kernels at head dims 64 and 128 compiled for an H200 without a GPU
+# The backward kernels at head dims 64, 128 and 256 compiled for an H200 without a GPU
 # (benchmarks/hopper_aot.py, `make aot`'s virtualenv), with and without
 # BlockSizes(loop_descriptors=True); one JSON per compile, then table.py writes aot.md.
 # From the repository root: bash benchmarks/results/hopper_aot_1204/run.sh
@@ -18,7 +18,18 @@ for backward in default deterministic; do
     done
   done
 done
-python3 $OUT/table.py $OUT/default_*.json $OUT/deterministic_*.json > $OUT/aot.md
+# head dim 256: the default (the deterministic split pair) and the fused split kernel (atomics)
+for backward in default fused; do
+  for causal in 1 0; do
+    for flag in false true; do
+      name="${backward}_32-8-256_c${causal}_${flag}"
+      PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape 32:8:256 --causal $causal \
+        --backward "$backward/loop_descriptors=$flag" --json $OUT/$name.json 2>&1 \
+        | grep -v "cudart_stub\|WARNING: All\|^[WI]0000\|nvdisasm invocation\|Source Location\|dump.cc\|^$"
+    done
+  done
+done
+python3 $OUT/table.py $OUT/default_*.json $OUT/deterministic_*.json $OUT/fused_*.json > $OUT/aot.md
 # overlap_ld.py's orders (dq issued while dk, dv run), with and without the flag: spills, C7519
 for variant in overlap fa3; do
   for causal in 1 0; do
