@@ -15,7 +15,10 @@ Setup: ``make aot`` builds ``.venv-aot`` (Python 3.12, the GPU machine's jax 0.1
 ``nvidia-cuda-nvdisasm``) and runs this script with ``ARGS``. Checked against the device: the
 default head-dim-128 backward compiles to 168 registers and 296 / 336 bytes of spill stores / loads
 at 32:32:128 with a causal mask, 192 / 368 at 32:8:128, 112 / 108 without one, as ptxas reported on
-the H200 (``results/hopper_runs_1202d/spills.md``).
+the H200 (``results/hopper_runs_1202d/spills.md``). ptxas is not deterministic on every kernel:
+the PTX of 32:8:128's causal backward (the same bytes every time) assembled to 192 / 368 bytes of
+spills in 6 of 8 runs of ptxas and to 184 / 360 in 2; the other kernels checked came out the same
+every time.
 
   make aot ARGS="--shape 32:32:128 --causal 1 --part bwd"
   make aot ARGS="--backward default/loop_descriptors=true --json out.json"
@@ -142,8 +145,10 @@ def analyze(ptx_path: str, ptxas: str, nvdisasm: str) -> dict:
                           check=True).stdout
     with open(ptx_path[:-4] + ".sass", "w") as f:
         f.write(sass)
+    loops = sass_loops.loops(sass)
     return dict(kernel=os.path.basename(ptx_path), **ptxas_info(log),
-                loops=[lp.row() for lp in sass_loops.loops(sass)],
+                loops=[lp.row() for lp in loops],
+                opcodes=[dict(sass_loops.opcode_mix(sass, lp)) for lp in loops],
                 total=sass_loops.summary(sass)[0])
 
 
@@ -180,7 +185,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f" {r['kernel']}: {r['registers']} registers, spills {r['spill_stores']} / "
               f"{r['spill_loads']} bytes (stores / loads), {r['wgmma_notes']} C7519 notes\n"
               f"  {r['total']}")
-        print("\n".join("  " + row for row in r["loops"]))
+        for row, mix in zip(r["loops"], r["opcodes"], strict=True):
+            print(f"  {row}\n    per trip: " + ", ".join(f"{k} {v}" for k, v in mix.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(args=vars(args), kernels=results), f, indent=1)

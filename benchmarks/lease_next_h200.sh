@@ -117,7 +117,7 @@ ldesc)
   case "${2:?check, grid, det or ab}" in
   check)
     step timeout 560 python3 benchmarks/hopper_check.py --out "$R/ldesc_check" --parts steps,ring \
-      --backwards "default/$flag,deterministic/$flag" --ring-dims 128,64 --hard-limit 540
+      --backwards "default/$flag,deterministic/$flag" --ring-dims 128,64,256 --hard-limit 540
     grep -h "FAIL\|ERROR\|SUMMARY" "$R/ldesc_check.txt" ;;
   grid|det)
     name=default; [ "$2" = det ] && name=deterministic

@@ -16,6 +16,7 @@ listing: ``python benchmarks/sass_loops.py FILE.sass``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 import sys
@@ -89,6 +90,14 @@ def loops(text: str) -> list[Loop]:
                               sum(op.startswith("STL") for op in body),
                               sum(op.startswith(("BAR.", "SYNCS.PHASECHK")) for op in body)))
     return sorted(found, key=lambda lp: (lp.start, -lp.end))
+
+
+def opcode_mix(text: str, loop: Loop, top: int = 16) -> list[tuple[str, int]]:
+    """The ``top`` most frequent opcodes (without modifiers: HGMMA, R2UR, UIADD3, ...) of one trip
+    through ``loop``."""
+    instrs, _ = parse(text)
+    ops = [_opcode(i).split(".")[0] for a, i in instrs if loop.start <= a <= loop.end]
+    return collections.Counter(ops).most_common(top)
 
 
 def summary(text: str) -> list[str]:

@@ -672,6 +672,8 @@ def test_sass_loops_counts_what_a_loop_pays_per_trip(bench):
     (loop,) = sass_loops.loops(SASS)  # not the retry stub's jump back, not the spin loop
     assert (loop.start, loop.end) == (0x10, 0xA0)
     assert (loop.instructions, loop.hgmma, loop.ldl, loop.stl, loop.bar) == (10, 2, 1, 1, 2)
+    mix = dict(sass_loops.opcode_mix(SASS, loop))
+    assert mix["HGMMA"] == 2 and mix["BRA"] == 3 and mix["LDL"] == 1 and sum(mix.values()) == 10
     head, row = sass_loops.summary(SASS)
     assert head == "17 instructions, 2 HGMMA, 1 LDL, 1 STL in the whole kernel"
     assert row == "loop 0x0010-0x00a0: 10 instructions, 2 HGMMA, 1 LDL, 1 STL, 2 barrier ops"
