@@ -96,6 +96,17 @@ def _probs(cfg: hbk.BwdConfig, ops: hk.Ops, w, slot, own, smem, masked: bool):
     return p_t, ds_t
 
 
+def _own_tile_views(cfg: hbk.BwdConfig):
+    """(whole, tile): views of the CTA's own k, v, p^T and ds^T buffers, ``whole(ref)`` to fill
+    them and ``tile(ref, j)`` for the wgmmas of the loop's block j. With ``loop_descriptors`` the
+    buffers carry a leading axis of one tile (``_scratch(lead=True)``) that the loop indexes with
+    ``BwdConfig.own`` (a literal index there would reach ``ops.mma``'s run_state as an output);
+    otherwise both are the buffers themselves."""
+    if not cfg.loop_descriptors:
+        return (lambda ref: ref), (lambda ref, j: ref)
+    return (lambda ref: ref.at[0]), (lambda ref, j: ref.at[cfg.own(0, j)])
+
+
 def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
     """Grid ("h", "i", "b") over kv heads and key CTAs of 64 keys, warpgroups "wg". GMEM inputs as
     ``hbk.dkv_kernel``, then (``with_dq``) the dq accumulator f32 [B, H, Sq, 256] (a Ref, added
@@ -122,10 +133,7 @@ def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
         hk.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
         ops = hfb.FusedOps(cfg.interpret)
         keys = pl.ds(i * ROWS, ROWS)
-        # with loop_descriptors, k, v, p^T and ds^T carry a leading axis of one tile, indexed in
-        # the loop by BwdConfig.own (a literal index would reach ops.mma's run_state as an output)
-        lead = cfg.loop_descriptors
-        whole = (lambda ref: ref.at[0]) if lead else (lambda ref: ref)  # noqa: E731
+        whole, tile = _own_tile_views(cfg)
         own = _load_own_keys(cfg, ops, b, kvh, wg, keys, (k_ref, v_ref, kp_ref, ks_ref),
                              (whole(k_s), whole(v_s), kp_s, ks_s), own_bar)
         dw = pl.ds(wg * DW, DW)
@@ -134,8 +142,7 @@ def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
             t = g * n + j - lo
             slot = lax.rem(t, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
-            tile = (lambda ref: ref.at[cfg.own(0, j)]) if lead else (lambda ref: ref)  # noqa: E731
-            smem = (tile(k_s), tile(v_s), q_s, do_s, lse_s, dl_s, qp_s, qs_s)
+            smem = (tile(k_s, j), tile(v_s, j), q_s, do_s, lse_s, dl_s, qp_s, qs_s)
             p_t, ds_t = _probs(cfg, ops, wg, slot, own, smem, masked)  # [64, 32]
             pl.when(t > 0)(lambda: plgpu.barrier_wait(pds_free))  # the last pair's reads are done
             half = pl.ds(wg * HALF, HALF)
@@ -144,11 +151,11 @@ def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
             plgpu.barrier_arrive(pds_ready)
             plgpu.barrier_wait(pds_ready)  # both halves of p^T, ds^T written
             dk, dv = carry
-            terms = [(dv, hk.Smem(tile(pt_s)), hk.Smem(do_s.at[slot, :, dw])),
-                     (dk, hk.Smem(tile(dst_s)), hk.Smem(q_s.at[slot, :, dw]))]
+            terms = [(dv, hk.Smem(tile(pt_s, j)), hk.Smem(do_s.at[slot, :, dw])),
+                     (dk, hk.Smem(tile(dst_s, j)), hk.Smem(q_s.at[slot, :, dw]))]
             if with_dq:  # dq [64 queries, Dw] = ds k[:, Dw], issued with dk and dv
-                terms.append(((ROWS, DW), hk.Smem(tile(dst_s), transposed=True),
-                              hk.Smem(tile(k_s).at[:, dw])))
+                terms.append(((ROWS, DW), hk.Smem(tile(dst_s, j), transposed=True),
+                              hk.Smem(tile(k_s, j).at[:, dw])))
             dv, dk, *dq = ops.mma(*terms)
             plgpu.barrier_arrive(free.at[slot])
             plgpu.barrier_arrive(pds_free)
