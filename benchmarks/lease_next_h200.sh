@@ -74,7 +74,11 @@
 #   forward+backward next to cuDNN; not adopted), the head-dim-64 check (22 PASS) and `grid 64`.
 # Next (issue 16): head dim 128's forward+backward is at 0.97-1.00x (16K: 0.98-1.00x), the
 #   deterministic backward at 0.95-0.99x, head dim 256 at 0.91-0.94x. Planned 2026-12-04 (fourth
-#   session, no device lent), one R per machine, in this order:
+#   session, no device lent). One command runs it all under a deadline, in this order, and stops
+#   before timing if the check fails (dry-run on CPU with its PY=dry_py.sh):
+#     R=/tmp/resA BUDGET=1500 setsid bash benchmarks/results/hopper_aot_1204/pipeline.sh \
+#       > /tmp/resA.out 2>&1 &
+#   or part by part, one R per machine:
 #   `bash benchmarks/lease_next_h200.sh ldesc check` (about 5 minutes): BlockSizes(
 #   loop_descriptors=True) (the wgmma descriptors of the loops' unchanging tiles built inside the
 #   loops: no spills left in any backward kernel, head dims 64-256, when compiled for an H200 on a CPU
