@@ -23,6 +23,25 @@ pack() {
   tar czf "${OUT:?pack needs OUT}/res.tgz" -C "$R" . && ls -la "$OUT/res.tgz"
 }
 
+# The pipelines (hopper_runs_1204d/pipeline.sh, hopper_aot_1204/pipeline.sh) run under a
+# deadline, $R/deadline (seconds since the epoch; rewritable while they run), and skip a part
+# with less than MIN_PART seconds left (default 90):
+# part SECONDS CMD...: CMD under timeout min(SECONDS, time left), or skipped
+part() {
+  local want=$1 left
+  shift
+  left=$(( $(cat "$R/deadline") - $(date +%s) ))
+  if [ "$left" -lt "${MIN_PART:-90}" ]; then
+    echo "=== skipped (${left}s left): $*" | tee -a "$R/lease.log"
+    return 1
+  fi
+  [ "$want" -gt "$left" ] && want=$left
+  step timeout -k 5 "$want" "$@"
+}
+left() { echo $(( $(cat "$R/deadline") - $(date +%s) - 20 )); }
+# hl SECONDS: hopper_check's --hard-limit inside part SECONDS (its watchdog fires before timeout)
+hl() { local l; l=$(left); [ "$1" -lt "$l" ] && l=$1; echo $(( l - 15 )); }
+
 # The "time L=..." lines of hopper_check outputs (names shortened), for the reply's tail.
 times() {
   grep -h "^time L" "$@" | sed 's/pallas_hopper backward=//' | cut -c1-150

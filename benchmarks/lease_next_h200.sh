@@ -89,7 +89,7 @@
 #   kernel spilled 56-116 bytes); `... ldesc det 128`: the deterministic pair with and without
 #   it; `... ldesc grid 64` last (the flag adds 20-50 instructions per trip where nothing
 #   spilled, as at head dim 64: expected no gain);
-#   `... ldesc ab` (about 6 minutes): with the flag, overlap_ld.py's two orders (dq's wgmmas
+#   `... ldesc ab` (about 6 minutes): with the flag, overlap_dq.py's two orders (dq's wgmmas
 #   issued while dk, dv run; they lost 2-9% with their spills, which the flag removes too) and
 #   bwd_stages=3 (spilled 108-208 bytes before; none with the flag) against the library;
 #   `... sass 32:32:128 1 default/loop_descriptors=true` (about 1 minute): where its warps wait.
@@ -130,9 +130,9 @@ ldesc)
       --seqs 16384,65536,131072 --causal 1,0 --backwards "$name,$name/$flag"
     times "$R/ldesc_${2}$d.txt" ;;
   ab)
-    # with the flag: the library, overlap_ld.py's two orders (dq issued while dk, dv run) and 3
+    # with the flag: the library, overlap_dq.py's two orders (dq issued while dk, dv run) and 3
     # stages, bare backward, rotated rounds, gradients compared with the library's
-    step timeout 560 python3 benchmarks/results/hopper_aot_1204/overlap_ld.py \
+    step timeout 560 python3 benchmarks/results/hopper_runs_1204c/overlap_dq.py \
       --backwards "default/$flag,default/$flag/bwd_stages=3" --variants library,overlap,fa3 \
       --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 --out "$R/ldesc_ab" ;;
   esac

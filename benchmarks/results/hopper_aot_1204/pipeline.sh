@@ -9,35 +9,20 @@
 #    (wgmma runs only on the device); any FAIL or ERROR stops the pipeline before timing;
 # 2. the head-dim-128 target grid, the default backward with and without the flag interleaved in
 #    each round, next to cuDNN;
-# 3. overlap_ld.py with the flag: the library, overlap_dq's two orders and bwd_stages=3 (bare
-#    backward, rotated rounds; all spill-free with the flag when compiled for an H200);
+# 3. ../hopper_runs_1204c/overlap_dq.py with the flag: the library, its two orders and
+#    bwd_stages=3 (bare backward, rotated rounds; all spill-free with the flag when compiled for an
+#    H200);
 # 4. the head-dim-256 grid with and without the flag (its dk/dv kernel spilled 56-116 bytes);
 # 5. the 32K-128K rerun of the step's dk/dv layout (kv_layout.py, 5 rounds) that the third
 #    session's second machine start lost.
 # PY (default python3) runs each command; `PY=benchmarks/results/hopper_aot_1204/dry_py.sh`
 # dry-runs the control flow on a CPU machine. Writes $R/DONE at the end.
 source benchmarks/lease_common.sh
-A=benchmarks/results/hopper_aot_1204
 PY=${PY:-python3}
 MIN_PART=90
 FLAG=loop_descriptors=true
 echo $(( $(date +%s) + ${BUDGET:-1500} )) > "$R/deadline"
 
-# part SECONDS CMD...: CMD under timeout min(SECONDS, time left), or skipped
-part() {
-  local want=$1 left
-  shift
-  left=$(( $(cat "$R/deadline") - $(date +%s) ))
-  if [ "$left" -lt "$MIN_PART" ]; then
-    echo "=== skipped (${left}s left): $*" | tee -a "$R/lease.log"
-    return 1
-  fi
-  [ "$want" -gt "$left" ] && want=$left
-  step timeout -k 5 "$want" "$@"
-}
-left() { echo $(( $(cat "$R/deadline") - $(date +%s) - 20 )); }
-# hl SECONDS: hopper_check's --hard-limit inside part SECONDS (its watchdog fires before timeout)
-hl() { local l; l=$(left); [ "$1" -lt "$l" ] && l=$1; echo $(( l - 15 )); }
 # grid NAME D SECONDS BACKWARDS: the target grid at head dim D next to cuDNN
 grid() {
   part "$3" $PY benchmarks/hopper_check.py --out "$R/$1" --parts bench --reps 3 --rounds 3 \
@@ -56,8 +41,8 @@ if ! grep -q "SUMMARY" "$R/ldesc_check.txt" || grep -q "^FAIL\|^ERROR" "$R/ldesc
 fi
 
 grid ldesc_grid128 128 560 "default,default/$FLAG"
-part 420 $PY $A/overlap_ld.py --backwards "default/$FLAG,default/$FLAG/bwd_stages=3" \
-  --variants library,overlap,fa3 --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 \
+part 420 $PY benchmarks/results/hopper_runs_1204c/overlap_dq.py \
+  --backwards "default/$FLAG,default/$FLAG/bwd_stages=3" --variants library,overlap,fa3 --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 \
   --out "$R/ldesc_ab"
 grid ldesc_grid256 256 420 "default,default/$FLAG"
 part 240 $PY benchmarks/results/hopper_runs_1204c/kv_layout.py --backwards default \

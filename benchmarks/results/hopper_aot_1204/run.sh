@@ -30,13 +30,15 @@ for backward in default fused; do
   done
 done
 python3 $OUT/table.py $OUT/default_*.json $OUT/deterministic_*.json $OUT/fused_*.json > $OUT/aot.md
-# overlap_ld.py's orders (dq issued while dk, dv run), with and without the flag: spills, C7519
+# ../hopper_runs_1204c/overlap_dq.py's orders (dq issued while dk, dv run), with and without the
+# flag: spills, C7519
 for variant in overlap fa3; do
   for causal in 1 0; do
     for flag in false true; do
       PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape 32:32:128 --causal $causal \
-        --backward "default/loop_descriptors=$flag" --variant overlap_ld:$variant \
-        --variant-dir $OUT --json $OUT/order_${variant}_c${causal}_${flag}.json 2>&1 \
+        --backward "default/loop_descriptors=$flag" --variant overlap_dq:$variant \
+        --variant-dir benchmarks/results/hopper_runs_1204c \
+        --json $OUT/order_${variant}_c${causal}_${flag}.json 2>&1 \
         | grep -v "cudart_stub\|WARNING: All\|^[WI]0000\|nvdisasm invocation\|Source Location\|dump.cc\|^$"
     done
   done

@@ -18,7 +18,11 @@ Variants of ``_split_columns``' loop body, monkeypatched in:
   dv's and dk's wgmmas from shared memory (``smem_ds.py``), so that no wgmma in flight holds
   register operands (ptxas's C7519 fences, ``runs.md``).
 
-The interpret-mode path (CPU) computes the same sums in the same order as the library's. Timed
+The interpret-mode path (CPU) computes the same sums in the same order as the library's.
+(2026-12-04, fourth session: the own tiles are indexed through ``BwdConfig.own``, which leaves
+them as they were unless the backward's block sizes set ``loop_descriptors``; then
+``--backwards default/loop_descriptors=true`` times the orders with the descriptors built in the
+loop, as ``../hopper_aot_1204/pipeline.sh`` does.) Timed
 with ``../hopper_runs_1203c/kv_init.py``'s harness (bare backward step, rounds in rotated order,
 gradients compared with the library's):
 
@@ -50,9 +54,9 @@ F32 = jnp.float32
 LIBRARY = hcb._split_columns
 
 
-def _issue_dq(ops, ds_s, k_s, dw, ref):
+def _issue_dq(ops, ds_s, k_s, dw, ref, own):
     for w in range(hcb.WGS):
-        ops._issue(ref, hk.Smem(ds_s.at[w], transposed=True), hk.Smem(k_s.at[w, :, dw]))
+        ops._issue(ref, hk.Smem(ds_s.at[own(w)], transposed=True), hk.Smem(k_s.at[own(w), :, dw]))
 
 
 def _variant(order: str, smem: bool = False):
@@ -75,12 +79,13 @@ def _variant(order: str, smem: bool = False):
 
         def body(j, carry, g, masked: bool):
             t = g * c.n + j - lo
-            slot, p_t, ds_t = c.probs(t, masked)  # [r, c]
+            slot, p_t, ds_t = c.probs(t, masked, j)  # [r, c]
             pl.when(t > 0)(lambda: plgpu.barrier_wait(ds_free))
             ops.stage(ds_s.at[wg], ds_t)
             plgpu.barrier_arrive(ds_ready)
             q_t, do_t = hk.Smem(q_s.at[slot]), hk.Smem(do_s.at[slot])
             p16, ds16 = p_t.astype(q_s.dtype), ds_t.astype(q_s.dtype)
+            own = lambda w: cfg.own(w, j)  # noqa: E731  (w itself unless loop_descriptors)
             if smem:  # p^T staged to the buffer smem_ds._scratch_pt appends; ds^T is staged
                 ops.stage(c.scratch[-1].at[wg], p16)
                 p16, ds16 = hk.Smem(c.scratch[-1].at[wg]), hk.Smem(ds_s.at[wg])
@@ -89,7 +94,7 @@ def _variant(order: str, smem: bool = False):
                 dv, dk = dv + ops._dot(p16, do_t), dk + ops._dot(ds16, q_t)
                 plgpu.barrier_arrive(c.free.at[slot])
                 plgpu.barrier_wait(ds_ready)
-                add_dq(hcb._dq_half(ops, ds_s, k_s, dw, shape), j, g)
+                add_dq(hcb._dq_half(ops, ds_s, k_s, dw, shape, own), j, g)
                 return dk, dv
 
             def scope(dk_ref, dv_ref, dq_ref):
@@ -98,7 +103,7 @@ def _variant(order: str, smem: bool = False):
                 if order == "overlap":
                     ops._issue(dk_ref, ds16, q_t)
                 plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
-                _issue_dq(ops, ds_s, k_s, dw, dq_ref)
+                _issue_dq(ops, ds_s, k_s, dw, dq_ref, own)
                 if order == "overlap":
                     plgpu.wgmma_wait(2)  # dv, dk
                     plgpu.barrier_arrive(c.free.at[slot])

@@ -18,21 +18,6 @@ C=benchmarks/results/hopper_runs_1204c
 MIN_PART=90
 echo $(( $(date +%s) + ${BUDGET:-1500} )) > "$R/deadline"
 
-# part SECONDS CMD...: CMD under timeout min(SECONDS, time left), or skipped
-part() {
-  local want=$1 left
-  shift
-  left=$(( $(cat "$R/deadline") - $(date +%s) ))
-  if [ "$left" -lt "$MIN_PART" ]; then
-    echo "=== skipped (${left}s left): $*" | tee -a "$R/lease.log"
-    return 1
-  fi
-  [ "$want" -gt "$left" ] && want=$left
-  step timeout -k 5 "$want" "$@"
-}
-left() { echo $(( $(cat "$R/deadline") - $(date +%s) - 20 )); }
-# hl SECONDS: hopper_check's --hard-limit inside part SECONDS (its watchdog fires before timeout)
-hl() { local l; l=$(left); [ "$1" -lt "$l" ] && l=$1; echo $(( l - 15 )); }
 
 part 460 python3 $C/smem_ds.py --backwards default \
   --problems 32:32:128@16384+131072,32:8:128@131072,32:8:64@16384+131072 \
