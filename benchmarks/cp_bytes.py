@@ -145,6 +145,14 @@ def _group_size(rest: str) -> int:
     m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", rest)
     if m:
         return int(m.group(2))
+    # jax >= 0.12 prints mesh-based groups: replica_groups=mesh['sp'=2,'usp'=2] {'usp'}, a group
+    # per combination of the other axes, spanning the axes in braces
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", rest)
+    if m:
+        sizes = {name: int(n) for name, n in re.findall(r"'([^']+)'=(\d+)", m.group(1))}
+        axes = re.findall(r"'([^']+)'", m.group(2))
+        if axes and all(a in sizes for a in axes):
+            return math.prod(sizes[a] for a in axes)
     raise ValueError(f"cannot read the replica groups of {rest[:200]!r}")
 
 

@@ -131,6 +131,11 @@ def ptxas_info(log: str) -> dict:
     # ptxas adds because a register operand of an in-flight wgmma is touched
     out["wgmma_notes"] = sum("C7519" in line or "warpgroup.arrive" in line
                              for line in log.splitlines())
+    # e.g. C7512 "... serialized due to insufficient register resources", C7514 "... due to non
+    # wgmma instructions reading accumulator registers ...": ptxas waits for every wgmma right
+    # after issuing it, in the whole kernel (the worst outcome; the code of the reason is kept)
+    out["serialized"] = sorted(set(re.findall(r"\((C75\d\d)\) Potential Performance Loss: "
+                                              r"wgmma\.mma_async instructions are serialized", log)))
     return out
 
 
@@ -183,7 +188,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for r in results:
         print(f"{args.shape} causal={args.causal} {args.part} {args.backward} {args.variant or '-'}"
               f" {r['kernel']}: {r['registers']} registers, spills {r['spill_stores']} / "
-              f"{r['spill_loads']} bytes (stores / loads), {r['wgmma_notes']} C7519 notes\n"
+              f"{r['spill_loads']} bytes (stores / loads), {r['wgmma_notes']} C7519 notes"
+              + (f", wgmma SERIALIZED ({', '.join(r['serialized'])})" if r["serialized"] else "")
+              + "\n"
               f"  {r['total']}")
         for row, mix in zip(r["loops"], r["opcodes"], strict=True):
             print(f"  {row}\n    per trip: " + ", ".join(f"{k} {v}" for k, v in mix.items()))

@@ -92,6 +92,11 @@
 #   `... ldesc ab` (about 6 minutes): with the flag, overlap_dq.py's two orders (dq's wgmmas
 #   issued while dk, dv run; they lost 2-9% with their spills, which the flag removes too) and
 #   bwd_stages=3 (spilled 108-208 bytes before; none with the flag) against the library;
+#   `... ldesc stage` (about 6 minutes; added 2026-12-05, no device lent, and run before `ab` by
+#   the pipeline): with the flag, hopper_aot_1205/stage_ds.py's variants of the fused backward (ds^T
+#   staged for dq while dv, dk run; the wait for dq's staging tile while dq's wgmmas run) against
+#   the library: no spills and no ptxas note when compiled for an H200, bit for bit the library's
+#   gradients in interpret mode;
 #   `... sass 32:32:128 1 default/loop_descriptors=true` (about 1 minute): where its warps wait.
 #   If it wins, `_DEFAULTS` / `_DETERMINISTIC_TILES` in pallas_hopper.py take it where it won.
 #   Then `kvlayout` (about 4 minutes): the 32K-128K rerun of the step's layout with 5 rounds
@@ -118,7 +123,7 @@ case "${1:?ldesc, sass, detprof, detsass, kvcols, rerun16k, lagsass, check, grid
 ldesc)
   # BlockSizes(loop_descriptors=True) against the library: check | grid D | det D
   flag=loop_descriptors=true d=${3:-128}
-  case "${2:?check, grid, det or ab}" in
+  case "${2:?check, grid, det, stage or ab}" in
   check)
     step timeout 560 python3 benchmarks/hopper_check.py --out "$R/ldesc_check" --parts steps,ring \
       --backwards "default/$flag,deterministic/$flag" --ring-dims 128,64,256 --hard-limit 540
@@ -129,6 +134,12 @@ ldesc)
       --reps 3 --rounds 3 --min-ms 300 --hard-limit 580 --shapes 32:8:$d,32:32:$d \
       --seqs 16384,65536,131072 --causal 1,0 --backwards "$name,$name/$flag"
     times "$R/ldesc_${2}$d.txt" ;;
+  stage)
+    # with the flag: the library against ds^T staged while dv, dk run and the wait for dq's
+    # staging tile while dq runs (hopper_aot_1205/stage_ds.py), bare backward, rotated rounds
+    step timeout 420 python3 benchmarks/results/hopper_aot_1205/stage_ds.py \
+      --backwards "default/$flag" --variants library,late,early_wait,late_early_wait \
+      --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 --out "$R/stage_ab" ;;
   ab)
     # with the flag: the library, overlap_dq.py's two orders (dq issued while dk, dv run) and 3
     # stages, bare backward, rotated rounds, gradients compared with the library's

@@ -373,6 +373,18 @@ def test_cp_bytes_hlo_matches_the_formula(bench, tmp_path):
         "all-to-all": 3 / 4 * 16 * 16 * (2 * 8 + 2 * 8) * 2, "collective-permute": 0}
 
 
+def test_cp_bytes_reads_every_replica_group_format(bench):
+    """The group size of a collective in each form XLA prints it: explicit groups, iota groups
+    (jax 0.10-0.11) and mesh axes (jax 0.12, which the CPU CI does not run)."""
+    size = bench("cp_bytes")._group_size
+    assert size("x), replica_groups={{0,1,2},{3,4,5}}, dimensions={0}") == 3
+    assert size("x), channel_id=1, replica_groups=[2,4]<=[8], dimensions={0}") == 4
+    assert size("x), channel_id=1, replica_groups=mesh['sp'=2,'usp'=2] {'usp'}, metadata={}") == 2
+    assert size("x), replica_groups=mesh['a'=2,'b'=3,'c'=4] {'a','c'}, dimensions={0}") == 8
+    with pytest.raises(ValueError, match="replica groups"):
+        size("x), replica_groups=mesh['a'=2] {'z'}, dimensions={0}")
+
+
 def test_cp_speed_times_ring_and_ulysses(bench, tmp_path):
     out = str(tmp_path / "speed")
     result = bench("cp_speed").main(["--tiny", "--devices", "2", "--out", out])
@@ -687,5 +699,8 @@ def test_hopper_aot_reads_ptxas_output(bench):
             "compiler to allow use of registers in GMMA in function 'k'\n")
     assert bench("hopper_aot").ptxas_info(log) == dict(registers=168, spill_stores=296,
                                                       spill_loads=336, stack_frame=200,
-                                                      wgmma_notes=1)
+                                                      wgmma_notes=1, serialized=[])
     assert bench("hopper_aot").ptxas_info("")["registers"] is None
+    log += ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are "
+            "serialized due to insufficient register resources for the function 'k'\n")
+    assert bench("hopper_aot").ptxas_info(log)["serialized"] == ["C7512"]

@@ -9,11 +9,15 @@
 #    (wgmma runs only on the device); any FAIL or ERROR stops the pipeline before timing;
 # 2. the head-dim-128 target grid, the default backward with and without the flag interleaved in
 #    each round, next to cuDNN;
-# 3. ../hopper_runs_1204c/overlap_dq.py with the flag: the library, its two orders and
+# 3. ../hopper_aot_1205/stage_ds.py with the flag (added 2026-12-05): ds^T staged while dv, dk
+#    run, and the wait for dq's staging tile while dq's wgmmas run, against the library (bare
+#    backward, rotated rounds, gradients compared with the library's; compiled for an H200 they
+#    spill nothing and draw no ptxas note, ../hopper_aot_1205/stage.md);
+# 4. ../hopper_runs_1204c/overlap_dq.py with the flag: the library, its two orders and
 #    bwd_stages=3 (bare backward, rotated rounds; all spill-free with the flag when compiled for an
 #    H200);
-# 4. the head-dim-256 grid with and without the flag (its dk/dv kernel spilled 56-116 bytes);
-# 5. the 32K-128K rerun of the step's dk/dv layout (kv_layout.py, 5 rounds) that the third
+# 5. the head-dim-256 grid with and without the flag (its dk/dv kernel spilled 56-116 bytes);
+# 6. the 32K-128K rerun of the step's dk/dv layout (kv_layout.py, 5 rounds) that the third
 #    session's second machine start lost.
 # PY (default python3) runs each command; `PY=benchmarks/results/hopper_aot_1204/dry_py.sh`
 # dry-runs the control flow on a CPU machine. Writes $R/DONE at the end.
@@ -41,6 +45,9 @@ if ! grep -q "SUMMARY" "$R/ldesc_check.txt" || grep -q "^FAIL\|^ERROR" "$R/ldesc
 fi
 
 grid ldesc_grid128 128 560 "default,default/$FLAG"
+part 360 $PY benchmarks/results/hopper_aot_1205/stage_ds.py --backwards "default/$FLAG" \
+  --variants library,late,early_wait,late_early_wait \
+  --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 --out "$R/stage_ab"
 part 420 $PY benchmarks/results/hopper_runs_1204c/overlap_dq.py \
   --backwards "default/$FLAG,default/$FLAG/bwd_stages=3" --variants library,overlap,fa3 --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 \
   --out "$R/ldesc_ab"
