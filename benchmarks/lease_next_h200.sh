@@ -89,14 +89,15 @@
 #   kernel spilled 56-116 bytes); `... ldesc det 128`: the deterministic pair with and without
 #   it; `... ldesc grid 64` last (the flag adds 20-50 instructions per trip where nothing
 #   spilled, as at head dim 64: expected no gain);
-#   `... ldesc ab` (about 6 minutes): with the flag, overlap_dq.py's two orders (dq's wgmmas
-#   issued while dk, dv run; they lost 2-9% with their spills, which the flag removes too) and
-#   bwd_stages=3 (spilled 108-208 bytes before; none with the flag) against the library;
-#   `... ldesc stage` (about 6 minutes; added 2026-12-05, no device lent, and run before `ab` by
-#   the pipeline): with the flag, hopper_aot_1205/stage_ds.py's variants of the fused backward (ds^T
-#   staged for dq while dv, dk run; the wait for dq's staging tile while dq's wgmmas run) against
-#   the library: no spills and no ptxas note when compiled for an H200, bit for bit the library's
-#   gradients in interpret mode;
+#   `... ldesc ab` (about 3 minutes): with the flag, bwd_stages=3 (spilled 108-208 bytes before;
+#   none with the flag) against the library;
+#   `... ldesc stage` (about 7 minutes; added 2026-12-05, no device lent, and run before `ab` by
+#   the pipeline): with the flag, hopper_aot_1205/stage_ds.py's variants of the fused backward
+#   against the library (ds^T staged for dq while dv, dk run; dq issued before dv, dk and added
+#   while they run; FA3's order with ds^T staged while dv runs; overlap_dq.py's two orders, which
+#   lost 2-9% with their spills and a C7519 note per loop, with dq's accumulator allocated where
+#   dq is issued): no spills and no ptxas note when compiled for an H200 (hopper_aot_1205/
+#   stage.md, order.md), the library's gradients bit for bit in interpret mode;
 #   `... sass 32:32:128 1 default/loop_descriptors=true` (about 1 minute): where its warps wait.
 #   If it wins, `_DEFAULTS` / `_DETERMINISTIC_TILES` in pallas_hopper.py take it where it won.
 #   Then `kvlayout` (about 4 minutes): the 32K-128K rerun of the step's layout with 5 rounds
@@ -135,16 +136,17 @@ ldesc)
       --seqs 16384,65536,131072 --causal 1,0 --backwards "$name,$name/$flag"
     times "$R/ldesc_${2}$d.txt" ;;
   stage)
-    # with the flag: the library against ds^T staged while dv, dk run and the wait for dq's
-    # staging tile while dq runs (hopper_aot_1205/stage_ds.py), bare backward, rotated rounds
-    step timeout 420 python3 benchmarks/results/hopper_aot_1205/stage_ds.py \
-      --backwards "default/$flag" --variants library,late,early_wait,late_early_wait \
+    # with the flag: the library against hopper_aot_1205/stage_ds.py's orders (ds^T staged while
+    # dv, dk run; dq first and added while dv, dk run; dv, dq, dk; overlap_dq.py's two with dq's
+    # accumulator where dq is issued), bare backward, rotated rounds
+    step timeout 480 python3 benchmarks/results/hopper_aot_1205/stage_ds.py --backwards "default/$flag" \
+      --variants library,late_early_wait,dq_first,dv_dq_dk,overlap_nested,fa3_nested \
       --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 --out "$R/stage_ab" ;;
   ab)
-    # with the flag: the library, overlap_dq.py's two orders (dq issued while dk, dv run) and 3
-    # stages, bare backward, rotated rounds, gradients compared with the library's
-    step timeout 560 python3 benchmarks/results/hopper_runs_1204c/overlap_dq.py \
-      --backwards "default/$flag,default/$flag/bwd_stages=3" --variants library,overlap,fa3 \
+    # with the flag: 3 stages against the library's 2, bare backward (the two backwards are timed
+    # one after the other; overlap_dq.py's orders run in `stage`)
+    step timeout 240 python3 benchmarks/results/hopper_runs_1204c/overlap_dq.py \
+      --backwards "default/$flag,default/$flag/bwd_stages=3" --variants library \
       --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 --out "$R/ldesc_ab" ;;
   esac
   pack ;;

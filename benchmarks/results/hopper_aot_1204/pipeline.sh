@@ -10,12 +10,14 @@
 # 2. the head-dim-128 target grid, the default backward with and without the flag interleaved in
 #    each round, next to cuDNN;
 # 3. ../hopper_aot_1205/stage_ds.py with the flag (added 2026-12-05): ds^T staged while dv, dk
-#    run, and the wait for dq's staging tile while dq's wgmmas run, against the library (bare
-#    backward, rotated rounds, gradients compared with the library's; compiled for an H200 they
-#    spill nothing and draw no ptxas note, ../hopper_aot_1205/stage.md);
-# 4. ../hopper_runs_1204c/overlap_dq.py with the flag: the library, its two orders and
-#    bwd_stages=3 (bare backward, rotated rounds; all spill-free with the flag when compiled for an
-#    H200);
+#    run with the wait for dq's staging tile while dq runs (late_early_wait); dq issued before dv,
+#    dk and added while they run (dq_first); FA3's order dv, dq, dk with ds^T staged while dv runs
+#    (dv_dq_dk); ../hopper_runs_1204c/overlap_dq.py's two orders (dq issued while dv, dk run) with
+#    dq's accumulator allocated where dq is issued (overlap_nested, fa3_nested: overlap and fa3,
+#    which lost 2-9%, drew a C7519 note per loop; these draw none); against the library (bare
+#    backward, rotated rounds, gradients compared with the library's; compiled for an H200 none
+#    spills or draws a ptxas note: ../hopper_aot_1205/stage.md, order.md);
+# 4. bwd_stages=3 against the library's 2, both with the flag (spilled 108-208 bytes without it);
 # 5. the head-dim-256 grid with and without the flag (its dk/dv kernel spilled 56-116 bytes);
 # 6. the 32K-128K rerun of the step's dk/dv layout (kv_layout.py, 5 rounds) that the third
 #    session's second machine start lost.
@@ -45,12 +47,12 @@ if ! grep -q "SUMMARY" "$R/ldesc_check.txt" || grep -q "^FAIL\|^ERROR" "$R/ldesc
 fi
 
 grid ldesc_grid128 128 560 "default,default/$FLAG"
-part 360 $PY benchmarks/results/hopper_aot_1205/stage_ds.py --backwards "default/$FLAG" \
-  --variants library,late,early_wait,late_early_wait \
+part 450 $PY benchmarks/results/hopper_aot_1205/stage_ds.py --backwards "default/$FLAG" \
+  --variants library,late_early_wait,dq_first,dv_dq_dk,overlap_nested,fa3_nested \
   --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 --out "$R/stage_ab"
-part 420 $PY benchmarks/results/hopper_runs_1204c/overlap_dq.py \
-  --backwards "default/$FLAG,default/$FLAG/bwd_stages=3" --variants library,overlap,fa3 --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 \
-  --out "$R/ldesc_ab"
+part 200 $PY benchmarks/results/hopper_runs_1204c/overlap_dq.py \
+  --backwards "default/$FLAG,default/$FLAG/bwd_stages=3" --variants library \
+  --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 --out "$R/ldesc_ab"
 grid ldesc_grid256 256 420 "default,default/$FLAG"
 part 240 $PY benchmarks/results/hopper_runs_1204c/kv_layout.py --backwards default \
   --problems 32:32:128@32768+65536+131072 --variants library,step --rounds 5 \

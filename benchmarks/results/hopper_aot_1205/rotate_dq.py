@@ -25,7 +25,7 @@ the loop carry. Variants of ``_split_columns``, monkeypatched in:
 The first pair's products are computed before the loops; past the last pair the last slot is
 read again and the values go unused. The sums are the library's in the same order: in interpret
 mode the dq, dk, dv of ``rotate``, ``rotate_s`` and ``rotate_overlap`` are bit for bit the
-library's (``--interpret``, 4:2:128 at 256 tokens, causal and full: ``rotate_interpret.txt``;
+library's (``--interpret``, 4:2:128 at 256 tokens, causal and full: ``interpret_rotate.txt``;
 also 2:2:128 and 4:2:128 at 512 for an earlier form, not kept, that held dq's wgmma in flight
 across the loop's back edge).
 

@@ -1,7 +1,8 @@
 #!/bin/bash
-# rotate_dq.py's and stage_ds.py's variants of head dim 128's default backward compiled for an
-# H200 without a GPU (benchmarks/hopper_aot.py, `make aot`'s virtualenv), with and without
-# loop_descriptors; one JSON per compile, then table.py writes rotate.md and stage.md.
+# rotate_dq.py's, stage_ds.py's and ../hopper_runs_1204c/overlap_dq.py's variants of head dim 128's
+# default backward compiled for an H200 without a GPU (benchmarks/hopper_aot.py, `make aot`'s
+# virtualenv), with and without loop_descriptors; one JSON per compile, then table.py writes
+# rotate.md, stage.md and order.md.
 # From the repository root: bash benchmarks/results/hopper_aot_1205/run.sh
 set -u
 OUT=benchmarks/results/hopper_aot_1205
@@ -16,7 +17,7 @@ for variant in library rotate rotate_overlap rotate_s rotate_0; do
     done
   done
 done
-for variant in late early_wait late_early_wait; do
+for variant in late early_wait late_early_wait dq_first dv_dq_dk; do
   for causal in 0 1; do
     for flag in false true; do
       PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape 32:32:128 --causal $causal \
@@ -26,5 +27,34 @@ for variant in late early_wait late_early_wait; do
     done
   done
 done
+# GQA with a causal mask (the group loop around both loops), with the flag
+for variant in library late_early_wait dq_first dv_dq_dk; do
+  PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape 32:8:128 --causal 1 \
+    --backward "default/loop_descriptors=true" --variant stage_ds:$variant \
+    --variant-dir $OUT --json $OUT/gqa_${variant}_c1_true.json 2>&1 \
+    | grep -v "cudart_stub\|WARNING: All\|^[WI]0000\|nvdisasm invocation\|Source Location\|dump.cc\|^$"
+done
+# ../hopper_runs_1204c/overlap_dq.py's orders with dq's accumulator allocated next to dk's and dv's
+# (overlap, fa3: one C7519 note per loop) and in a scope where dq is issued (*_nested)
+for variant in overlap fa3 overlap_nested fa3_nested; do
+  for causal in 0 1; do
+    for flag in false true; do
+      PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape 32:32:128 --causal $causal \
+        --backward "default/loop_descriptors=$flag" --variant overlap_dq:$variant \
+        --variant-dir benchmarks/results/hopper_runs_1204c \
+        --json $OUT/order_${variant}_c${causal}_${flag}.json 2>&1 \
+        | grep -v "cudart_stub\|WARNING: All\|^[WI]0000\|nvdisasm invocation\|Source Location\|dump.cc\|^$"
+    done
+  done
+done
+for variant in fa3 fa3_nested; do
+  PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape 32:8:128 --causal 1 \
+    --backward "default/loop_descriptors=true" --variant overlap_dq:$variant \
+    --variant-dir benchmarks/results/hopper_runs_1204c --json $OUT/order_gqa_${variant}_c1_true.json 2>&1 \
+    | grep -v "cudart_stub\|WARNING: All\|^[WI]0000\|nvdisasm invocation\|Source Location\|dump.cc\|^$"
+done
 python3 $OUT/table.py rotate_dq.py $OUT/library_*.json $OUT/rotate*_c?_*.json > $OUT/rotate.md
-python3 $OUT/table.py stage_ds.py $OUT/library_*.json $OUT/stage_*.json > $OUT/stage.md
+python3 $OUT/table.py stage_ds.py $OUT/library_*.json $OUT/stage_*.json $OUT/gqa_*.json \
+  > $OUT/stage.md
+python3 $OUT/table.py overlap_dq.py $OUT/library_*.json $OUT/gqa_library_c1_true.json \
+  $OUT/order_*.json > $OUT/order.md

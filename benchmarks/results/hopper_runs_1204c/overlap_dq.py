@@ -16,7 +16,11 @@ Variants of ``_split_columns``' loop body, monkeypatched in:
   query slot freed;
 * ``overlap_smem``, ``fa3_smem`` (added after the run): the same orders with p^T and ds^T read by
   dv's and dk's wgmmas from shared memory (``smem_ds.py``), so that no wgmma in flight holds
-  register operands (ptxas's C7519 fences, ``runs.md``).
+  register operands (ptxas's C7519 fences, ``runs.md``);
+* ``overlap_nested``, ``fa3_nested`` (added 2026-12-05, no device): the two orders with dq's
+  accumulator allocated in a scope of its own where dq is issued. Allocated next to dk's and dv's
+  its zeros are written after the last fence, and ptxas injects a warpgroup arrive (one C7519 note
+  per loop); nested, neither order draws one (``../hopper_aot_1205/order.md``).
 
 The interpret-mode path (CPU) computes the same sums in the same order as the library's.
 (2026-12-04, fourth session: the own tiles are indexed through ``BwdConfig.own``, which leaves
@@ -59,10 +63,11 @@ def _issue_dq(ops, ds_s, k_s, dw, ref, own):
         ops._issue(ref, hk.Smem(ds_s.at[own(w)], transposed=True), hk.Smem(k_s.at[own(w), :, dw]))
 
 
-def _variant(order: str, smem: bool = False):
+def _variant(order: str, smem: bool = False, nested: bool = False):
     """``_split_columns`` with the pair's wgmmas issued in ``order`` ("overlap" or "fa3"); with
     ``smem``, dv's and dk's A operands (p^T, ds^T) read from shared memory, as ``smem_ds.py``'s
-    ``dkv_smem``."""
+    ``dkv_smem``; with ``nested``, dq's accumulator allocated in a scope of its own where its
+    first wgmma is issued instead of next to dk's and dv's."""
 
     def split_columns(c):
         cfg, ops, wg = c.cfg, c.ops, c.wg
@@ -97,12 +102,7 @@ def _variant(order: str, smem: bool = False):
                 add_dq(hcb._dq_half(ops, ds_s, k_s, dw, shape, own), j, g)
                 return dk, dv
 
-            def scope(dk_ref, dv_ref, dq_ref):
-                dk_ref[...], dv_ref[...] = carry
-                ops._issue(dv_ref, p16, do_t)
-                if order == "overlap":
-                    ops._issue(dk_ref, ds16, q_t)
-                plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
+            def with_dq(dq_ref, dk_ref):
                 _issue_dq(ops, ds_s, k_s, dw, dq_ref, own)
                 if order == "overlap":
                     plgpu.wgmma_wait(2)  # dv, dk
@@ -113,10 +113,24 @@ def _variant(order: str, smem: bool = False):
                     add_dq(plgpu.wgmma_accumulator_load(dq_ref, wait_n=1), j, g)  # dk in flight
                     plgpu.wgmma_wait(0)
                     plgpu.barrier_arrive(c.free.at[slot])
+
+            def scope(dk_ref, dv_ref, dq_ref=None):
+                dk_ref[...], dv_ref[...] = carry
+                ops._issue(dv_ref, p16, do_t)
+                if order == "overlap":
+                    ops._issue(dk_ref, ds16, q_t)
+                plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
+                if nested:  # dq's accumulator allocated where its first wgmma is issued
+                    dq_acc = plgpu.WGMMAAccumulatorRef(shape, F32)
+                    pl.run_scoped(lambda r: with_dq(r, dk_ref), dq_acc)
+                else:
+                    with_dq(dq_ref, dk_ref)
                 return (plgpu.wgmma_accumulator_load(dk_ref, wait_n=None),
                         plgpu.wgmma_accumulator_load(dv_ref, wait_n=None))
 
             acc = plgpu.WGMMAAccumulatorRef((cfg.rows, d), F32)
+            if nested:
+                return pl.run_scoped(scope, acc, acc)
             return pl.run_scoped(scope, acc, acc, plgpu.WGMMAAccumulatorRef(shape, F32))
 
         c.loop(body)
@@ -129,7 +143,8 @@ def _variant(order: str, smem: bool = False):
 # overlap_smem and fa3_smem were added after the run, for the next lease (smem_ds.py first); not
 # run: smem_ds.py's dkv_smem, which they build on, lost by 5-31% (../hopper_runs_1204d/runs.md)
 VARIANTS = {"library": LIBRARY, "overlap": _variant("overlap"), "fa3": _variant("fa3"),
-            "overlap_smem": _variant("overlap", smem=True), "fa3_smem": _variant("fa3", smem=True)}
+            "overlap_smem": _variant("overlap", smem=True), "fa3_smem": _variant("fa3", smem=True),
+            "overlap_nested": _variant("overlap", nested=True), "fa3_nested": _variant("fa3", nested=True)}
 
 
 def use(name: str) -> None:
