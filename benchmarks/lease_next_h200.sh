@@ -139,7 +139,8 @@ ldesc)
     # with the flag: the library against hopper_aot_1205/stage_ds.py's orders (ds^T staged while
     # dv, dk run; dq first and added while dv, dk run; dv, dq, dk; overlap_dq.py's two with dq's
     # accumulator where dq is issued), bare backward, rotated rounds
-    step timeout 480 python3 benchmarks/results/hopper_aot_1205/stage_ds.py --backwards "default/$flag" \
+    step timeout 480 python3 benchmarks/results/hopper_aot_1205/stage_ds.py \
+      --backwards "default/$flag" \
       --variants library,late_early_wait,dq_first,dv_dq_dk,overlap_nested,fa3_nested \
       --problems 32:32:128@16384+65536,32:8:128@65536 --rounds 3 --out "$R/stage_ab" ;;
   ab)

@@ -7,51 +7,38 @@
 set -u
 OUT=benchmarks/results/hopper_aot_1205
 PY=${PY:-.venv-aot/bin/python}
-for variant in library rotate rotate_overlap rotate_s rotate_0; do
-  for causal in 0 1; do
-    for flag in false true; do
-      PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape 32:32:128 --causal $causal \
-        --backward "default/loop_descriptors=$flag" --variant rotate_dq:$variant \
-        --variant-dir $OUT --json $OUT/${variant}_c${causal}_${flag}.json 2>&1 \
-        | grep -v "cudart_stub\|WARNING: All\|^[WI]0000\|nvdisasm invocation\|Source Location\|dump.cc\|^$"
+RUNS_1204C=benchmarks/results/hopper_runs_1204c
+
+# aot SHAPE CAUSAL FLAG MODULE:VARIANT VARIANT_DIR JSON: one compile, its report without the noise
+aot() {
+  PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape "$1" --causal "$2" \
+    --backward "default/loop_descriptors=$3" --variant "$4" --variant-dir "$5" --json "$6" 2>&1 \
+    | grep -v "cudart_stub\|WARNING: All\|^[WI]0000\|nvdisasm invocation\|Source Location\|dump.cc\|^$"
+}
+
+for causal in 0 1; do
+  for flag in false true; do
+    for variant in library rotate rotate_overlap rotate_s rotate_0; do
+      aot 32:32:128 $causal $flag rotate_dq:$variant $OUT $OUT/${variant}_c${causal}_${flag}.json
     done
-  done
-done
-for variant in late early_wait late_early_wait dq_first dv_dq_dk; do
-  for causal in 0 1; do
-    for flag in false true; do
-      PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape 32:32:128 --causal $causal \
-        --backward "default/loop_descriptors=$flag" --variant stage_ds:$variant \
-        --variant-dir $OUT --json $OUT/stage_${variant}_c${causal}_${flag}.json 2>&1 \
-        | grep -v "cudart_stub\|WARNING: All\|^[WI]0000\|nvdisasm invocation\|Source Location\|dump.cc\|^$"
+    for variant in late early_wait late_early_wait dq_first dv_dq_dk; do
+      aot 32:32:128 $causal $flag stage_ds:$variant $OUT \
+        $OUT/stage_${variant}_c${causal}_${flag}.json
+    done
+    # overlap_dq.py's orders with dq's accumulator allocated next to dk's and dv's (overlap, fa3:
+    # one C7519 note per loop) and in a scope where dq is issued (*_nested)
+    for variant in overlap fa3 overlap_nested fa3_nested; do
+      aot 32:32:128 $causal $flag overlap_dq:$variant $RUNS_1204C \
+        $OUT/order_${variant}_c${causal}_${flag}.json
     done
   done
 done
 # GQA with a causal mask (the group loop around both loops), with the flag
 for variant in library late_early_wait dq_first dv_dq_dk; do
-  PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape 32:8:128 --causal 1 \
-    --backward "default/loop_descriptors=true" --variant stage_ds:$variant \
-    --variant-dir $OUT --json $OUT/gqa_${variant}_c1_true.json 2>&1 \
-    | grep -v "cudart_stub\|WARNING: All\|^[WI]0000\|nvdisasm invocation\|Source Location\|dump.cc\|^$"
-done
-# ../hopper_runs_1204c/overlap_dq.py's orders with dq's accumulator allocated next to dk's and dv's
-# (overlap, fa3: one C7519 note per loop) and in a scope where dq is issued (*_nested)
-for variant in overlap fa3 overlap_nested fa3_nested; do
-  for causal in 0 1; do
-    for flag in false true; do
-      PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape 32:32:128 --causal $causal \
-        --backward "default/loop_descriptors=$flag" --variant overlap_dq:$variant \
-        --variant-dir benchmarks/results/hopper_runs_1204c \
-        --json $OUT/order_${variant}_c${causal}_${flag}.json 2>&1 \
-        | grep -v "cudart_stub\|WARNING: All\|^[WI]0000\|nvdisasm invocation\|Source Location\|dump.cc\|^$"
-    done
-  done
+  aot 32:8:128 1 true stage_ds:$variant $OUT $OUT/gqa_${variant}_c1_true.json
 done
 for variant in fa3 fa3_nested; do
-  PYTHONPATH=. $PY benchmarks/hopper_aot.py --shape 32:8:128 --causal 1 \
-    --backward "default/loop_descriptors=true" --variant overlap_dq:$variant \
-    --variant-dir benchmarks/results/hopper_runs_1204c --json $OUT/order_gqa_${variant}_c1_true.json 2>&1 \
-    | grep -v "cudart_stub\|WARNING: All\|^[WI]0000\|nvdisasm invocation\|Source Location\|dump.cc\|^$"
+  aot 32:8:128 1 true overlap_dq:$variant $RUNS_1204C $OUT/order_gqa_${variant}_c1_true.json
 done
 python3 $OUT/table.py rotate_dq.py $OUT/library_*.json $OUT/rotate*_c?_*.json > $OUT/rotate.md
 python3 $OUT/table.py stage_ds.py $OUT/library_*.json $OUT/stage_*.json $OUT/gqa_*.json \

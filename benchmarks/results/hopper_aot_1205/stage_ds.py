@@ -179,12 +179,11 @@ def _dq_first(split_dv: bool):
                 ops.stage(ds_s.at[wg], ds_t)
                 plgpu.barrier_arrive(ds_ready)
 
-            dq_terms = [(hk.Smem(ds_s.at[cfg.own(w, j)], transposed=True),
-                         hk.Smem(k_s.at[cfg.own(w, j), :, dw])) for w in range(hcb.WGS)]
+            own = lambda w: cfg.own(w, j)  # noqa: E731
             if ops.interpret:
                 stage()
                 plgpu.barrier_wait(ds_ready)
-                dq = sum(ops._dot(a, b) for a, b in dq_terms)
+                dq = hcb._dq_half(ops, ds_s, k_s, dw, shape, own)  # [c, D/2]
                 plgpu.barrier_arrive(ds_free)
                 ops.reduce_add(dq_s.at[wg], dq, gmem)
                 dk, dv = carry
@@ -200,8 +199,7 @@ def _dq_first(split_dv: bool):
                 plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
 
                 def with_dq(dq_ref):  # allocated here: a fresh accumulator starts at zero
-                    for a, b in dq_terms:
-                        ops._issue(dq_ref, a, b)
+                    overlap_dq._issue_dq(ops, ds_s, k_s, dw, dq_ref, own)
                     if not split_dv:
                         ops._issue(dv_ref, p16, do_t)
                     ops._issue(dk_ref, ds_t, q_t)

@@ -102,29 +102,29 @@ def _variant(order: str, smem: bool = False, nested: bool = False):
                 add_dq(hcb._dq_half(ops, ds_s, k_s, dw, shape, own), j, g)
                 return dk, dv
 
-            def with_dq(dq_ref, dk_ref):
-                _issue_dq(ops, ds_s, k_s, dw, dq_ref, own)
-                if order == "overlap":
-                    plgpu.wgmma_wait(2)  # dv, dk
-                    plgpu.barrier_arrive(c.free.at[slot])
-                    add_dq(plgpu.wgmma_accumulator_load(dq_ref, wait_n=0), j, g)
-                else:
-                    ops._issue(dk_ref, ds16, q_t)
-                    add_dq(plgpu.wgmma_accumulator_load(dq_ref, wait_n=1), j, g)  # dk in flight
-                    plgpu.wgmma_wait(0)
-                    plgpu.barrier_arrive(c.free.at[slot])
-
             def scope(dk_ref, dv_ref, dq_ref=None):
                 dk_ref[...], dv_ref[...] = carry
                 ops._issue(dv_ref, p16, do_t)
                 if order == "overlap":
                     ops._issue(dk_ref, ds16, q_t)
                 plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
+
+                def with_dq(dq_ref):
+                    _issue_dq(ops, ds_s, k_s, dw, dq_ref, own)
+                    if order == "overlap":
+                        plgpu.wgmma_wait(2)  # dv, dk
+                        plgpu.barrier_arrive(c.free.at[slot])
+                        add_dq(plgpu.wgmma_accumulator_load(dq_ref, wait_n=0), j, g)
+                    else:
+                        ops._issue(dk_ref, ds16, q_t)
+                        add_dq(plgpu.wgmma_accumulator_load(dq_ref, wait_n=1), j, g)  # dk in flight
+                        plgpu.wgmma_wait(0)
+                        plgpu.barrier_arrive(c.free.at[slot])
+
                 if nested:  # dq's accumulator allocated where its first wgmma is issued
-                    dq_acc = plgpu.WGMMAAccumulatorRef(shape, F32)
-                    pl.run_scoped(lambda r: with_dq(r, dk_ref), dq_acc)
+                    pl.run_scoped(with_dq, plgpu.WGMMAAccumulatorRef(shape, F32))
                 else:
-                    with_dq(dq_ref, dk_ref)
+                    with_dq(dq_ref)
                 return (plgpu.wgmma_accumulator_load(dk_ref, wait_n=None),
                         plgpu.wgmma_accumulator_load(dv_ref, wait_n=None))
 
