@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml Makefile
 	# CPU torch (only for the Hugging Face parity tests); a local wheel is used where one exists.
 	$(PIP) install -q torch==2.13.0 $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 	$(PIP) install -q -e ".[test]"
+	# The TPU compiler (libtpu) matching the installed jax, for the TPU compile tests
+	# (tests/test_contract.py); they skip, saying why, where no such libtpu exists.
+	$(PIP) install -q "jax[tpu]==$$($(PY) -c 'import jax; print(jax.__version__)')" \
+		|| echo "no libtpu for this jax on this platform: the TPU compile tests will skip"
 	touch $(STAMP)
 
 # Trains the debug preset on the embedded corpus (8 virtual CPU devices: ring of 4 x fsdp 2), in a

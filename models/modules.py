@@ -84,7 +84,7 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids):
                                    kv_positions=pos, sliding_window=window).astype(q.dtype)
     if config.attention == "cudnn":
         return _cudnn_attention(q, k, v, segment_ids, seq_shards(mesh), window)
-    impl = ra_impl.resolve(config.attention).name
+    impl = ra_impl.resolve(config.attention, mesh).name  # for the mesh's platform, not the host's
     blocks = BlockSizes(config.q_chunk, config.kv_chunk) if impl == "xla" else None
     seq, ulysses_axis = attention_axes(mesh)  # ("sp", "usp") with Ulysses: ring axis major
     kw = dict(causal=True, layout=config.layout, implementation=impl, block_sizes=blocks,
@@ -99,7 +99,7 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids):
         return one(add(q), add(k), add(v), add(segment_ids))[0]
     spec, seg_spec = P(BATCH, seq, "tp", None), P(BATCH, seq)
     return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
-                         check_vma=impl == "xla")(q, k, v, segment_ids)
+                         check_vma=ra_impl.checks_vma(impl, config.interpret))(q, k, v, segment_ids)
 
 
 def _cudnn_attention(q, k, v, segment_ids, ring: int, window: int | None = None):

@@ -5,7 +5,7 @@ Abbeel 2023), Striped Attention (Brandon et al. 2023), FlashAttention-2 (Dao 202
 (DeepSpeed-Ulysses, Jacobs et al. 2023; USP, Fang & Zhao 2024).
 """
 
-from ringattention import layouts, masks, remat, ulysses
+from ringattention import implementations, layouts, masks, remat, ulysses
 from ringattention.blockwise import BlockSizes, blockwise_feedforward
 from ringattention.implementations import names as implementation_names
 from ringattention.reference import reference_attention
@@ -16,6 +16,7 @@ __all__ = [
     "BlockSizes",
     "blockwise_feedforward",
     "implementation_names",
+    "implementations",
     "layouts",
     "masks",
     "reference_attention",

@@ -48,7 +48,7 @@ class Implementation:
     name: str
     module: str  # imported lazily; must define forward_step and backward_step
     platforms: tuple[str, ...]  # platforms on which "auto" may pick it, best first in AUTO_ORDER
-    available: Callable[[], bool] = lambda: True
+    available: Callable[..., bool] = lambda mesh=None: True  # (mesh) -> bool
 
     def load(self):
         return importlib.import_module(self.module)
@@ -68,22 +68,49 @@ def names() -> tuple[str, ...]:
     return ("auto", *_REGISTRY)
 
 
-def _platform() -> str:
-    return jax.default_backend()
+def mesh_device(mesh=None):
+    """The device (platform, device_kind) that the code being traced runs on: the devices of the
+    enclosing ``shard_map``'s mesh (or ``jax.sharding.use_mesh``), else ``jax.devices()[0]``. So a
+    ring traced on a CPU host for a TPU or GPU mesh (ahead-of-time compilation) picks that mesh's
+    kernels. ``mesh``: a ``jax.sharding.Mesh`` to ask instead. Returns an object with ``.platform``
+    ("cpu", "gpu", "tpu") and ``.device_kind``."""
+    if mesh is not None and getattr(mesh, "devices", None) is not None and mesh.devices.size:
+        return mesh.devices.flat[0]
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    if device is not None and getattr(device, "platform", None):
+        return device
+    return jax.devices()[0]
 
 
-def resolve(name: str) -> Implementation:
-    """Returns the implementation called ``name`` ("auto" picks the best for the default backend)."""
+def platform(mesh=None) -> str:
+    """The platform of :func:`mesh_device`: "cpu", "gpu" or "tpu"."""
+    name = mesh_device(mesh).platform
+    return "gpu" if name in ("cuda", "rocm") else name
+
+
+def resolve(name: str, mesh=None, checked_vma: bool = False) -> Implementation:
+    """Returns the implementation called ``name`` ("auto": the best for the platform of ``mesh``,
+    or of the mesh being traced; see :func:`mesh_device`). ``checked_vma``: the call sits in a
+    ``shard_map(check_vma=True)``, so "auto" takes only kernels that type-check there."""
     if name == "auto":
-        platform = _platform()
+        where = platform(mesh)
         for candidate in AUTO_ORDER:
             impl = _REGISTRY.get(candidate)
-            if impl and platform in impl.platforms and impl.available():
+            if checked_vma and impl and not checks_vma(impl.name, False):
+                continue
+            if impl and where in impl.platforms and impl.available(mesh):
                 return impl
         return _REGISTRY["xla"]
     if name not in _REGISTRY:
         raise ValueError(f"implementation={name!r} is not known; choose one of {names()}")
     return _REGISTRY[name]
+
+
+def checks_vma(name: str, interpret) -> bool:
+    """The ``check_vma`` a ``shard_map`` around the ring can use: True, except for Pallas kernels in
+    interpret mode, whose interpreter (jax's ``hlo_interpreter``) does not track varying axes, and
+    for pallas_hopper, whose Mosaic GPU kernel bodies do not type-check varying axes in this jax."""
+    return name == "xla" or (name != "pallas_hopper" and not interpret)
 
 
 def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int,
@@ -95,12 +122,18 @@ def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int,
 
 register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu")))
 register(Implementation("pallas_tpu", "ringattention.kernels.pallas_tpu", platforms=("tpu",)))
-register(Implementation("pallas_gpu", "ringattention.kernels.pallas_gpu", platforms=("gpu",), available=lambda: "cuda" in jax.devices()[0].client.platform_version.lower()))  # noqa: E501
+def _cuda_mesh(mesh=None) -> bool:
+    """True where the mesh's devices are NVIDIA GPUs (Triton and Mosaic GPU kernels)."""
+    return platform(mesh) == "gpu" and "nvidia" in str(mesh_device(mesh).device_kind).lower()
 
 
-def _hopper_available() -> bool:
+register(Implementation("pallas_gpu", "ringattention.kernels.pallas_gpu", platforms=("gpu",),
+                        available=_cuda_mesh))
+
+
+def _hopper_available(mesh=None) -> bool:
     try:  # importing Mosaic GPU can fail on jax builds without it
-        return importlib.import_module("ringattention.kernels.pallas_hopper").available()
+        return importlib.import_module("ringattention.kernels.pallas_hopper").available(mesh)
     except ImportError:
         return False
 

@@ -30,7 +30,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from ringattention import implementations, layouts, masks, ulysses
-from ringattention._vma import full_like
+from ringattention._vma import _vma, full_like
 from ringattention.remat import LSE_NAME, OUT_NAME
 
 F32 = jnp.float32
@@ -291,6 +291,29 @@ def _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window=None):
     masks.check_window(sliding_window)
 
 
+def _check_platform(impl, interpret: bool, q) -> None:
+    """The kernel must run on the platform of the mesh being traced (not the host's backend)."""
+    mesh_platform = implementations.platform()
+    if not interpret and mesh_platform not in impl.platforms:
+        raise ValueError(f"implementation={impl.name!r} runs on {impl.platforms}, not on this "
+                         f"mesh's platform={mesh_platform!r}; pass interpret=True to emulate it, "
+                         "or use 'auto'/'xla'")
+    if impl.name == "pallas_hopper" and _vma(q):
+        # Mosaic GPU's kernel tracing (jax 0.10-0.12) carries the inputs' varying axes into the
+        # kernel body, whose loops then fail to type-check (scalar bounds vary, loop counters not).
+        raise ValueError("implementation='pallas_hopper' needs jax.shard_map(..., check_vma=False) "
+                         "in this jax: Mosaic GPU kernels do not yet type-check varying axes "
+                         f"(q varies over {sorted(_vma(q), key=str)}); sharded_attention and the "
+                         "models pass it for you, or use implementation='pallas_gpu'")
+    if interpret and impl.name != "xla" and _vma(q):
+        # jax's Pallas interpreter (hlo_interpreter) evaluates kernel bodies without their varying
+        # axes, so under shard_map(check_vma=True) its loops fail to type-check when lowered.
+        raise ValueError(f"implementation={impl.name!r} with interpret=True needs "
+                         "jax.shard_map(..., check_vma=False): jax's Pallas interpreter does not "
+                         f"track varying axes (q varies over {sorted(_vma(q), key=str)}); compiled "
+                         "kernels (interpret=False) run under check_vma=True")
+
+
 def _axis_size(axis_name, argument: str = "axis_name") -> int:
     """The size of a mesh axis bound by the enclosing shard_map; ValueError naming ``argument``."""
     try:
@@ -342,11 +365,8 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
       [batch, q_shard, heads, head_dim] in ``q.dtype``.
     """
     _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window)
-    impl = implementations.resolve(implementation)
-    backend = jax.default_backend()
-    if not interpret and backend not in impl.platforms:
-        raise ValueError(f"implementation={impl.name!r} runs on {impl.platforms}, not on this "
-                         f"{backend=}; pass interpret=True to emulate it, or use 'auto'/'xla'")
+    impl = implementations.resolve(implementation, checked_vma=bool(_vma(q)))
+    _check_platform(impl, interpret, q)
     if deterministic:
         block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1],
                                                                 causal)

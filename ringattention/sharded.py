@@ -68,7 +68,7 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     seq = seq_axis if ulysses_axis is None else (seq_axis, ulysses_axis)  # ring axis major
     spec = P(batch_axis, seq, head_axis, None)
     seg_spec = P(batch_axis, seq)
-    impl = implementations.resolve(kwargs.pop("implementation", "auto")).name
+    impl = implementations.resolve(kwargs.pop("implementation", "auto"), mesh).name
 
     def local(q, k, v, seg):
         return ring_attention(q, k, v, seq_axis, causal=causal, segment_ids=seg, layout=layout,
@@ -76,5 +76,6 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
                               ulysses_axis=ulysses_axis, sliding_window=sliding_window, **kwargs)
 
     out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
-                        check_vma=impl == "xla")(q, k, v, segment_ids)
+                        check_vma=implementations.checks_vma(impl, kwargs.get("interpret", False)),
+                        )(q, k, v, segment_ids)
     return layouts.from_layout(out, layout, n) if reorder else out

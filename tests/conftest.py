@@ -9,6 +9,9 @@ os.environ["XLA_FLAGS"] = (
     + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu (installed by `make test` for the TPU compile tests) takes a lock per process otherwise, and
+# the suite's parallel workers each load it to compile for a TPU topology.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

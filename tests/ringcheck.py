@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from ringattention import layouts, ring_attention
+from ringattention.implementations import checks_vma
 
 # Relative Frobenius-norm error bounds against the float64 reference.
 F32_RTOL = 1e-5
@@ -117,7 +118,7 @@ def run_ring(pb: Problem, q, k, v, do, seg, **kwargs):
     ql, kl, vl, dol = (to(x).astype(dt) for x in (q, k, v, do))
     segl = None if seg is None else to(seg)
     spec = sspec = P(None, ("sp", "usp"))
-    check_vma = kwargs.get("implementation", "xla") == "xla"
+    check_vma = checks_vma(kwargs.get("implementation", "xla"), kwargs.get("interpret", False))
 
     def local(q, k, v, do, seg):
         f = lambda q, k, v: ring_attention(q, k, v, "sp", causal=pb.causal, segment_ids=seg,

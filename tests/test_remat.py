@@ -20,8 +20,8 @@ from test_model import GRAD_RTOL, LOSS_RTOL, assert_trees_close, packed_batch, r
 
 from models import llama
 from models.sharding import MeshConfig, make_mesh
+from ringattention import implementations
 from ringattention import remat as ra_remat
-from ringattention import ring
 
 SEQ = 256
 
@@ -59,7 +59,7 @@ def test_saved_attention_runs_one_forward_lap_per_layer_on_a_ring(scan_layers):
 
 def _mosaic_kernel_calls(config) -> int:
     """Mosaic GPU custom calls in the training step lowered for CUDA (no GPU needed)."""
-    with mock.patch.object(ring.jax, "default_backend", lambda: "gpu"):  # lower as if on a GPU
+    with mock.patch.object(implementations, "platform", lambda mesh=None: "gpu"):  # lower as if on a GPU
         shapes = llama.abstract_params(config)
         lowered = _step(config).trace(shapes, _batch_shapes()).lower(lowering_platforms=("cuda",))
     return lowered.as_text().count("stablehlo.custom_call @mosaic_gpu")
@@ -82,7 +82,7 @@ def test_saved_attention_calls_the_forward_kernel_once_per_layer(hopper_config):
 
 def test_offload_asks_for_pinned_host_memory(hopper_config):
     config = dataclasses.replace(hopper_config, remat="offload_attn")
-    with mock.patch.object(ring.jax, "default_backend", lambda: "gpu"):
+    with mock.patch.object(implementations, "platform", lambda mesh=None: "gpu"):
         shapes = llama.abstract_params(config)
         text = _step(config).trace(shapes, _batch_shapes()).lower(
             lowering_platforms=("cuda",)).as_text()

@@ -29,6 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ringattention import masks
+from ringattention._vma import struct
 from ringattention.kernels import gpu_kernels as kern
 
 F32 = jnp.float32
@@ -240,7 +241,8 @@ def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, *, geo, scale, bs, in
     ]
     out_specs = [pl.BlockSpec((SQ, bq, SQ, D), lambda i, b, h: (b, qi(i), h, 0)),
                  pl.BlockSpec((SQ, SQ, bq), lambda i, b, h: (b, h, qi(i)))]
-    out_shape = [jax.ShapeDtypeStruct((B, Sq, H, D), F32), jax.ShapeDtypeStruct((B, H, Sq), F32)]
+    like = (q, k, v, q_seg, k_seg)  # outputs vary like the inputs (shard_map's check_vma)
+    out_shape = [struct((B, Sq, H, D), F32, *like), struct((B, H, Sq), F32, *like)]
     kernel = functools.partial(kern.fwd_kernel, qk_scale=scale * kern.LOG2E, block_k=geo.bk,
                                precision=_precision(q.dtype), causal=causal, window=window)
     return pl.pallas_call(
@@ -301,7 +303,7 @@ def _dq_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, causa
                                window=window)
     return pl.pallas_call(
         kernel, grid=(nq, B, H), in_specs=in_specs, out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct((B, Sq, H, D), F32),
+        out_shape=struct((B, Sq, H, D), F32, q, k, v, do, q_seg, k_seg),
         compiler_params=_params(bs.bwd_warps, bs.bwd_stages), interpret=interpret,
         name="ring_step_dq",
     )(*block_bounds(table, B, window), q, k, v, do, lse2, delta, q_pos if pos else None,
@@ -334,7 +336,7 @@ def _dkv_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, caus
     kernel = functools.partial(kern.dkv_kernel, qk_scale=scale * kern.LOG2E, scale=scale,
                                block_q=geo.bq, groups=G, precision=_precision(q.dtype),
                                causal=causal, window=window)
-    out_shape = [jax.ShapeDtypeStruct((B, Sk, K, D), F32)] * 2
+    out_shape = [struct((B, Sk, K, D), F32, q, k, v, do, q_seg, k_seg)] * 2
     return pl.pallas_call(
         kernel, grid=(nk, B, K), in_specs=in_specs, out_specs=[kv_spec, kv_spec],
         out_shape=out_shape, compiler_params=_params(bs.bwd_warps, bs.bwd_stages),

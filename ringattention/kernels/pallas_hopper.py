@@ -232,15 +232,15 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
     return block_sizes
 
 
-def available() -> bool:
-    """True on a CUDA device of compute capability 9.x (Hopper)."""
-    try:
-        dev = jax.devices()[0]
-    except RuntimeError:
+def available(mesh=None) -> bool:
+    """True where the mesh being traced (``implementations.mesh_device``) is an NVIDIA Hopper GPU
+    (H100, H200, H800, GH200: compute capability 9.x)."""
+    from ringattention.implementations import mesh_device, platform  # noqa: PLC0415
+
+    if platform(mesh) != "gpu":
         return False
-    if dev.platform != "gpu" or "cuda" not in dev.client.platform_version.lower():
-        return False
-    return str(getattr(dev, "compute_capability", "")).split(".")[0] == "9"
+    kind = str(mesh_device(mesh).device_kind).upper()
+    return any(name in kind for name in ("H100", "H200", "H800", "H20", "GH200"))
 
 
 interpret_params = hk.interpret_params

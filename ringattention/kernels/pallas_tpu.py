@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ringattention import masks
+from ringattention._vma import struct
 from ringattention.kernels.tpu_blocks import (
     LANES,
     BlockSizes,
@@ -80,7 +80,9 @@ def _interpret(interpret):
 
 
 def _dot(a, b, dims, cfg: _Cfg):
-    prec = lax.Precision.HIGHEST if cfg.f32_inputs else None
+    # Explicit either way: a process-wide jax_default_matmul_precision="highest" would otherwise ask
+    # Mosaic for an fp32 contraction of bf16 operands, which the TPU compiler rejects.
+    prec = lax.Precision.HIGHEST if cfg.f32_inputs else lax.Precision.DEFAULT
     return lax.dot_general(a, b, dims, precision=prec, preferred_element_type=F32)
 
 
@@ -184,8 +186,8 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
     in_specs, args = in_specs + aux_specs, args + aux_args
     out_specs = [hv.spec(bq, lambda b, h, i, j, kr, fr: (b, i, h)),
                  pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, kr, fr: (b, h, 0, i))]
-    out_shape = [jax.ShapeDtypeStruct(hv.shape(B, Sq, H), F32),
-                 jax.ShapeDtypeStruct((B, H, 1, Sq), F32)]
+    # outputs vary over the manual axes the inputs vary over (shard_map's check_vma)
+    out_shape = [struct(hv.shape(B, Sq, H), F32, *args), struct((B, H, 1, Sq), F32, *args)]
     scratch = [pltpu.VMEM((bq, LANES), F32), pltpu.VMEM((bq, LANES), F32),
                pltpu.VMEM((bq, D), F32)]
     grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=(B, H, nq, nk),
@@ -325,7 +327,7 @@ def _dq_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
                         pltpu.VMEM((bq, LANES), F32)])
     return pl.pallas_call(
         functools.partial(_dq_kernel, cfg=cfg), grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct(hv.shape(B, Sq, H), F32),
+        out_shape=struct(hv.shape(B, Sq, H), F32, *rows, *aux_args),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
         interpret=_interpret(interpret), name="ring_flash_dq",
@@ -350,7 +352,7 @@ def _dkv_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
         scratch_shapes=[pltpu.VMEM((bk, D), F32), pltpu.VMEM((bk, D), F32)])
     return pl.pallas_call(
         functools.partial(_dkv_kernel, cfg=cfg), grid_spec=grid_spec,
-        out_shape=[jax.ShapeDtypeStruct(hv.shape(B, Sk, K), F32)] * 2,
+        out_shape=[struct(hv.shape(B, Sk, K), F32, *rows, *aux_args)] * 2,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary")),
         interpret=_interpret(interpret), name="ring_flash_dkv",

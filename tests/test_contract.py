@@ -1,0 +1,165 @@
+"""One contract for every implementation (issue: the library where users run it).
+
+``ring_attention`` runs inside the user's own ``jax.shard_map`` with ``check_vma`` left at its default
+(True) as well as False: kernel outputs vary over the manual axes their inputs vary over. "auto" and
+the platform check read the platform of the mesh being traced, not the host's backend, so a CPU host
+lowers the ring for a TPU slice (compiled here by the TPU compiler, from libtpu) or a GPU mesh.
+"""
+
+from __future__ import annotations
+
+import types
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from ringcheck import F32_RTOL, reference64, rel_err
+
+import ringattention as ra
+from ringattention import implementations
+
+SPEC = P("dp", "sp")
+
+
+def _tpu_devices(topology: str = "v5e:2x2"):
+    """TPU devices of a named slice that this CPU host compiles for; skips (printing why) where no
+    libtpu matching the installed jax is installed."""
+    try:
+        from jax.experimental import topologies
+
+        return topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
+    except Exception as e:  # noqa: BLE001  no TPU plugin: ImportError, RuntimeError, ...
+        reason = f"no libtpu for jax {jax.__version__} here ({type(e).__name__}: {e})"
+        print(reason)
+        pytest.skip(reason)
+
+
+def _ring_fn(mesh, check_vma: bool, **kw):
+    def local(q, k, v):
+        return ra.ring_attention(q, k, v, "sp", causal=True, **kw)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC,
+                         check_vma=check_vma)
+
+
+def _abstract(B=1, L=4 * 512, H=4, K=2, D=128, dtype=jnp.bfloat16):
+    sd = lambda *s: jax.ShapeDtypeStruct(s, dtype)  # noqa: E731
+    return sd(B, L, H, D), sd(B, L, K, D), sd(B, L, K, D)
+
+
+def _grad_of(fn):
+    return jax.grad(lambda q, k, v: fn(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_auto_picks_pallas_tpu_for_a_tpu_mesh_and_the_tpu_compiler_compiles_it(check_vma):
+    mesh = Mesh(np.array(_tpu_devices()).reshape(1, 4), ("dp", "sp"))
+    assert implementations.resolve("auto", mesh).name == "pallas_tpu"
+    picked = []
+    fn = _ring_fn(mesh, check_vma, layout="zigzag")
+    with mock.patch.object(implementations, "resolve", wraps=implementations.resolve) as spy:
+        fwd = jax.jit(fn).trace(*_abstract()).lower().compile()
+        picked = {c.args[0] if c.args else None for c in spy.call_args_list}
+    assert "auto" in picked
+    text = jax.jit(fn).trace(*_abstract()).lower().as_text()
+    assert "tpu_custom_call" in text  # the Mosaic TPU kernel, not the XLA fallback
+    assert fwd.memory_analysis().temp_size_in_bytes > 0
+    grads = jax.jit(_grad_of(fn)).trace(*_abstract()).lower().compile()
+    assert grads.cost_analysis() is not None
+
+
+def test_kernel_not_for_the_mesh_platform_names_it():
+    mesh = Mesh(np.array(_tpu_devices()).reshape(1, 4), ("dp", "sp"))
+    fn = _ring_fn(mesh, True, implementation="pallas_gpu")
+    with pytest.raises(ValueError, match=r"pallas_gpu.*platform='tpu'"):
+        jax.jit(fn).trace(*_abstract())
+
+
+def test_sharded_attention_resolves_for_its_mesh():
+    mesh = Mesh(np.array(_tpu_devices()).reshape(1, 4), ("dp", "sp"))
+    fn = lambda q, k, v: ra.sharded_attention(q, k, v, mesh, causal=True)  # noqa: E731
+    text = jax.jit(fn).trace(*_abstract()).lower().as_text()
+    assert "tpu_custom_call" in text
+
+
+def _h200_mesh_device(mesh=None):
+    return types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H200")
+
+
+def test_pallas_gpu_lowers_for_cuda_under_check_vma():
+    """The compiled Triton kernels type-check inside shard_map(check_vma=True) over a 2-D mesh
+    whose batch axis the ring does not use, forward and gradients, lowered for CUDA."""
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "sp"))
+    fn = _ring_fn(mesh, True, implementation="pallas_gpu")
+    with mock.patch.object(implementations, "mesh_device", _h200_mesh_device):
+        assert implementations.resolve("auto").name == "pallas_hopper"  # "auto" on an H200
+        args = _abstract(B=2, L=2 * 256, H=4, K=2, D=64)
+        text = jax.jit(_grad_of(fn)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("triton") >= 3  # forward, dq and dk/dv kernels
+
+
+def test_pallas_hopper_under_check_vma_says_what_to_do_and_runs_without_it():
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "sp"))
+    args = _abstract(B=2, L=2 * 256, H=4, K=2, D=64)
+    with mock.patch.object(implementations, "mesh_device", _h200_mesh_device):
+        with pytest.raises(ValueError, match="check_vma=False"):
+            jax.jit(_ring_fn(mesh, True, implementation="pallas_hopper")).trace(*args)
+        # "auto" under check_vma=True takes the best kernel that type-checks there: Triton
+        text = jax.jit(_ring_fn(mesh, True)).trace(*args).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert "triton" in text and "mosaic_gpu" not in text
+        fn = _ring_fn(mesh, False, implementation="pallas_hopper")
+        text = jax.jit(_grad_of(fn)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_xla_in_a_user_shard_map_matches_float64(n, check_vma):
+    mesh = Mesh(np.array(jax.devices()[: 2 * n]).reshape(2, n), ("dp", "sp"))
+    rng = np.random.default_rng(n)
+    q, k, v, do = (rng.standard_normal(s).astype(np.float32)
+                   for s in [(2, 16 * n, 4, 16), (2, 16 * n, 2, 16), (2, 16 * n, 2, 16),
+                             (2, 16 * n, 4, 16)])
+    fn = _ring_fn(mesh, check_vma, implementation="auto")
+    o, vjp = jax.vjp(jax.jit(fn), q, k, v)
+    got = (o, *vjp(jnp.asarray(do)))
+    want = reference64(q, k, v, do, causal=True, seg=None)
+    errs = [rel_err(g, w) for g, w in zip(got, want)]
+    assert max(errs) <= F32_RTOL, errs
+
+
+def test_interpreted_kernel_under_check_vma_says_what_to_do():
+    mesh = Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("dp", "sp"))
+    fn = _ring_fn(mesh, True, implementation="pallas_tpu", interpret=True)
+    with pytest.raises(ValueError, match="check_vma=False"):
+        jax.jit(fn).trace(*_abstract(L=2 * 128, dtype=jnp.float32))
+
+
+def test_debug_model_training_step_compiles_for_tpu_with_auto_attention():
+    """The debug preset's step (forward, backward, AdamW) on a ring of 4 TPU v5e chips, attention
+    "auto" (pallas_tpu there), compiled by the TPU compiler on this CPU host."""
+    import optax
+
+    from models import llama
+    from models.sharding import MeshConfig, make_mesh
+
+    mesh = make_mesh(MeshConfig(sp=4), _tpu_devices())
+    config = llama.get_config("debug", attention="auto")
+    opt = optax.adamw(1e-3)
+
+    def step(params, state, batch):
+        grads = jax.grad(lambda p: llama.loss_fn(config, p, batch, mesh=mesh)[0])(params)
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    params = llama.abstract_params(config)
+    state = jax.eval_shape(opt.init, params)
+    ids = jax.ShapeDtypeStruct((1, 4 * 128), jnp.int32)
+    lowered = jax.jit(step).trace(params, state, {"input_ids": ids, "targets": ids}).lower()
+    assert "tpu_custom_call" in lowered.as_text()  # the ring ran pallas_tpu, not the XLA fallback
+    assert lowered.compile().memory_analysis().temp_size_in_bytes > 0
