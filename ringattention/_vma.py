@@ -16,9 +16,9 @@ def _vma(x) -> frozenset:
     return frozenset(vma)
 
 
-def vary_like(x, *refs):
-    """Marks ``x`` as varying over every manual axis that any of ``refs`` varies over."""
-    missing = tuple(sorted(frozenset().union(*map(_vma, refs)) - _vma(x), key=str))
+def vary_like(x, ref):
+    """Marks ``x`` as varying over every manual axis that ``ref`` varies over."""
+    missing = tuple(sorted(_vma(ref) - _vma(x), key=str))
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
@@ -37,16 +37,4 @@ def struct(shape, dtype, *like) -> jax.ShapeDtypeStruct:
     vma = frozenset().union(*(_vma(x) for x in arrays))
     mat = jax.typeof(arrays[0]).manual_axis_type.update(varying=vma)
     return jax.ShapeDtypeStruct(tuple(shape), dtype, manual_axis_type=mat)
-
-
-def typed_by_args(make_kernel, out_type):
-    """``make_kernel(out_type)(*args)`` with every output varying like ``args`` (a kernel launcher
-    whose output types are fixed before its arguments are known)."""
-
-    def call(*args):
-        arrays = [a for a in jax.tree.leaves(args) if isinstance(a, jax.Array)]
-        typed = jax.tree.map(lambda s: struct(s.shape, s.dtype, *arrays), out_type)
-        return make_kernel(typed)(*args)
-
-    return call
 

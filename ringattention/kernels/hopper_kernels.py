@@ -37,7 +37,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ringattention._vma import typed_by_args
 from ringattention.kernels import hopper_fwd_loops as hfl
 
 F32 = jnp.float32
@@ -89,10 +88,9 @@ def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bo
         params = interpret_params()
         if params is None:
             raise NotImplementedError("this jax has no Mosaic GPU interpret mode")
-    return typed_by_args(lambda out: plgpu.kernel(
-        body, out_type=out, scratch_types=scratch, grid=grid, grid_names=("h", "i", "b"),
-        num_threads=COMPUTE_WGS + 1, thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True), interpret=params), out_type)
+    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
+                        grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg",
+                        compiler_params=plgpu.CompilerParams(approx_math=True), interpret=params)
 
 
 @dataclasses.dataclass(frozen=True)
