@@ -305,13 +305,6 @@ def _check_platform(impl, interpret: bool, q) -> None:
                          "in this jax: Mosaic GPU kernels do not yet type-check varying axes "
                          f"(q varies over {sorted(_vma(q), key=str)}); sharded_attention and the "
                          "models pass it for you, or use implementation='pallas_gpu'")
-    if interpret and impl.name != "xla" and _vma(q):
-        # jax's Pallas interpreter (hlo_interpreter) evaluates kernel bodies without their varying
-        # axes, so under shard_map(check_vma=True) its loops fail to type-check when lowered.
-        raise ValueError(f"implementation={impl.name!r} with interpret=True needs "
-                         "jax.shard_map(..., check_vma=False): jax's Pallas interpreter does not "
-                         f"track varying axes (q varies over {sorted(_vma(q), key=str)}); compiled "
-                         "kernels (interpret=False) run under check_vma=True")
 
 
 def _axis_size(axis_name, argument: str = "axis_name") -> int:

@@ -106,8 +106,9 @@ def make_inputs(pb: Problem):
     return cast(q), cast(k), cast(v), cast(do), seg
 
 
-def run_ring(pb: Problem, q, k, v, do, seg, **kwargs):
-    """Runs ring attention forward + backward on global natural-order arrays; returns o, dq, dk, dv."""
+def run_ring(pb: Problem, q, k, v, do, seg, check_vma: bool | None = None, **kwargs):
+    """Runs ring attention forward + backward on global natural-order arrays; returns o, dq, dk, dv.
+    ``check_vma``: the shard_map's (None: the one the library's own shard_maps use)."""
     u = pb.ulysses or 1
     mesh = Mesh(np.array(jax.devices()[: pb.n * u]).reshape(pb.n, u), ("sp", "usp"))
     if pb.ulysses is not None:
@@ -118,7 +119,8 @@ def run_ring(pb: Problem, q, k, v, do, seg, **kwargs):
     ql, kl, vl, dol = (to(x).astype(dt) for x in (q, k, v, do))
     segl = None if seg is None else to(seg)
     spec = sspec = P(None, ("sp", "usp"))
-    check_vma = checks_vma(kwargs.get("implementation", "xla"), kwargs.get("interpret", False))
+    if check_vma is None:
+        check_vma = checks_vma(kwargs.get("implementation", "xla"), kwargs.get("interpret", False))
 
     def local(q, k, v, do, seg):
         f = lambda q, k, v: ring_attention(q, k, v, "sp", causal=pb.causal, segment_ids=seg,

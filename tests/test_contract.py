@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
-from ringcheck import F32_RTOL, reference64, rel_err
+from ringcheck import F32_RTOL, Problem, check_ring, reference64, rel_err
 
 import ringattention as ra
 from ringattention import implementations
@@ -133,11 +133,32 @@ def test_xla_in_a_user_shard_map_matches_float64(n, check_vma):
     assert max(errs) <= F32_RTOL, errs
 
 
-def test_interpreted_kernel_under_check_vma_says_what_to_do():
-    mesh = Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("dp", "sp"))
-    fn = _ring_fn(mesh, True, implementation="pallas_tpu", interpret=True)
-    with pytest.raises(ValueError, match="check_vma=False"):
-        jax.jit(fn).trace(*_abstract(L=2 * 128, dtype=jnp.float32))
+# Each kernel at the smallest shapes its tiling takes (pallas_tpu: 128-row blocks; pallas_hopper:
+# 64-row tiles, one interpreted GPU), causal zigzag with packed documents and GQA.
+INTERPRET_CASES = {
+    "xla": dict(shard=16, head_dim=16),
+    "pallas_gpu": dict(shard=32, head_dim=16),
+    "pallas_tpu": dict(shard=128, head_dim=128),
+    "pallas_hopper": dict(shard=96, head_dim=32, dtype="bfloat16"),
+}
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("impl", list(INTERPRET_CASES))
+def test_every_kernel_in_a_user_shard_map_matches_float64(impl, n, check_vma):
+    """The contract, in interpret mode on CPU: each implementation inside a user's shard_map under
+    both check_vma settings, forward and gradients against the float64 global reference."""
+    if impl == "pallas_hopper" and n > 1:
+        pytest.skip("Mosaic GPU's interpreter simulates one GPU (rings over several: pallas_gpu)")
+    pb = Problem(n=n, layout="zigzag", causal=True, segments=True, batch=1, heads=4, kv_heads=2,
+                 **INTERPRET_CASES[impl])
+    kw = dict(check_vma=check_vma, implementation=impl, interpret=impl != "xla")
+    if impl == "pallas_hopper" and check_vma:  # Mosaic GPU kernel bodies drop varying axes
+        with pytest.raises(ValueError, match=r"pallas_hopper.*check_vma=False"):
+            check_ring(pb, **kw)
+        return
+    check_ring(pb, **kw)
 
 
 def test_debug_model_training_step_compiles_for_tpu_with_auto_attention():
@@ -163,3 +184,27 @@ def test_debug_model_training_step_compiles_for_tpu_with_auto_attention():
     lowered = jax.jit(step).trace(params, state, {"input_ids": ids, "targets": ids}).lower()
     assert "tpu_custom_call" in lowered.as_text()  # the ring ran pallas_tpu, not the XLA fallback
     assert lowered.compile().memory_analysis().temp_size_in_bytes > 0
+
+
+def test_tpu_compile_benchmark_writes_its_table(tmp_path):
+    """benchmarks/tpu_compile.py's smallest run: two ring rows and the debug step on v5e:2x2."""
+    _tpu_devices()
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "tpu_compile.py"
+    spec = importlib.util.spec_from_file_location("tpu_compile", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = str(tmp_path / "tc")
+    mod.main(["--slices", "v5e:2x2", "--impls", "auto", "--head-dims", "128", "--plan",
+              "debug@v5e:2x2", "--seqs", "1024,2048", "--out", out])
+    saved = json.loads(pathlib.Path(out + ".json").read_text())
+    ring, train = saved["ring"], saved["train"]
+    assert [r["segments"] for r in ring] == [False, True]
+    assert all(r["compiles"] and r["impl"] == "pallas_tpu" and r["blocks"].startswith("512x1024")
+               for r in ring)  # v5e's blocks, not the CPU host's
+    assert [r["seq"] for r in train] == [1024, 2048] and all(r["fits"] for r in train)
+    assert all(0 < r["peak_gib"] < r["hbm_gib"] and r["kernel"] for r in train)
+    assert "| debug | v5e:2x2 | 4 | 4 x 1 | 2K |" in pathlib.Path(out + ".md").read_text()

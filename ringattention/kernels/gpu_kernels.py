@@ -142,7 +142,7 @@ def dq_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, do_ref, ls
 def dkv_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
                qp_ref, kp_ref, qs_ref, ks_ref, dk_ref, dv_ref, *, qk_scale: float, scale: float,
                block_q: int, groups: int, precision, causal: bool = True,
-               window: int | None = None):
+               window: int | None = None, unrolled_groups: bool = False):
     """One (key block, batch, kv head): dk, dv summed over the group's query heads and blocks.
 
     k_ref, v_ref [bk, D]; q_ref, do_ref [Sq, G, D]; lse_ref, delta_ref [G, Sq]; qp_ref [Sq] | None;
@@ -174,8 +174,10 @@ def dkv_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, do_ref, l
         return _loops(bounds, functools.partial(body, g=g), carry, masked)
 
     zeros = jnp.zeros(k.shape, F32)
-    if groups == 1:
-        dk, dv = head(0, (zeros, zeros))
+    if groups == 1 or unrolled_groups:  # unrolled: Pallas' interpreter under check_vma (below)
+        dk, dv = zeros, zeros
+        for g in range(groups):
+            dk, dv = head(g, (dk, dv))
     else:
         dk, dv = lax.fori_loop(0, groups, head, (zeros, zeros))
     dk_ref[...] = dk * scale

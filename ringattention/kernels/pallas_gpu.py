@@ -335,7 +335,10 @@ def _dkv_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, caus
     rows = lambda x: x.reshape(B, K, G, Sq)  # noqa: E731
     kernel = functools.partial(kern.dkv_kernel, qk_scale=scale * kern.LOG2E, scale=scale,
                                block_q=geo.bq, groups=G, precision=_precision(q.dtype),
-                               causal=causal, window=window)
+                               causal=causal, window=window,
+                               # Pallas' interpreter evaluates a scan over the group with its
+                               # body's carry types, which drop shard_map's varying axes: unrolled
+                               unrolled_groups=bool(interpret))
     out_shape = [struct((B, Sk, K, D), F32, q, k, v, do, q_seg, k_seg)] * 2
     return pl.pallas_call(
         kernel, grid=(nk, B, K), in_specs=in_specs, out_specs=[kv_spec, kv_spec],

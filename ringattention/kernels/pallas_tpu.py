@@ -54,6 +54,12 @@ class _Cfg:
     groups: int  # query heads per kv head
     f32_inputs: bool
     window: int | None = None  # sliding window: |q_pos - k_pos| >= window is hidden
+    # False: the kinds are read from scalar prefetch and SKIP blocks hold the last fetched buffer
+    # (no DMA). True in Pallas' generic interpreter, which indexes with grid indices that do not vary
+    # over the ring's manual axes while the tables do (shard_map's check_vma rejects the mix): there
+    # each grid step's kind arrives as a (1,) block and every block is fetched (same results: SKIP
+    # blocks are never computed).
+    blocked_kinds: bool = False
 
     @property
     def positions(self) -> bool:
@@ -66,6 +72,26 @@ class _Cfg:
     def flat(self, b, outer, inner):
         tb = b if self.batch_table else 0
         return (tb * self.n_outer + outer) * self.n_inner + inner
+
+    def fetched(self, fetch_ref, b, outer, inner):
+        """The block along the inner axis held at grid step (b, outer, inner)."""
+        return inner if self.blocked_kinds else fetch_ref[self.flat(b, outer, inner)]
+
+    def partial_full(self, kind_ref, kind_blocks, b, outer, inner):
+        """bool scalars: is the block at grid step (b, outer, inner) PARTIAL, FULL?"""
+        if self.blocked_kinds:  # compared outside the kernel: no literal meets a varying value
+            return [blk[...].reshape(()).astype(bool) for blk in kind_blocks]
+        kind = kind_ref[self.flat(b, outer, inner)]
+        return kind == masks.PARTIAL, kind == masks.FULL
+
+    def kind_blocks(self, kind, index):
+        """Specs and args of the (1,) blocks ``kind == PARTIAL`` and ``kind == FULL``
+        (``blocked_kinds``); ``index``: grid -> (b, outer, inner)."""
+        if not self.blocked_kinds:
+            return [], []
+        spec = pl.BlockSpec((1,), lambda *grid: (self.flat(*index(*grid)),))
+        flat = kind.reshape(-1)
+        return [spec] * 2, [(flat == k).astype(jnp.int32) for k in (masks.PARTIAL, masks.FULL)]
 
 
 def _interpret(interpret):
@@ -110,21 +136,24 @@ def _split_refs(refs, cfg: _Cfg, n_main: int):
     pos = rest[:2] if cfg.positions else ()
     rest = rest[2:] if cfg.positions else rest
     seg = rest[:2] if cfg.has_seg else ()
-    return main, pos, seg, rest[2:] if cfg.has_seg else rest
+    rest = rest[2:] if cfg.has_seg else rest
+    kind_blocks = rest[:2] if cfg.blocked_kinds else None
+    return main, pos, seg, kind_blocks, rest[2:] if cfg.blocked_kinds else rest
 
 
-def _when_computed(kind, body, cfg: _Cfg):
+def _when_computed(cfg: _Cfg, body, kind_ref, kind_blocks, b, outer, inner):
     """Runs ``body(masked)`` for PARTIAL (masked) and FULL (unmasked) blocks, nothing for SKIP."""
+    partial, full = cfg.partial_full(kind_ref, kind_blocks, b, outer, inner)
     if cfg.masked:  # without causal or segment masks every block is FULL
-        pl.when(kind == masks.PARTIAL)(lambda: body(True))
-    pl.when(kind == masks.FULL)(lambda: body(False))
+        pl.when(partial)(lambda: body(True))
+    pl.when(full)(lambda: body(False))
 
 
 # ----------------------------------------------------------------------------------------- forward
 
 
 def _fwd_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
-    (q_ref, k_ref, v_ref), pos, seg, rest = _split_refs(refs, cfg, 3)
+    (q_ref, k_ref, v_ref), pos, seg, kb, rest = _split_refs(refs, cfg, 3)
     o_ref, lse_ref, m_sc, l_sc, acc_sc = rest
     b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
@@ -148,7 +177,7 @@ def _fwd_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
         m_sc[...] = jnp.broadcast_to(m_new, m_sc.shape)
         acc_sc[...] = acc_sc[...] * corr + _dot(p.astype(v.dtype), v, NN, cfg)
 
-    _when_computed(kind_ref[cfg.flat(b, i, j)], update, cfg)
+    _when_computed(cfg, update, kind_ref, kb, b, i, j)
 
     @pl.when(j == cfg.n_inner - 1)
     def _finish():
@@ -172,9 +201,9 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
     nq, nk = Sq // bq, Sk // bk
     kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window)  # [Bt, nq, nk]
     cfg = _Cfg(bool(causal), float(softmax_scale), q_seg is not None, kind.shape[0] > 1, nq, nk, G,
-               q.dtype == jnp.float32, window)
+               q.dtype == jnp.float32, window, blocked_kinds=interpret is True)
     hv = HeadView.for_dim(D)
-    kv_blk = lambda b, h, i, j, kr, fr: fr[cfg.flat(b, i, j)]  # noqa: E731
+    kv_blk = lambda b, h, i, j, kr, fr: cfg.fetched(fr, b, i, j)  # noqa: E731
 
     kv_spec = hv.spec(bk, lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr),
                                                        lax.div(h, G)))  # GQA: kv head h // G
@@ -183,7 +212,8 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
     aux_specs, aux_args = _aux(cfg, q_pos, k_pos, q_seg, k_seg, bq, bk,
                                lambda b, h, i, j, kr, fr: (b, i),
                                lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr)), True)
-    in_specs, args = in_specs + aux_specs, args + aux_args
+    kind_specs, kind_args = cfg.kind_blocks(kind, lambda b, h, i, j, kr, fr: (b, i, j))
+    in_specs, args = in_specs + aux_specs + kind_specs, args + aux_args + kind_args
     out_specs = [hv.spec(bq, lambda b, h, i, j, kr, fr: (b, i, h)),
                  pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, kr, fr: (b, h, 0, i))]
     # outputs vary over the manual axes the inputs vary over (shard_map's check_vma)
@@ -206,7 +236,7 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
 
 
 def _dq_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
-    (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), pos, seg, rest = _split_refs(refs, cfg, 6)
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), pos, seg, kb, rest = _split_refs(refs, cfg, 6)
     dq_ref, dq_sc, lse_sc, dl_sc = rest
     b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
@@ -227,7 +257,7 @@ def _dq_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
         ds = p * (dp - dl_sc[...][:, :1]) * cfg.scale
         dq_sc[...] += _dot(ds.astype(k.dtype), k, NN, cfg)
 
-    _when_computed(kind_ref[cfg.flat(b, i, j)], update, cfg)
+    _when_computed(cfg, update, kind_ref, kb, b, i, j)
 
     @pl.when(j == cfg.n_inner - 1)
     def _finish():
@@ -235,7 +265,7 @@ def _dq_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
 
 
 def _dkv_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
-    (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), pos, seg, rest = _split_refs(refs, cfg, 6)
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), pos, seg, kb, rest = _split_refs(refs, cfg, 6)
     dk_ref, dv_ref, dk_sc, dv_sc = rest
     b, j, g, i = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
 
@@ -256,7 +286,7 @@ def _dkv_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
         dst = pt * (dpt - dl_ref[...]) * cfg.scale
         dk_sc[...] += _dot(dst.astype(q.dtype), q, NN, cfg)
 
-    _when_computed(kind_ref[cfg.flat(b, j, i)], update, cfg)
+    _when_computed(cfg, update, kind_ref, kb, b, j, i)
 
     @pl.when((g == cfg.groups - 1) & (i == cfg.n_inner - 1))
     def _finish():
@@ -312,13 +342,15 @@ def _aux(cfg: _Cfg, q_pos, k_pos, q_seg, k_seg, bq: int, bk: int, q_index, k_ind
 def _dq_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
     B, Sq, H, D, Sk, K, bq, bk = dims
     G = cfg.groups
-    kv_blk = lambda b, h, i, j, kr, fr: fr[cfg.flat(b, i, j)]  # noqa: E731
+    kv_blk = lambda b, h, i, j, kr, fr: cfg.fetched(fr, b, i, j)  # noqa: E731
     q_spec = hv.spec(bq, lambda b, h, i, j, kr, fr: (b, i, h))
     kv_spec = hv.spec(bk, lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr),
                                                        lax.div(h, G)))  # GQA: kv head h // G
     row_spec = pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, kr, fr: (b, h, 0, i))
     aux_specs, aux_args = aux(lambda b, h, i, j, kr, fr: (b, i),
                               lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr)), True)
+    kind_specs, kind_args = cfg.kind_blocks(kind, lambda b, h, i, j, kr, fr: (b, i, j))
+    aux_specs, aux_args = aux_specs + kind_specs, aux_args + kind_args
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2, grid=(B, H, Sq // bq, Sk // bk),
         in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec, *aux_specs],
@@ -337,7 +369,7 @@ def _dq_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
 def _dkv_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
     B, Sq, H, D, Sk, K, bq, bk = dims
     G = cfg.groups
-    q_blk = lambda b, kh, j, g, i, kr, fr: fr[cfg.flat(b, j, i)]  # noqa: E731
+    q_blk = lambda b, kh, j, g, i, kr, fr: cfg.fetched(fr, b, j, i)  # noqa: E731
     q_spec = hv.spec(bq, lambda b, kh, j, g, i, kr, fr: (b, q_blk(b, kh, j, g, i, kr, fr),
                                                           kh * G + g))
     kv_spec = hv.spec(bk, lambda b, kh, j, g, i, kr, fr: (b, j, kh))
@@ -345,6 +377,8 @@ def _dkv_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
         b, kh * G + g, 0, q_blk(b, kh, j, g, i, kr, fr)))
     aux_specs, aux_args = aux(lambda b, kh, j, g, i, kr, fr: (b, q_blk(b, kh, j, g, i, kr, fr)),
                               lambda b, kh, j, g, i, kr, fr: (b, j), False)
+    kind_specs, kind_args = cfg.kind_blocks(kind, lambda b, kh, j, g, i, kr, fr: (b, j, i))
+    aux_specs, aux_args = aux_specs + kind_specs, aux_args + kind_args
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2, grid=(B, K, Sk // bk, G, Sq // bq),
         in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec, *aux_specs],
@@ -369,7 +403,7 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     nq, nk = Sq // bq, Sk // bk
     base = dict(causal=bool(causal), scale=float(softmax_scale), has_seg=q_seg is not None,
                 batch_table=kind.shape[0] > 1, groups=H // K, f32_inputs=q.dtype == jnp.float32,
-                window=window)
+                window=window, blocked_kinds=interpret is True)
     cfg_q = _Cfg(n_outer=nq, n_inner=nk, **base)
     aux = functools.partial(_aux, cfg_q, q_pos, k_pos, q_seg, k_seg, bq, bk)
     dq = _dq_call(cfg_q, dims, kind, fetch, hv, rows, aux, interpret)

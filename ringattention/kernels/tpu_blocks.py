@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -45,8 +44,13 @@ class BlockSizes:
 
     @classmethod
     def for_chip(cls, device_kind: str | None = None) -> BlockSizes:
-        """Defaults for a TPU generation (``device_kind``: ``jax.devices()[0].device_kind``)."""
-        kind = (device_kind if device_kind is not None else jax.devices()[0].device_kind).lower()
+        """Defaults for a TPU generation (``device_kind``: that of the mesh being traced, so a CPU
+        host compiling for a TPU slice gets the slice's blocks; see ``implementations.mesh_device``)."""
+        from ringattention import implementations  # here: implementations loads this module lazily
+
+        if device_kind is None:
+            device_kind = implementations.mesh_device().device_kind
+        kind = device_kind.lower()
         for key, sizes in _GENERATION_DEFAULTS:
             if key in kind:
                 return cls(*sizes)
