@@ -83,8 +83,9 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids):
         return reference_attention(q, k, v, causal=True, segment_ids=segment_ids, q_positions=pos,
                                    kv_positions=pos, sliding_window=window).astype(q.dtype)
     if config.attention == "cudnn":
-        return _cudnn_attention(q, k, v, segment_ids, seq_shards(mesh), window)
-    impl = ra_impl.resolve(config.attention, mesh).name  # for the mesh's platform, not the host's
+        return _cudnn_attention(q, k, v, segment_ids, mesh, window)
+    # for the mesh's platform (not the host's) and the ring's shard length
+    impl = ra_impl.resolve(config.attention, mesh, shard=q.shape[1] // n).name
     blocks = BlockSizes(config.q_chunk, config.kv_chunk) if impl == "xla" else None
     seq, ulysses_axis = attention_axes(mesh)  # ("sp", "usp") with Ulysses: ring axis major
     kw = dict(causal=True, layout=config.layout, implementation=impl, block_sizes=blocks,
@@ -102,11 +103,11 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids):
                          check_vma=ra_impl.checks_vma(impl, config.interpret))(q, k, v, segment_ids)
 
 
-def _cudnn_attention(q, k, v, segment_ids, ring: int, window: int | None = None):
+def _cudnn_attention(q, k, v, segment_ids, mesh, window: int | None = None):
     """Single-device causal attention through cuDNN's fused kernel (a speed baseline for one GPU)."""
-    backend = jax.default_backend()
-    if backend != "gpu" or ring != 1 or segment_ids is not None:
-        raise ValueError(f"attention='cudnn' runs on one CUDA GPU without packing; got {backend=}, "
+    platform, ring = ra_impl.platform(mesh), seq_shards(mesh)
+    if platform != "gpu" or ring != 1 or segment_ids is not None:
+        raise ValueError(f"attention='cudnn' runs on one CUDA GPU without packing; got {platform=}, "
                          f"sp*usp={ring}, segment_ids {'given' if segment_ids is not None else 'None'}")
     local = None if window is None else (window - 1, 0)  # keys i - (W - 1) .. i
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn",

@@ -49,6 +49,8 @@ class Implementation:
     module: str  # imported lazily; must define forward_step and backward_step
     platforms: tuple[str, ...]  # platforms on which "auto" may pick it, best first in AUTO_ORDER
     available: Callable[..., bool] = lambda mesh=None: True  # (mesh) -> bool
+    # (shard) -> bool: the kernel takes a ring shard of this many tokens; "auto" passes over it if not
+    takes_shard: Callable[[int], bool] = lambda shard: True
 
     def load(self):
         return importlib.import_module(self.module)
@@ -88,17 +90,22 @@ def platform(mesh=None) -> str:
     return "gpu" if name in ("cuda", "rocm") else name
 
 
-def resolve(name: str, mesh=None, checked_vma: bool = False) -> Implementation:
+def resolve(name: str, mesh=None, checked_vma: bool = False,
+            shard: int | None = None) -> Implementation:
     """Returns the implementation called ``name`` ("auto": the best for the platform of ``mesh``,
     or of the mesh being traced; see :func:`mesh_device`). ``checked_vma``: the call sits in a
-    ``shard_map(check_vma=True)``, so "auto" takes only kernels that type-check there."""
+    ``shard_map(check_vma=True)``, so "auto" takes only kernels that type-check there. ``shard``:
+    the ring's shard length, so "auto" takes only kernels that take it (pallas_tpu: multiples of
+    128 tokens; a decoder's short prefill falls back to "xla")."""
     if name == "auto":
         where = platform(mesh)
         for candidate in AUTO_ORDER:
             impl = _REGISTRY.get(candidate)
-            if checked_vma and impl and not checks_vma(impl.name, False):
+            if impl is None or (checked_vma and not checks_vma(impl.name, False)):
                 continue
-            if impl and where in impl.platforms and impl.available(mesh):
+            if shard is not None and not impl.takes_shard(shard):
+                continue
+            if where in impl.platforms and impl.available(mesh):
                 return impl
         return _REGISTRY["xla"]
     if name not in _REGISTRY:
@@ -121,7 +128,9 @@ def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int,
 
 
 register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu")))
-register(Implementation("pallas_tpu", "ringattention.kernels.pallas_tpu", platforms=("tpu",)))
+# TPU tiles: sequence blocks are multiples of 128 lanes (kernels/tpu_blocks.py)
+register(Implementation("pallas_tpu", "ringattention.kernels.pallas_tpu", platforms=("tpu",),
+                        takes_shard=lambda shard: shard % 128 == 0))
 def _cuda_mesh(mesh=None) -> bool:
     """True where the mesh's devices are NVIDIA GPUs (Triton and Mosaic GPU kernels)."""
     return platform(mesh) == "gpu" and "nvidia" in str(mesh_device(mesh).device_kind).lower()

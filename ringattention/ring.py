@@ -358,14 +358,14 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
       [batch, q_shard, heads, head_dim] in ``q.dtype``.
     """
     _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window)
-    impl = implementations.resolve(implementation, checked_vma=bool(_vma(q)))
+    ring_size = _axis_size(axis_name)
+    # the ring's shard: with Ulysses, the U pieces of a ring shard held by the Ulysses group
+    shard = q.shape[1] * (1 if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis"))
+    impl = implementations.resolve(implementation, checked_vma=bool(_vma(q)), shard=shard)
     _check_platform(impl, interpret, q)
     if deterministic:
         block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1],
                                                                 causal)
-    ring_size = _axis_size(axis_name)
-    # the ring's shard: with Ulysses, the U pieces of a ring shard held by the Ulysses group
-    shard = q.shape[1] * (1 if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis"))
     if layout == "zigzag" and ring_size > 1 and shard % 2:
         raise ValueError(f"zigzag needs an even shard length on a ring of {ring_size}; got "
                          f"{q.shape[1]=} (x {shard // q.shape[1]} Ulysses pieces)")

@@ -68,7 +68,8 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     seq = seq_axis if ulysses_axis is None else (seq_axis, ulysses_axis)  # ring axis major
     spec = P(batch_axis, seq, head_axis, None)
     seg_spec = P(batch_axis, seq)
-    impl = implementations.resolve(kwargs.pop("implementation", "auto"), mesh).name
+    impl = implementations.resolve(kwargs.pop("implementation", "auto"), mesh,
+                                   shard=q.shape[1] // n).name
 
     def local(q, k, v, seg):
         return ring_attention(q, k, v, seq_axis, causal=causal, segment_ids=seg, layout=layout,

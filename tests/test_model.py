@@ -213,5 +213,5 @@ def test_bad_configs_fail_before_compile():
         llama.forward(config, params, ids, segment_ids=jnp.zeros((2, 11), jnp.int32))
     if jax.default_backend() != "gpu":  # the cuDNN baseline is refused, by name, off a GPU
         cudnn = llama.get_config("debug", attention="cudnn")
-        with pytest.raises(ValueError, match="attention='cudnn'.*backend='cpu'"):
+        with pytest.raises(ValueError, match="attention='cudnn'.*platform='cpu'"):
             llama.forward(cudnn, params, jnp.zeros((2, 16), jnp.int32))
