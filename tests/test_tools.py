@@ -37,16 +37,16 @@ def test_hopper_check_variants_become_block_sizes(bench):
     want = dataclasses.replace(ph.default_block_sizes(64), backward="fused", bwd_block_k=128,
                                registers=240)
     assert got == want and got.block_k == 256  # the head-dim-64 defaults underneath
-    assert hc.block_sizes("default/pingpong=false", 128).pingpong is False  # not the string
+    assert hc.block_sizes("default/split_group=false", 128).split_group is False  # not the string
     full = hc.block_sizes("default", 128, causal=False)  # the forward schedule follows the mask
-    assert full == ph.default_block_sizes(128, causal=False) and full.fwd_overlap
-    assert hc.block_sizes("default/fwd_overlap=false/pingpong=true", 128, causal=False) == \
+    assert full == ph.default_block_sizes(128, causal=False) and full.schedule == "overlap"
+    assert hc.block_sizes("default/schedule=pingpong", 128, causal=False) == \
         hc.block_sizes("default", 128)
     for d, causal in ((64, True), (64, False), (128, True), (128, False), (256, True)):
         assert hc.block_sizes("deterministic", d, causal) == \
             ph.deterministic_block_sizes(None, d, causal)  # what deterministic=True runs
     got = hc.block_sizes("deterministic/bwd_stages=3", 128, causal=False)
-    assert (got.backward, got.bwd_stages, got.fwd_overlap) == ("mosaic", 3, True)
+    assert (got.backward, got.bwd_stages, got.schedule) == ("mosaic", 3, "overlap")
     assert hc.block_sizes("deterministic", 64).bwd_block_k == 128  # its own dq tiles at 64
     with pytest.raises(ValueError, match="backward"):
         hc.block_sizes("cuda", 128)
@@ -55,9 +55,9 @@ def test_hopper_check_variants_become_block_sizes(bench):
 
 
 def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
-    """``--backwards default,mosaic,fused``: at head dims 64 and 128 "default" is "fused" (at 128
-    with one dq tile per CTA; "mosaic" drops the tile choice), at 256 "mosaic" (each timed once);
-    an explicit dq_tile=cta applies at head dims <= 128 only: each skip is a note line."""
+    """``--backwards default,mosaic,fused``: at head dims 64 and 128 "default" is "fused" (with one
+    dq tile per CTA), at 256 "mosaic" (each timed once); dq_tile=warpgroup applies to the fused
+    backward at head dims <= 128 only: each skip is a note line."""
     hc = bench("hopper_check")
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused"])
     monkeypatch.setattr(hc, "write_out", lambda: None)
@@ -65,16 +65,15 @@ def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
     assert [name for name, _ in hc.distinct_backwards(128)] == ["default", "mosaic"]
     assert [bs.backward for _, bs in hc.distinct_backwards(256)] == ["mosaic", "fused"]
     assert any("is backward=default" in line for line in hc.LINES)
-    assert hc.block_sizes("mosaic", 128).dq_tile == "warpgroup"
-    assert hc.block_sizes("default", 128).dq_tile == "cta"
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "default/fwd_overlap=true/pingpong=false"])
+    assert hc.block_sizes("mosaic", 128).dq_tile == hc.block_sizes("default", 128).dq_tile == "cta"
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "default/schedule=overlap"])
     assert [n for n, _ in hc.distinct_backwards(128)] == hc.BACKWARDS  # causal: two forwards
     assert [n for n, _ in hc.distinct_backwards(128, causal=False)] == ["default"]  # the same
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused/dq_tile=warpgroup", "fused/dq_tile=cta",
-                                          "fused/dq_tile=cta/bwd_stages=3"])
+                                          "fused/bwd_stages=3", "mosaic/dq_tile=warpgroup"])
     assert [n for n, _ in hc.distinct_backwards(128)] == ["default", "fused/dq_tile=warpgroup",
-                                                          "fused/dq_tile=cta/bwd_stages=3"]
-    assert len(hc.distinct_backwards(256)) == 2  # default (mosaic), fused; both cta entries noted
+                                                          "fused/bwd_stages=3"]
+    assert len(hc.distinct_backwards(256)) == 3  # default (mosaic), fused, fused/bwd_stages=3
     assert any("applies to the fused backward at head dims <= 128 only" in line for line in hc.LINES)
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "default/split_group=true"])
     fns = hc.timed_variants(128, False)  # split_group is the backward's: one forward timed
@@ -321,7 +320,7 @@ def test_hopper_profile_runs_the_steps_once_and_summarizes_ncu_csv(bench, tmp_pa
     assert bwd[1].startswith("  HighPipeUtilization (-): Shared 58.8%")
     assert bwd[2].startswith("  MemoryCacheAccessPattern (69.6%)") and "(28.2%)" in bwd[3]
     assert "3.2 cycles stalled" in bwd[3]
-    packed = tmp_path / "prof.csv.gz"  # what the lease scripts keep
+    packed = tmp_path / "prof.csv.gz"  # profiles are often kept gzipped
     packed.write_bytes(gzip.compress(path.read_bytes()))
     assert hp.summarize(str(packed)) == text
     path.write_text(",".join(head) + "\n")

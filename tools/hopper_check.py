@@ -22,8 +22,8 @@ One run on an H100/H200 (no network needed), well under five minutes:
 5. a block-size sweep at 16K tokens (forward tiles, backward stages).
 
 A ``--backwards`` entry that resolves to the same BlockSizes as an earlier one at a head dim (e.g.
-"default" and "mosaic" at 256), or that does not apply there (``dq_tile=cta`` above head dim
-128), is skipped with a "note" line.
+"default" and "mosaic" at 256), or that does not apply there (``dq_tile=warpgroup`` outside
+the fused backward at head dims <= 128), is skipped with a "note" line.
 
 Every case catches its own exception (printed, traceback cut short) so one failure hides nothing;
 the output files are rewritten after every line, and a watchdog writes them and exits if the run
@@ -95,7 +95,7 @@ def _field_value(text: str):
 
 def block_sizes(spec: str, d: int, causal: bool = True) -> ph.BlockSizes:
     """A --backwards entry, "name[/field=value...]" (e.g. "mosaic/bwd_block_k=128",
-    "default/pingpong=false"), as BlockSizes: the defaults for head dim ``d`` and ``causal`` with
+    "default/schedule=overlap"), as BlockSizes: the defaults for head dim ``d`` and ``causal`` with
     that backward ("default": the default's; "deterministic": what ``ring_attention(...,
     deterministic=True)`` runs there, ``pallas_hopper.deterministic_block_sizes``) and those
     fields."""
@@ -105,8 +105,6 @@ def block_sizes(spec: str, d: int, causal: bool = True) -> ph.BlockSizes:
         return dataclasses.replace(ph.deterministic_block_sizes(None, d, causal), **over)
     if name != "default":
         over["backward"] = name
-    if over.get("backward", "fused") != "fused":  # dq_tile is the fused backward's field
-        over.setdefault("dq_tile", "warpgroup")
     return dataclasses.replace(ph.default_block_sizes(d, causal), **over)
 INTERPRET = {"on": False}  # --interpret: a CPU dry run of the checks in Mosaic GPU interpret mode
 
@@ -371,14 +369,15 @@ def distinct_backwards(d: int, label: str = "",
                        causal: bool = True) -> list[tuple[str, ph.BlockSizes]]:
     """The --backwards entries at head dim ``d`` (``causal`` or not) as (entry, BlockSizes); an
     entry that resolves to the BlockSizes of an earlier one, or that does not apply at this head
-    dim (``dq_tile="cta"`` above 128), is left out with a line saying so."""
+    dim (``dq_tile="warpgroup"`` outside the fused backward at head dims <= 128), is left out with
+    a line saying so."""
     out, seen = [], {}
     for backward in BACKWARDS:
         bs = block_sizes(backward, d, causal)
         if bs in seen:
             log(f"note {label}D={d}: backward={backward} is backward={seen[bs]} (same BlockSizes)")
-        elif bs.dq_tile == "cta" and (bs.backward != "fused" or d > 128):
-            log(f"note {label}D={d}: backward={backward} (dq_tile=cta) applies to the fused "
+        elif bs.dq_tile == "warpgroup" and (bs.backward != "fused" or d > 128):
+            log(f"note {label}D={d}: backward={backward} (dq_tile=warpgroup) applies to the fused "
                 "backward at head dims <= 128 only")
         else:
             seen[bs] = backward
@@ -392,7 +391,7 @@ def timed_variants(d: int, causal: bool) -> dict:
     for backward, bs in distinct_backwards(d, "bench ", causal):
         f, fb = step_fns(ph, causal, bs)
         fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64,
-                                      dq_tile="warpgroup", split_group=False)
+                                      dq_tile="cta", split_group=False)
         fns[f"pallas_hopper backward={backward}"] = (None if fwd_key in timed_fwd else f, fb)
         timed_fwd.add(fwd_key)  # a forward is timed once per distinct forward configuration
     return fns
@@ -418,9 +417,10 @@ def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
         if "triton" in BACKWARDS:
             fns["pallas_gpu"] = step_fns(pg, causal)
     else:
-        for bk, st, pp in ((128, 2, False), (64, 2, True), (64, 3, True), (64, 4, True)):
-            bs = ph.BlockSizes(block_k=bk, stages=st, pingpong=pp)
-            fns[f"pallas_hopper bk={bk} stages={st} pingpong={pp}"] = (
+        for bk, st, sched in ((128, 2, "overlap"), (64, 2, "pingpong"), (64, 3, "pingpong"),
+                              (64, 4, "pingpong")):
+            bs = ph.BlockSizes(block_k=bk, stages=st, schedule=sched)
+            fns[f"pallas_hopper bk={bk} stages={st} schedule={sched}"] = (
                 step_fns(ph, causal, bs)[0], None)
         for st in (3, 4):
             bs = dataclasses.replace(mosaic_bwd, bwd_stages=st)
