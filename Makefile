@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 JOBS ?= 2
-SRC := $(wildcard ringattention models train tests benchmarks)
+SRC := $(wildcard ringattention models train tests benchmarks tools)
 export PYTHONPATH := $(CURDIR)
 
 .PHONY: demo demo-ring test test-all lint bench-work aot clean
@@ -46,7 +46,7 @@ bench-work: $(STAMP)
 	$(PY) benchmarks/work_counts.py > benchmarks/results/work_counts_n8.md
 
 # The Hopper kernels compiled for an H200 without a GPU (XLA's deviceless compile), with ptxas's
-# registers and spills and the SASS of their hot loops (benchmarks/hopper_aot.py):
+# registers and spills and the SASS of their hot loops (tools/hopper_aot.py):
 # `make aot ARGS="--shape 32:8:128 --causal 0"`. Its own virtualenv: the GPU machine's jax (0.11.2,
 # Python 3.12; AOT_PYTHON=/path/to/python3.12 where `python3.12` is not on PATH) with the CUDA 13
 # plugin, ptxas 13.0 (the device's) and nvdisasm from PyPI. Not part of `make test`.
@@ -61,7 +61,7 @@ $(AOT_STAMP): Makefile
 	touch $(AOT_STAMP)
 
 aot: $(AOT_STAMP)
-	$(AOT_VENV)/bin/python benchmarks/hopper_aot.py $(ARGS)
+	$(AOT_VENV)/bin/python tools/hopper_aot.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(AOT_VENV) .pytest_cache

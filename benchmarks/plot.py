@@ -44,7 +44,7 @@ def load(results_dir: str) -> list[dict]:
         if args.get("sweep") or args.get("block"):
             continue  # tuning sweeps: not the defaults a user gets
         for row in data["rows"]:
-            if not {"name", "heads", "kv_heads", "head_dim"} <= set(row):
+            if not {"name", "heads", "kv_heads", "head_dim", "causal"} <= set(row):
                 continue  # not an attention benchmark row (e.g. the model's throughput)
             rows.append({**row, "file": os.path.basename(path), "meta": data["meta"]})
     return rows

@@ -4,7 +4,7 @@ Traces one forward+backward of ``benchmarks/model.py``'s loss (same config optio
 ``jax.profiler`` and reads the trace back with ``jax.profiler.ProfileData`` (no TensorBoard
 plugin needed), then sums the device time of every kernel and of five categories: matmul (cuBLAS /
 cuDNN GEMMs), attention (our Pallas kernels, cuDNN attention), fusion (XLA elementwise / reduction
-kernels), copy (memcpy / memset / transposes) and other. Method: METHOD.md — the share of each
+kernels), copy (memcpy / memset / transposes) and other. The share of each
 category against the step's wall time says what to optimise first.
 
     python benchmarks/profile_model.py --seq 32768 --remat none --out /tmp/profile_32k.json

@@ -45,7 +45,7 @@ def allow_host_offload(fraction: float = 0.8) -> int | None:
 
     jax's GPU client allocates pinned host memory from a pool of 64 GB unless
     ``XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB`` says otherwise; the 1B model at 1,048,576 tokens offloads
-    66 GiB (measured on an H200, ``benchmarks/results/model_1b_h200_long.md``). Sets the variable
+    66 GiB (measured on an H200, ``benchmarks/results/model_1b_h200.md``). Sets the variable
     (whole GB) unless it is set already, and returns its value; the GPU client reads it when it is
     created, so call this before the first computation. None where the RAM size is unknown.
     """

@@ -42,14 +42,15 @@ def test_hopper_deterministic_block_sizes():
         assert got.backward != "fused"
         want = default
         if default.backward == "fused":
-            want = dataclasses.replace(default, backward="mosaic", dq_tile="warpgroup")
+            want = dataclasses.replace(default, backward="mosaic")
         if d <= 64:
             want = dataclasses.replace(want, bwd_stages=2, registers=232, bwd_block_k=128)
         assert got == want
-        assert (got.block_k, got.stages, got.pingpong) == (default.block_k, default.stages,
-                                                           default.pingpong)
+        assert (got.block_k, got.stages, got.schedule) == (default.block_k, default.stages,
+                                                           default.schedule)
     hopper = implementations.resolve("pallas_hopper")
-    assert implementations.deterministic_block_sizes(hopper, None, 128, causal=False).fwd_overlap
+    assert implementations.deterministic_block_sizes(hopper, None, 128,
+                                                     causal=False).schedule == "overlap"
     mine = ph.BlockSizes(backward="triton", block_k=64)
     assert ph.deterministic_block_sizes(mine, 128) is mine
     with pytest.raises(ValueError, match="fused"):

@@ -36,9 +36,14 @@ from ringattention.kernels import pallas_hopper as ph
 needs_interpret = pytest.mark.skipif(
     ph.interpret_params() is None,
     reason="this jax has no Mosaic GPU interpret mode; pallas_hopper is checked on the device by "
-           "benchmarks/hopper_check.py")
+           "tools/hopper_check.py")
 RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL, "float16": BF16_RTOL}
 LSE_ATOL = 1e-4  # natural-log units: lse is computed in float32 from exact half-precision products
+
+# BlockSizes for the backward-parametrized tests: at head dims <= 128 "fused" names the kernel with
+# one dq tile per warpgroup (``hopper_fused_bwd``), which these tests cover; the defaults' one dq
+# tile per CTA ("cta", the dataclass default) is named explicitly where a test runs it.
+_bs = functools.partial(ph.BlockSizes, dq_tile="warpgroup")
 
 
 def _inputs(rng, *, sq, sk, heads, kv_heads, dim, dtype, where, segments, stride=1, batch=2):
@@ -98,26 +103,26 @@ def test_step_that_sees_nothing_is_zero():
     _check_forward(inputs, causal=True)
 
 
-# FA3's intra-warpgroup overlap (BlockSizes.fwd_overlap, hopper_fwd_loops.overlap_loops): its
-# first block runs before the loops and its last P.V after them, so the cases cover a query block
-# that sees nothing (no loop at all), one key block (empty loops), two blocks with masks, ids and
-# GQA (with the ping-pong too), and a window's masked far edge before the fully visible blocks.
-OVERLAP_CASES = [  # (dtype, causal, where, segments, kv_heads, sq, sk, dim, pingpong, window)
-    ("bfloat16", True, "before", False, 1, 64, 128, 64, False, None),
-    ("float16", True, "after", True, 2, 64, 64, 128, False, None),
-    ("bfloat16", True, "overlap", True, 1, 72, 200, 64, True, None),
-    ("bfloat16", False, "overlap", True, 1, 128, 256, 64, False, 200),
+# FA3's intra-warpgroup overlap (BlockSizes(schedule="overlap"), hopper_fwd_loops.overlap_loops):
+# its first block runs before the loops and its last P.V after them, so the cases cover a query
+# block that sees nothing (no loop at all), one key block (empty loops), two blocks with masks, ids
+# and GQA, and a window's masked far edge before the fully visible blocks.
+OVERLAP_CASES = [  # (dtype, causal, where, segments, kv_heads, sq, sk, dim, window)
+    ("bfloat16", True, "before", False, 1, 64, 128, 64, None),
+    ("float16", True, "after", True, 2, 64, 64, 128, None),
+    ("bfloat16", True, "overlap", True, 1, 72, 200, 64, None),
+    ("bfloat16", False, "overlap", True, 1, 128, 256, 64, 200),
 ]
 
 
 @needs_interpret
 @pytest.mark.parametrize("case", OVERLAP_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_forward_overlap_matches_reference(case):
-    dtype, causal, where, segments, kv_heads, sq, sk, dim, pingpong, window = case
+    dtype, causal, where, segments, kv_heads, sq, sk, dim, window = case
     rng = np.random.default_rng(sq + sk + dim + 7)
     inputs = _inputs(rng, sq=sq, sk=sk, heads=2, kv_heads=kv_heads, dim=dim, dtype=dtype,
                      where=where, segments=segments, batch=1)
-    _check_forward(inputs, causal, ph.BlockSizes(fwd_overlap=True, pingpong=pingpong), window)
+    _check_forward(inputs, causal, ph.BlockSizes(schedule="overlap"), window)
 
 
 @needs_interpret
@@ -134,12 +139,12 @@ def test_default_forward_schedule_by_mask(forward_loops_used):
                                          interpret=True), q, q, q, pos, pos, None, None)
         assert set(used) == {want}, (dim, causal, used)
     bs = ph.default_block_sizes(128, causal=False)
-    assert bs.fwd_overlap and not bs.pingpong
-    assert bs == dataclasses.replace(ph.default_block_sizes(128), fwd_overlap=True, pingpong=False)
+    assert bs.schedule == "overlap" and ph.default_block_sizes(128).schedule == "pingpong"
+    assert bs == dataclasses.replace(ph.default_block_sizes(128), schedule="overlap")
     assert ph.default_block_sizes(64, causal=False) == dataclasses.replace(
         ph.default_block_sizes(64), registers=232)
-    assert ph.deterministic_block_sizes(None, 128, causal=False).fwd_overlap
-    assert not ph.deterministic_block_sizes(None, 128).fwd_overlap
+    assert ph.deterministic_block_sizes(None, 128, causal=False).schedule == "overlap"
+    assert ph.deterministic_block_sizes(None, 128).schedule == "pingpong"
 
 
 def _check_backward(inputs, causal, block_sizes, window=None):
@@ -165,7 +170,7 @@ def test_backward_step_matches_reference(backward):
     rng = np.random.default_rng(5)
     inputs = _inputs(rng, sq=72, sk=80, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
                      where="overlap", segments=True)
-    _check_backward(inputs, True, ph.BlockSizes(backward=backward))
+    _check_backward(inputs, True, _bs(backward=backward))
 
 
 # Sliding windows: queries from 128 on, keys at 0..255 (128-row CTAs). Forward, non-causal, W = 200:
@@ -187,7 +192,7 @@ def test_backward_step_with_window(backward):
     rng = np.random.default_rng(13)
     inputs = _inputs(rng, sq=256, sk=256, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
                      where="overlap", segments=False, batch=1)
-    _check_backward(inputs, True, ph.BlockSizes(backward=backward), window=300)
+    _check_backward(inputs, True, _bs(backward=backward), window=300)
 
 
 @pytest.mark.slow
@@ -199,7 +204,7 @@ def test_window_steps_both_ways(backward):
     inputs = _inputs(rng, sq=256, sk=256, heads=4, kv_heads=2, dim=64, dtype="bfloat16",
                      where="overlap", segments=True, batch=1)
     _check_forward(inputs, True, window=300)
-    _check_backward(inputs, False, ph.BlockSizes(backward=backward), window=200)
+    _check_backward(inputs, False, _bs(backward=backward), window=200)
 
 
 # Windows for the head-dim-split backwards (64-key CTAs, 64-query blocks) and the forward at head
@@ -268,7 +273,7 @@ def test_key_ctas_rotate_their_query_blocks(backward):
     rng = np.random.default_rng(8)
     inputs = _inputs(rng, sq=256, sk=384, heads=2, kv_heads=2, dim=64, dtype="bfloat16",
                      where="after", segments=False, batch=1)
-    _check_backward(inputs, False, ph.BlockSizes(backward=backward))
+    _check_backward(inputs, False, _bs(backward=backward))
 
 
 @needs_interpret
@@ -320,39 +325,13 @@ def test_fused_backward_with_one_dq_tile_per_cta(dim):
 
 
 @needs_interpret
-@pytest.mark.parametrize("dim,fields,causal", [
-    (128, dict(dq_tile="cta"), True),  # the default at 128: columns split between warpgroups
-    (64, dict(dq_tile="cta"), True),  # the default at 64: the warpgroups take turns
-    (128, dict(dq_tile="warpgroup"), False),  # one dq tile per warpgroup, the flat group loop
-    pytest.param(128, dict(backward="mosaic"), True, marks=pytest.mark.slow),  # deterministic
-    (256, dict(backward="mosaic", block_k=64), True),  # hopper_split_bwd's pair (default at 256)
-    pytest.param(256, dict(block_k=64), False, marks=pytest.mark.slow),  # its fused split kernel
-])
-def test_loop_descriptors_change_no_result(dim, fields, causal):
-    """``BlockSizes(loop_descriptors=True)`` indexes the tiles a block loop reads unchanged with
-    ``index + (j >> 31)`` for block indices j >= 0 (head dim 256: its one own tile gets a leading
-    axis): the same tiles, so the gradients are bit for bit those of the default indexing, and
-    match the reference (GQA, segment ids, a ragged query shard, two or more key CTAs; ``j`` runs
-    from a bound loaded from memory, as on the device)."""
-    rng = np.random.default_rng(17 + dim)
-    heads, sk = (2, 128) if dim == 256 else (4, 200)  # head dim 256: 64-key CTAs, slower to interpret
-    inputs = _inputs(rng, sq=72, sk=sk, heads=heads, kv_heads=heads // 2, dim=dim,
-                     dtype="bfloat16", where="overlap", segments=True, batch=1)
-    bs = ph.BlockSizes(**{"backward": "fused", "registers": 240, **fields})
-    on = _check_backward(inputs, causal, dataclasses.replace(bs, loop_descriptors=True))
-    off = _check_backward(inputs, causal, bs)
-    for name, a, b in zip(("dq", "dk", "dv"), on, off, strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
-
-
-@needs_interpret
 @pytest.mark.parametrize("backward", ["default", pytest.param("mosaic", marks=pytest.mark.slow),
                                       pytest.param("fused", marks=pytest.mark.slow)])
 def test_ring_on_one_device(backward):
     """The float64 global reference through ring_attention: the default backward at head dim 32
     (one dq tile per CTA, the alternating kernel), and (slow) the two-kernel and per-warpgroup
     ones."""
-    bs = None if backward == "default" else ph.BlockSizes(backward=backward)
+    bs = None if backward == "default" else _bs(backward=backward)
     check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=4,
                        kv_heads=2, head_dim=32, dtype="bfloat16"),
                implementation="pallas_hopper", interpret=True, block_sizes=bs)
@@ -360,11 +339,11 @@ def test_ring_on_one_device(backward):
 
 SLOW_CASES = [  # (dtype, causal, where, segments, kv_heads, dim, stride, BlockSizes)
     ("bfloat16", True, "overlap", True, 4, 128, 1, ph.BlockSizes(block_k=64, stages=3)),
-    ("float16", True, "before", True, 2, 64, 1, ph.BlockSizes(pingpong=False)),
+    ("float16", True, "before", True, 2, 64, 1, ph.BlockSizes(schedule="overlap")),
     ("bfloat16", True, "overlap", False, 2, 80, 4, None),  # striped positions, padded head dim
     ("bfloat16", False, "after", True, 1, 64, 1, ph.BlockSizes(block_k=64, stages=2)),
     ("bfloat16", True, "overlap", True, 2, 128, 1,  # 6 key blocks through 3 slots, overlapped
-     ph.BlockSizes(block_k=64, stages=3, fwd_overlap=True, pingpong=False)),
+     ph.BlockSizes(block_k=64, stages=3, schedule="overlap")),
 ]
 
 
@@ -389,7 +368,7 @@ def test_unmasked_gqa_backward(dim, backward):
     rng = np.random.default_rng(11 + dim)
     inputs = _inputs(rng, sq=72, sk=136, heads=4, kv_heads=2, dim=dim, dtype="bfloat16",
                      where="overlap", segments=False, batch=1)
-    bs = None if backward is None else ph.BlockSizes(backward=backward)
+    bs = None if backward is None else _bs(backward=backward)
     _check_backward(inputs, False, bs)
 
 
@@ -431,7 +410,7 @@ def test_split_group_backward(dim, causal, dq_tile, monkeypatch):
 
 
 @pytest.mark.parametrize("shape,seq,causal,want", [
-    # (heads, kv_heads, head_dim), tokens, causal: what hopper_runs_1202c measured faster
+    # (heads, kv_heads, head_dim), tokens, causal: what the 2026-12-02 A/B measured faster (docs/kernels.md)
     ((32, 8, 64), 32768, False, True), ((32, 8, 64), 131072, False, True),
     ((32, 8, 64), 16384, False, False),  # the group's dq (16 MiB) fits the L2: 1.00 vs 0.98x
     ((32, 8, 64), 65536, True, True), ((32, 8, 128), 65536, False, True),
@@ -468,7 +447,7 @@ def test_mosaic_backward_matrix(case, backward):
     inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
                      where=where, segments=segments)
     stages = 2 if backward == "fused" and dim > 64 else 3  # fused, D=128: 3 slots exceed SMEM
-    _check_backward(inputs, causal, ph.BlockSizes(backward=backward, bwd_stages=stages))
+    _check_backward(inputs, causal, _bs(backward=backward, bwd_stages=stages))
 
 
 SPLIT_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, dim)
@@ -489,7 +468,7 @@ def test_split_backward_matrix(case, backward):
     rng = np.random.default_rng(sq * sk + dim)
     inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
                      where=where, segments=segments, batch=1)
-    _check_backward(inputs, causal, ph.BlockSizes(backward=backward, registers=240))
+    _check_backward(inputs, causal, _bs(backward=backward, registers=240))
 
 
 @pytest.mark.slow
@@ -550,19 +529,13 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("fused", 128, False, False, 2, dict(dq_tile="cta")),  # no mask, GQA: the flat group loop
     ("fused", 64, False, False, 1, dict(dq_tile="cta")),
     ("mosaic", 256, False, False, 2, dict(block_k=64, registers=240)),  # the default at 256
-    ("fused", 128, False, False, 2, dict(dq_tile="cta", registers=240, fwd_overlap=True,
-                                         pingpong=False)),  # the default at 128 without a mask
-    ("fused", 64, True, True, 2, dict(fwd_overlap=True), 100),  # overlap, ping-pong, window
+    ("fused", 128, False, False, 2, dict(dq_tile="cta", registers=240, schedule="overlap")),  # the
+    # default at 128 without a mask
+    ("fused", 64, True, True, 2, dict(schedule="overlap"), 100),  # overlap at head dim 64, window
     ("fused", 64, True, True, 2, dict(dq_tile="cta", block_k=256, bwd_stages=3,
                                       registers=240)),  # the default at 64 with a causal mask
     ("fused", 64, False, False, 2, dict(dq_tile="cta", block_k=256, bwd_stages=3), 100),
     ("fused", 128, False, False, 2, dict(dq_tile="cta", split_group=True)),  # a CTA per query head
-    ("fused", 128, True, True, 2, dict(dq_tile="cta", registers=240, loop_descriptors=True)),
-    ("fused", 64, True, False, 2, dict(dq_tile="cta", bwd_stages=3, loop_descriptors=True)),
-    ("fused", 128, False, False, 2, dict(loop_descriptors=True)),  # one dq tile per warpgroup
-    ("mosaic", 128, True, False, 2, dict(loop_descriptors=True)),  # the deterministic pair
-    ("mosaic", 256, True, True, 2, dict(block_k=64, registers=240, loop_descriptors=True)),
-    ("fused", 256, False, False, 2, dict(block_k=64, registers=240, loop_descriptors=True)),
 ]
 
 
@@ -579,7 +552,7 @@ def test_kernels_lower_for_cuda(case, semantics, monkeypatch):
         monkeypatch.setattr(plgpu, "CompilerParams", functools.partial(
             plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
     backward, dim, causal, segments, kv_heads, fields, *window = case
-    bs = ph.BlockSizes(backward=backward, **fields)
+    bs = _bs(backward=backward, **fields)
     q = jax.ShapeDtypeStruct((1, 384, 4, dim), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((1, 384, kv_heads, dim), jnp.bfloat16)
     pos = jax.ShapeDtypeStruct((384,), jnp.int32)
@@ -624,10 +597,10 @@ def _step_shapes(dim: int):
 def test_steps_write_their_outputs_in_place(dim, causal, deterministic):
     """The Mosaic kernels write o and dq in the step's [B, S, heads, D] layout, and the deterministic
     backward and head dim 64's default dk and dv too, so those steps, lowered for CUDA, hold no
-    transpose: on an H200 the transposes took about 0.5 ms of a 15 ms step at 16K tokens (results:
-    pallas_hopper_h200.md, 2026-12-03 fifth session). At head dim 128 the default backward's
+    transpose: on an H200 the transposes took about 0.5 ms of a 15 ms step at 16K tokens (2026-12-03,
+    docs/kernels.md). At head dim 128 the default backward's
     kernel writes dk, dv head-major and holds exactly their two transposes, [B, K, Sk, D] ->
-    [B, Sk, K, D]: the step's layout ran 0.9-6% slower at 128K tokens (hopper_runs_1204b/bisect.md;
+    [B, Sk, K, D]: the step's layout ran 0.9-6% slower at 128K tokens (docs/kernels.md;
     ``hopper_fused_bwd.dkv_head_major``)."""
     bs = (ph.deterministic_block_sizes(None, dim, causal) if deterministic
           else ph.default_block_sizes(dim, causal))
@@ -679,8 +652,6 @@ def test_padding_hides_padded_keys_and_queries():
 
 
 def test_block_sizes_are_validated():
-    with pytest.raises(ValueError, match="block_q"):
-        ph.BlockSizes(block_q=128)
     with pytest.raises(ValueError, match="block_k"):
         ph.BlockSizes(block_k=96)
     with pytest.raises(ValueError, match="stages"):
@@ -695,14 +666,12 @@ def test_block_sizes_are_validated():
         ph.BlockSizes(dq_tile="block")
     with pytest.raises(TypeError, match="triton"):
         ph.BlockSizes(triton=ph.BlockSizes())
-    with pytest.raises(TypeError, match="pingpong"):
-        ph.BlockSizes(pingpong="false")  # a truthy string would silently keep the ping-pong
-    with pytest.raises(TypeError, match="fwd_overlap"):
-        ph.BlockSizes(fwd_overlap=1)
+    with pytest.raises(ValueError, match="schedule"):
+        ph.BlockSizes(schedule="ping-pong")
+    with pytest.raises(ValueError, match="registers"):
+        ph.BlockSizes(registers=224)
     with pytest.raises(TypeError, match="split_group"):
         ph.BlockSizes(split_group="true")
-    with pytest.raises(TypeError, match="loop_descriptors"):
-        ph.BlockSizes(loop_descriptors=1)
     assert ph.default_block_sizes(64) != ph.default_block_sizes(128)
     assert all(ph.default_block_sizes(d, c).split_group is None for d in (64, 128, 256)
                for c in (True, False))  # decided per call from the shapes
@@ -794,11 +763,11 @@ def test_shared_memory_budget_is_checked():
     for backward in ("mosaic", "fused"):  # the head-dim-split backwards: 2 stages at most
         with pytest.raises(ValueError, match="shared memory"):
             ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
-                             block_sizes=ph.BlockSizes(backward=backward, bwd_stages=3), **kw)
+                             block_sizes=_bs(backward=backward, bwd_stages=3), **kw)
     q = q[..., :128]
     with pytest.raises(ValueError, match="shared memory"):
         ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
-                         block_sizes=ph.BlockSizes(backward="fused", bwd_stages=3), **kw)
+                         block_sizes=_bs(backward="fused", bwd_stages=3), **kw)
     with pytest.raises(ValueError, match="shared memory"):  # one dq tile per CTA: 3 stages fit
         ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
                          block_sizes=ph.BlockSizes(backward="fused", dq_tile="cta", bwd_stages=4),

@@ -83,8 +83,7 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     cfg = functools.partial(hbk.BwdConfig, rows=ROWS, stages=bs.bwd_stages, registers=bs.registers,
                             causal=causal, segments=segments, groups=H // K,
                             qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale,
-                            interpret=interpret, window=window,
-                            loop_descriptors=bs.loop_descriptors)
+                            interpret=interpret, window=window)
     # dq: own query CTAs, streamed key blocks of c keys.
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, CTA, c, window)  # [B|1, nq, nk]
     *bounds, edge = pg.block_bounds(table, B, window)  # a window's edge bound is the last input

@@ -52,21 +52,6 @@ class BwdConfig:
     interpret: bool
     registers: int = 232  # per compute-warpgroup thread (hopper_kernels.REGISTER_CHOICES)
     window: int | None = None  # sliding window: |q_pos - k_pos| >= window is hidden
-    loop_descriptors: bool = False  # pallas_hopper.BlockSizes.loop_descriptors
-
-    def own(self, index, j):
-        """The index ``index`` of a buffer the block loop reads on every trip without changing it
-        (the warpgroup's own k, v, q, do; the ds^T and k tiles of dq): with ``loop_descriptors``,
-        ``index + (j >> 31)`` for the loop's block index ``j`` >= 0, the same index, but one that
-        LLVM cannot prove loop-invariant. Otherwise LLVM hoists the wgmma descriptors of those
-        tiles (one 64-bit value per operand and 16-deep k-step, 16 of them for a [64, 128] tile)
-        out of the loop, and ptxas, short of registers across the loop, spills them and reloads
-        them from local memory on every trip. With the index varying they are rebuilt next to
-        their wgmma from one base address (``benchmarks/hopper_aot.py`` shows what either way
-        compiles to)."""
-        if not self.loop_descriptors:
-            return index
-        return index + lax.shift_right_logical(jnp.asarray(j, jnp.int32), jnp.int32(31))
 
     @property
     def positions(self) -> bool:
@@ -205,9 +190,8 @@ def dq_kernel(*refs, cfg: BwdConfig):
                                       True), p, 0.0)
 
             # s = q k^T and dp = do v^T issued together; p is computed while dp is in flight.
-            own = cfg.own(wg, j)
-            p, dp = ops.pair((Smem(q_s.at[own]), Smem(k_s.at[slot], transposed=True)),
-                             (Smem(do_s.at[own]), Smem(v_s.at[slot], transposed=True)), (r, c), probs)
+            p, dp = ops.pair((Smem(q_s.at[wg]), Smem(k_s.at[slot], transposed=True)),
+                             (Smem(do_s.at[wg]), Smem(v_s.at[slot], transposed=True)), (r, c), probs)
             ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))  # [r, c]
             (dq,) = ops.mma((dq, ds.astype(q_s.dtype), Smem(k_s.at[slot])))
             plgpu.barrier_arrive(free.at[slot])
@@ -306,15 +290,14 @@ def load_keys(cfg: BwdConfig, ops: Ops, b, kvh, wg, rows, gmem, smem, bar):
 def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool,
              columns_first: bool = False):
     """One (own key rows, streamed query block) pair: p^T and ds^T, float32 [r keys, c queries], 0
-    where hidden or the row sees nothing. wg: the index of the own k, v tiles (the warpgroup, or
-    ``cfg.own``'s form of it); own: (key positions, ids); smem: (k, v, q, do, lse2, delta, q_pos,
-    q_seg) refs.
+    where hidden or the row sees nothing. own: (key positions, ids); smem: (k, v, q, do, lse2,
+    delta, q_pos, q_seg) refs.
 
     lse2 and delta of the streamed queries are column vectors here (16 values per thread each at
     c = 64). ``columns_first`` loads them before the two wgmmas are issued instead of after they
     land: the dk/dv kernel's choice (its backward step 4-8% faster on an H200), not the fused
     kernels', which carry a dq tile as well and lost 4-28% with it
-    (``benchmarks/results/hopper_runs_1203c``)."""
+    (docs/kernels.md)."""
     k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s = smem
     shape = (cfg.rows, cfg.block)
     col = lambda ref: ops.cols(ref.at[slot])  # noqa: E731
@@ -399,7 +382,7 @@ def dkv_kernel(*refs, cfg: BwdConfig):
         def body(j, carry, g, masked: bool):
             slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
-            p_t, ds_t = kv_probs(cfg, ops, cfg.own(wg, j), slot, own, smem, masked,
+            p_t, ds_t = kv_probs(cfg, ops, wg, slot, own, smem, masked,
                                  columns_first=True)  # [r, c]
             carry = kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
             plgpu.barrier_arrive(free.at[slot])

@@ -8,16 +8,15 @@ warpgroups of a CTA (which visit the same query blocks in the same order) share 
 reduce-add traffic (what limits the fused backward: removing it makes the step 1.22-1.25x faster on
 an H200) and the float32 dq accumulator halve, and the accumulator is one [B, Sq, H, D] buffer
 in the step's layout (head-major plus one transpose ran no faster at 16K-128K tokens on an H200:
-``benchmarks/results/hopper_runs_1203g/``). The tiles are added unscaled and dq is scaled once
+docs/kernels.md). The tiles are added unscaled and dq is scaled once
 after the kernel. At head dim 128 dk, dv are written head-major ([B, K, Sk, D], one transpose each
 after the kernel, ``hfb.dkv_head_major``). Scaling every tile before its reduce-add and writing dk,
 dv in the step's layout (92f7d26) made 32:32:128 at 128K without a mask 0.92x cuDNN where this
 runs 0.99x (1,971 against 1,814 ms; with only the scale undone 1,829 ms, with only the layout
-1,855 ms; an L2 hit rate of 88% against 98% at 64K; ``benchmarks/results/hopper_runs_1204b/
-bisect.md``). At head dim 64 an A/B of the scale after the kernel (dk's moved out as well) ran the
-backward 0.5-1.5% faster in 9 of 10 cells at 16K-128K tokens and 0.3% slower in the tenth
-(``benchmarks/results/hopper_runs_1204c/``); dk, dv stay in the step's layout there (0.3-2%
-faster than head-major at 128K tokens):
+1,855 ms; an L2 hit rate of 88% against 98% at 64K; docs/kernels.md). At head dim 64 an A/B of
+the scale after the kernel (dk's moved out as well) ran the backward 0.5-1.5% faster in 9 of 10
+cells at 16K-128K tokens and 0.3% slower in the tenth (docs/kernels.md); dk, dv stay in the step's
+layout there (0.3-2% faster than head-major at 128K tokens):
 
 * head dims 65-128 (``cta_dq_kernel``): after both have written ds^T of their 64 keys to shared
   memory, warpgroup w computes the columns Dw = [w D/2, (w + 1) D/2) of
@@ -64,18 +63,16 @@ CTA = hb.CTA
 
 def _kv_update(c: hfb.KeyCta, carry, p_t, ds_t, ds_smem, slot):
     """dk += ds^T q, dv += p^T do (``hbk.kv_update``: p^T, ds^T from registers). ``ds_smem``, where
-    ds^T was just staged for dq, is unused here: the seam through which
-    ``benchmarks/results/hopper_runs_1204c/smem_ds.py`` times dk's wgmma reading it instead."""
+    ds^T was just staged for dq, is unused here: the seam through which an A/B had dk's wgmma read
+    it instead (it lost: docs/kernels.md)."""
     del ds_smem
     return hbk.kv_update(c.ops, carry, p_t, ds_t, c.smem[2].at[slot], c.smem[3].at[slot])
 
 
-def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape, own=lambda w: w):
+def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape):
     """float32 ``shape`` = sum over the warpgroups w' of ds_w' [queries, keys] @ k_w'[:, dw]: both
-    wgmmas issued into one accumulator before one wait. ``own(w)``: the index of w's tiles
-    (``BwdConfig.own``)."""
-    terms = [(hk.Smem(ds_s.at[own(w)], transposed=True), hk.Smem(k_s.at[own(w), :, dw]))
-             for w in range(WGS)]
+    wgmmas issued into one accumulator before one wait."""
+    terms = [(hk.Smem(ds_s.at[w], transposed=True), hk.Smem(k_s.at[w, :, dw])) for w in range(WGS)]
     if ops.interpret:
         return sum(ops._dot(a, b) for a, b in terms)
 
@@ -105,15 +102,14 @@ def _split_columns(c: hfb.KeyCta):
 
     def body(j, carry, g, masked: bool):
         t = g * c.n + j - lo
-        slot, p_t, ds_t = c.probs(t, masked, j)  # [r, c]
+        slot, p_t, ds_t = c.probs(t, masked)  # [r, c]
         pl.when(t > 0)(lambda: plgpu.barrier_wait(ds_free))  # both read the last ds^T
         ops.stage(ds_s.at[wg], ds_t)
         plgpu.barrier_arrive(ds_ready)
         carry = _kv_update(c, carry, p_t, ds_t, ds_s.at[wg], slot)
         plgpu.barrier_arrive(c.free.at[slot])
         plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
-        dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS),
-                      lambda w: cfg.own(w, j))  # [c, D/2]
+        dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS))  # [c, D/2]
         plgpu.barrier_arrive(ds_free)
         h, rows_q = c.dq_rows(j, g)
         ops.reduce_add(dq_s.at[wg], dq, c.outs[0].at[c.b, rows_q, h, dw])
@@ -145,7 +141,7 @@ def _take_turns(c: hfb.KeyCta):
     def body(j, carry, g, masked: bool):
         t = g * c.n + j - lo
         par = lax.rem(t, jnp.int32(2))
-        slot, p_t, ds_t = c.probs(t, masked, j)  # [r, c]
+        slot, p_t, ds_t = c.probs(t, masked)  # [r, c]
         pl.when(t >= 2)(lambda: plgpu.barrier_wait(done.at[par]))  # read two pairs ago
         ops.stage(ds_s.at[par, wg], ds_t)
         plgpu.barrier_arrive(ready.at[par])
@@ -155,8 +151,7 @@ def _take_turns(c: hfb.KeyCta):
         @pl.when(wg == par)
         def _():
             plgpu.barrier_wait(ready.at[par])  # ds^T of both warpgroups written
-            dq = _dq_half(ops, ds_s.at[par], k_s, pl.ds(0, d), (cfg.block, d),
-                          lambda w: cfg.own(w, j))  # [c, D]
+            dq = _dq_half(ops, ds_s.at[par], k_s, pl.ds(0, d), (cfg.block, d))  # [c, D]
             plgpu.barrier_arrive(done.at[par])
             h, rows_q = c.dq_rows(j, g)
             ops.reduce_add(dq_s.at[wg], dq, c.outs[0].at[c.b, rows_q, h])

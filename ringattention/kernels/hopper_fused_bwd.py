@@ -18,7 +18,7 @@ warpgroup; tiles scaled by the softmax scale before they are added), passed to t
 step's layout ([B, S, heads, D]); dk and dv are too at head dim 64 and head-major ([B, K, Sk, D],
 transposed after the kernel) above it (``dkv_head_major``, where the measurements behind the
 choice are: at head dim 128 and 128K tokens the step's layout ran 0.9-6% slower in
-``hopper_cta_dq_bwd.py``, which shares this frame; ``benchmarks/results/hopper_runs_1204b/bisect.md``).
+``hopper_cta_dq_bwd.py``, which shares this frame; docs/kernels.md).
 Per-warpgroup slices keep the two warpgroups of a CTA off each other's rows. ``ds^T`` goes through
 shared memory so that wgmma can read it transposed.
 
@@ -33,7 +33,7 @@ Interpret mode (CPU): Mosaic GPU's interpreter implements neither TMA reductions
 there because the interpreter runs grid points one after another and each slice has one writer per
 CTA; the device's TMA reduce-add (and the ``wait_smem_to_gmem`` / ``commit_smem`` ordering around
 its staging buffer) is checked on the device only (``benchmarks/hopper_check.py``; results in
-``benchmarks/results/pallas_hopper_h200.md``).
+docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -61,14 +61,13 @@ CTA = hb.CTA
 def dkv_head_major(d: int) -> bool:
     """Whether the key-CTA kernels write dk, dv head-major, [B, K, Sk, D] (two transposes follow),
     rather than in the step's [B, Sk, K, D] layout: measured on an H200 in
-    ``benchmarks/results/hopper_runs_1204b/`` (``bisect.md``). At head dim 128 and 128K tokens
+    docs/kernels.md. At head dim 128 and 128K tokens
     without a mask the step's layout ran 6% slower (1,971 against 1,855 ms) with dq scaled in the
-    loop and 0.9% slower (1,829 against 1,814 ms, within that lease's spread) with it scaled after
+    loop and 0.9% slower (1,829 against 1,814 ms, within that run's spread) with it scaled after
     the kernel, as now. At 16K the step's layout ran the bare backward 1.6% faster, at 32K-64K
     from 5% slower to 1.5% faster by cell, and forward+backward at 16K showed no difference next to
-    cuDNN (``hopper_runs_1204d/runs.md``), so head-major stays. At head dim 64 it ran 2% faster
-    than head-major with a causal mask and 0.3-0.5% without one (128K tokens, kv heads 8 and 32,
-    ``kv_layout64.json``)."""
+    cuDNN (docs/kernels.md), so head-major stays. At head dim 64 it ran 2% faster
+    than head-major with a causal mask and 0.3-0.5% without one (128K tokens, kv heads 8 and 32)."""
     return d != 64
 
 
@@ -129,14 +128,12 @@ class KeyCta:
     scratch: tuple  # the kernel's own buffers after the dk/dv kernel's
     n: jax.Array  # visible query blocks per head of the group
 
-    def probs(self, t, masked: bool, j=None):
-        """The t-th streamed pair (over the group's heads), of query block index ``j`` (for
-        ``cfg.own``; None: the own tiles indexed by the warpgroup alone): waits for its slot, then
-        slot, p^T (float32) and ds^T (16-bit) [r keys, c queries] (``hbk.kv_probs``)."""
+    def probs(self, t, masked: bool):
+        """The t-th streamed pair (over the group's heads): waits for its slot, then slot, p^T
+        (float32) and ds^T (16-bit) [r keys, c queries] (``hbk.kv_probs``)."""
         slot = lax.rem(t, jnp.int32(self.cfg.stages))
         plgpu.barrier_wait(self.loaded.at[slot])
-        wg = self.wg if j is None else self.cfg.own(self.wg, j)
-        p_t, ds_t = hbk.kv_probs(self.cfg, self.ops, wg, slot, self.own, self.smem, masked)
+        p_t, ds_t = hbk.kv_probs(self.cfg, self.ops, self.wg, slot, self.own, self.smem, masked)
         return slot, p_t, ds_t.astype(self.smem[2].dtype)
 
     def dq_rows(self, j, g):
@@ -200,13 +197,12 @@ def _fused_compute(c: KeyCta):
     lo, d = c.bounds[0], k_s.shape[2]
 
     def body(j, carry, g, masked: bool):
-        slot, p_t, ds_t = c.probs(g * c.n + j - lo, masked, j)  # [r, c]
+        slot, p_t, ds_t = c.probs(g * c.n + j - lo, masked)  # [r, c]
         ops.stage(ds_s.at[wg], ds_t)  # for dq, which reads it transposed
         carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
         plgpu.barrier_arrive(c.free.at[slot])  # dq needs only ds and the own keys
-        own = cfg.own(wg, j)
-        (dq,) = ops.mma(((cfg.block, d), hk.Smem(ds_s.at[own], transposed=True),
-                         hk.Smem(k_s.at[own])))  # [c, D] = ds @ k
+        (dq,) = ops.mma(((cfg.block, d), hk.Smem(ds_s.at[wg], transposed=True),
+                         hk.Smem(k_s.at[wg])))  # [c, D] = ds @ k
         h, rows_q = c.dq_rows(j, g)
         ops.reduce_add(dq_s.at[wg], dq * cfg.scale, c.outs[0].at[wg, c.b, rows_q, h])
         return carry
@@ -264,7 +260,7 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
 
 # ``BlockSizes(split_group=None)`` (the default): when the fused backward runs one key CTA per query
 # head (``split_group``) instead of per kv head, from the GQA A/B on an H200 (32:8:64 and 32:8:128,
-# 16K-128K, 3 interleaved rounds, hopper_runs_1202c). Split where the kv group's float32 dq of a
+# 16K-128K, 3 interleaved rounds, docs/kernels.md). Split where the kv group's float32 dq of a
 # batch row (G * Sq * D * 4 bytes) is at least half the 60 MB L2 (head dim 64 without a mask: 32K
 # 0.97 -> 1.00x cuDNN, 128K 0.96 -> 1.02x; 16K 1.00 -> 0.98x below it; causal 32K-128K +0.02-0.03x),
 # except with a causal mask at head dim 128 (16K-64K 1.00/0.97/0.97 -> 0.95/0.94/0.96x; 128K
@@ -320,7 +316,7 @@ def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k
                         causal=causal, segments=segments, groups=H // k.shape[2],
                         n_cta=k.shape[1] // CTA,
                         qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret,
-                        window=window, loop_descriptors=bs.loop_descriptors)
+                        window=window)
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window)
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
     extra += tuple(bounds[3:])  # a window's edge bound is the last input

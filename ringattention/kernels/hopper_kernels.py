@@ -44,7 +44,8 @@ LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 COMPUTE_WGS = 2
 LAUNCH_REGISTERS = 168  # per thread at launch: 65536 / 384 threads, rounded down to a multiple of 8
-REGISTER_CHOICES = (224, 232, 240)  # compute warpgroups; the producer keeps what is left (56/40/24)
+REGISTER_CHOICES = (232, 240)  # compute warpgroups; the producer keeps what is left (40/24); 224 lost
+# everywhere it was timed (docs/kernels.md)
 
 
 def set_registers(registers: int, compute: bool, interpret: bool) -> None:

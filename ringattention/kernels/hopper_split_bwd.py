@@ -5,7 +5,7 @@ Ring Attention (Liu, Zaharia & Abbeel 2023), for head dims that pad to more than
 (``hopper_fused_bwd.py`` does not fit there: each warpgroup would hold dk and dv of its 64 keys,
 [64, 256] float32 each, 256 registers per thread): ``pallas_hopper.BlockSizes(backward="mosaic")``,
 the default, runs the deterministic pair below; ``backward="fused"`` the one kernel whose atomics
-make it 2.2x slower on an H200 (``benchmarks/results/pallas_hopper_h200.md``).
+make it 2.2x slower on an H200 (docs/kernels.md).
 
 Here the two compute warpgroups of a CTA *share* its 64 keys (grid: kv head, key CTA, batch) and
 split the work of every (key block, query block) pair without doing any of it twice:
@@ -96,17 +96,6 @@ def _probs(cfg: hbk.BwdConfig, ops: hk.Ops, w, slot, own, smem, masked: bool):
     return p_t, ds_t
 
 
-def _own_tile_views(cfg: hbk.BwdConfig):
-    """(whole, tile): views of the CTA's own k, v, p^T and ds^T buffers, ``whole(ref)`` to fill
-    them and ``tile(ref, j)`` for the wgmmas of the loop's block j. With ``loop_descriptors`` the
-    buffers carry a leading axis of one tile (``_scratch(lead=True)``) that the loop indexes with
-    ``BwdConfig.own`` (a literal index there would reach ``ops.mma``'s run_state as an output);
-    otherwise both are the buffers themselves."""
-    if not cfg.loop_descriptors:
-        return (lambda ref: ref), (lambda ref, j: ref)
-    return (lambda ref: ref.at[0]), (lambda ref, j: ref.at[cfg.own(0, j)])
-
-
 def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
     """Grid ("h", "i", "b") over kv heads and key CTAs of 64 keys, warpgroups "wg". GMEM inputs as
     ``hbk.dkv_kernel``, then (``with_dq``) the dq accumulator f32 [B, H, Sq, 256] (a Ref, added
@@ -133,29 +122,27 @@ def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
         hk.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
         ops = hfb.FusedOps(cfg.interpret)
         keys = pl.ds(i * ROWS, ROWS)
-        whole, tile = _own_tile_views(cfg)
         own = _load_own_keys(cfg, ops, b, kvh, wg, keys, (k_ref, v_ref, kp_ref, ks_ref),
-                             (whole(k_s), whole(v_s), kp_s, ks_s), own_bar)
+                             (k_s, v_s, kp_s, ks_s), own_bar)
+        smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
         dw = pl.ds(wg * DW, DW)
 
         def body(j, carry, g, masked: bool):
             t = g * n + j - lo
             slot = lax.rem(t, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
-            smem = (tile(k_s, j), tile(v_s, j), q_s, do_s, lse_s, dl_s, qp_s, qs_s)
             p_t, ds_t = _probs(cfg, ops, wg, slot, own, smem, masked)  # [64, 32]
             pl.when(t > 0)(lambda: plgpu.barrier_wait(pds_free))  # the last pair's reads are done
             half = pl.ds(wg * HALF, HALF)
-            whole(pt_s).at[:, half][...] = p_t.astype(pt_s.dtype)
-            ops.stage(whole(dst_s).at[:, half], ds_t.astype(dst_s.dtype))  # + fence for wgmma
+            pt_s.at[:, half][...] = p_t.astype(pt_s.dtype)
+            ops.stage(dst_s.at[:, half], ds_t.astype(dst_s.dtype))  # + fence for wgmma
             plgpu.barrier_arrive(pds_ready)
             plgpu.barrier_wait(pds_ready)  # both halves of p^T, ds^T written
             dk, dv = carry
-            terms = [(dv, hk.Smem(tile(pt_s, j)), hk.Smem(do_s.at[slot, :, dw])),
-                     (dk, hk.Smem(tile(dst_s, j)), hk.Smem(q_s.at[slot, :, dw]))]
+            terms = [(dv, hk.Smem(pt_s), hk.Smem(do_s.at[slot, :, dw])),
+                     (dk, hk.Smem(dst_s), hk.Smem(q_s.at[slot, :, dw]))]
             if with_dq:  # dq [64 queries, Dw] = ds k[:, Dw], issued with dk and dv
-                terms.append(((ROWS, DW), hk.Smem(tile(dst_s, j), transposed=True),
-                              hk.Smem(tile(k_s, j).at[:, dw])))
+                terms.append(((ROWS, DW), hk.Smem(dst_s, transposed=True), hk.Smem(k_s.at[:, dw])))
             dv, dk, *dq = ops.mma(*terms)
             plgpu.barrier_arrive(free.at[slot])
             plgpu.barrier_arrive(pds_free)
@@ -288,26 +275,24 @@ def _add(cfg: hbk.BwdConfig, x, gmem):
         plgpu.atomic_add(gmem, x)
 
 
-def _scratch(dtype, stages: int, positions: bool, segments: bool, lead: bool = False):
+def _scratch(dtype, stages: int, positions: bool, segments: bool):
     """Own k, v (+ positions, ids); per stage q, do, lse2, delta (+ positions, ids); p^T, ds^T;
     barriers: own keys loaded, slot loaded, slot free, p^T/ds^T written, p^T/ds^T read. The dk/dv
-    kernels' buffers; ``_dq_scratch`` has the dq kernel's. ``lead``: k, v, p^T and ds^T get a
-    leading axis of one tile (``BwdConfig.loop_descriptors``)."""
+    kernels' buffers; ``_dq_scratch`` has the dq kernel's."""
     # 64-byte swizzle everywhere: wgmma needs both operands alike, and each warpgroup writes a
     # 32-column half of p^T / ds^T, which must be whole tiles of the layout.
     tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
     ivec = lambda shape, on: plgpu.SMEM(shape, jnp.int32) if on else None  # noqa: E731
     extra = positions + segments
-    one = (1,) if lead else ()
-    return [plgpu.SMEM((*one, ROWS, D), dtype, transforms=tiles),
-            plgpu.SMEM((*one, ROWS, D), dtype, transforms=tiles),
+    return [plgpu.SMEM((ROWS, D), dtype, transforms=tiles),
+            plgpu.SMEM((ROWS, D), dtype, transforms=tiles),
             ivec((ROWS,), positions), ivec((ROWS,), segments),
             plgpu.SMEM((stages, ROWS, D), dtype, transforms=tiles),
             plgpu.SMEM((stages, ROWS, D), dtype, transforms=tiles),
             plgpu.SMEM((stages, ROWS), F32), plgpu.SMEM((stages, ROWS), F32),
             ivec((stages, ROWS), positions), ivec((stages, ROWS), segments),
-            plgpu.SMEM((*one, ROWS, ROWS), dtype, transforms=tiles),  # p^T [64 keys, 64 queries]
-            plgpu.SMEM((*one, ROWS, ROWS), dtype, transforms=tiles),  # ds^T
+            plgpu.SMEM((ROWS, ROWS), dtype, transforms=tiles),  # p^T [64 keys, 64 queries]
+            plgpu.SMEM((ROWS, ROWS), dtype, transforms=tiles),  # ds^T
             plgpu.Barrier(num_arrivals=2 + extra),
             plgpu.Barrier(num_arrivals=4 + extra, num_barriers=stages),
             plgpu.Barrier(num_arrivals=WGS, num_barriers=stages),
@@ -349,8 +334,7 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     dq_acc = jax.new_ref(jnp.zeros((B, H, sq, d), F32), memory_space=plgpu.GMEM)
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     dk, dv = hfb._launch(functools.partial(split_kernel, cfg=cfg), (out, out),
-                         _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments,
-                                  lead=cfg.loop_descriptors),
+                         _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments),
                          grid=(K, sk // ROWS, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                           lse2, delta, *extra, dq_acc)
     return dq_acc[...], dk, dv
@@ -371,8 +355,7 @@ def _run_two(q_bounds, k_bounds, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdC
                                                                         *q_bounds[3:])
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     dk, dv = hk.launch(functools.partial(split_kernel, cfg=cfg, with_dq=False), (out, out),
-                       _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments,
-                                lead=cfg.loop_descriptors),
+                       _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments),
                        grid=(K, sk // ROWS, B), interpret=cfg.interpret)(*k_bounds[:3], *args,
                                                                         *k_bounds[3:])
     return dq, dk, dv
@@ -405,7 +388,7 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
                         causal=causal, segments=segments, groups=H // K, n_cta=geo.sk_pad // ROWS,
                         qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret,
-                        window=window, loop_descriptors=bs.loop_descriptors)
+                        window=window)
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, ROWS, window)
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
     if deterministic:  # the dq kernel's bounds are over the key blocks

@@ -17,10 +17,10 @@ What runs where (stated plainly):
 * forward, bfloat16/float16: the Mosaic GPU kernel (head dims padded to a multiple of 64, <= 256).
 * forward, float32: delegated to the Triton step (wgmma would compute in tf32).
 * backward, 16-bit, head dims <= 128 (default; ``BlockSizes(backward="fused")``): one
-  FlashAttention-3 style kernel over key CTAs with TMA reduce-adds of dq (``hopper_fused_bwd.py``,
-  or with ``dq_tile="cta"``, the default, ``hopper_cta_dq_bwd.py``); dq sums in a
-  run-dependent order, so it is not bitwise deterministic. With ``dq_tile="warpgroup"`` the float32
-  dq accumulator is twice the float32 dq (with "cta", the default, once).
+  FlashAttention-3 style kernel over key CTAs with TMA reduce-adds of dq (``hopper_cta_dq_bwd.py``,
+  the two compute warpgroups sharing a dq tile; with ``dq_tile="warpgroup"`` one tile each,
+  ``hopper_fused_bwd.py``, whose float32 dq accumulator is twice as large); dq sums in a
+  run-dependent order, so it is not bitwise deterministic.
 * ``BlockSizes(backward="mosaic")``: Mosaic GPU dq and dk/dv kernels (``hopper_backward.py``,
   ``hopper_bwd_kernels.py``), deterministic; ``ring_attention(..., deterministic=True)`` picks it
   through :func:`deterministic_block_sizes`.
@@ -30,7 +30,7 @@ What runs where (stated plainly):
   ``BlockSizes(backward="fused")`` there: one kernel adding dq by per-element atomics (not
   deterministic, and 2.2x slower on an H200).
   Every Mosaic backward is checked on an H200 against the float32 step reference
-  (``benchmarks/results/pallas_hopper_h200.md``).
+  (docs/kernels.md).
 * backward, float32, or ``BlockSizes(backward="triton")``: the Triton step
   ``pallas_gpu.backward_step`` (it needs only the global lse and delta, so it composes with this
   forward unchanged; deterministic at every head dim).
@@ -61,19 +61,28 @@ from ringattention.kernels import pallas_gpu as pg
 
 F32 = jnp.float32
 ROWS = 64  # wgmma's M per warpgroup
+BLOCK_Q = ROWS  # query rows per compute warpgroup: one wgmma tile (a CTA holds two)
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 BACKWARDS = ("triton", "mosaic", "fused")  # BlockSizes.backward: the Triton step's kernels, or our own
 DQ_TILES = ("warpgroup", "cta")  # BlockSizes.dq_tile: the fused backward's dq reduce-add tiles
+REGISTERS = hk.REGISTER_CHOICES  # BlockSizes.registers: per compute-warpgroup thread
+# BlockSizes.schedule of the forward's two compute warpgroups: "pingpong" (they alternate on the
+# tensor cores) or "overlap" (each overlaps block j's softmax with block j-1's P.V, FA3's
+# intra-warpgroup pipelining); docs/kernels.md gives the A/B behind each default.
+SCHEDULES = ("pingpong", "overlap")
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
     """Tiles of the Mosaic GPU forward; ``triton`` configures the delegated Triton kernels.
 
-    ``block_q``: query rows per compute warpgroup (a CTA holds two); ``block_k``: keys per pipeline
-    stage; ``stages``: shared-memory slots for keys/values; ``pingpong``: alternate the compute
-    warpgroups on the tensor cores. ``backward``: "mosaic" (``hopper_bwd_kernels``: a dq and a dk/dv
+    ``block_k``: keys per pipeline stage (a CTA holds two compute warpgroups of ``BLOCK_Q`` query
+    rows); ``stages``: shared-memory slots for keys/values; ``schedule``: "pingpong" (the compute
+    warpgroups alternate on the tensor cores) or "overlap" (the forward overlaps block j's softmax
+    with block j-1's P·V inside each warpgroup, FlashAttention-3's intra-warpgroup pipelining,
+    ``hopper_fwd_loops.overlap_loops``; the head-dim-128 default without a causal mask).
+    ``backward``: "mosaic" (``hopper_bwd_kernels``: a dq and a dk/dv
     kernel, 64-row tiles, ``bwd_stages`` slots, the dq kernel streaming ``bwd_block_k`` keys per
     block; deterministic; above 128 ``hopper_split_bwd``'s
     deterministic dq and dk/dv kernels, which split the head dim: the default for head dim 256),
@@ -82,52 +91,35 @@ class BlockSizes:
     64 and 128; above 128 ``hopper_split_bwd``, whose warpgroups split the head dim and add dq with
     per-element atomics, 2.2x slower than "mosaic" there) or "triton" (``pallas_gpu``'s kernels,
     any head dim).
-    ``registers``: per thread of a compute warpgroup in every Mosaic kernel (224, 232 or 240; the
-    producer keeps the rest of the launch allocation: 56, 40 or 24). ``dq_tile`` (fused backward,
-    head dims <= 128; the other backwards ignore it): "warpgroup" (each compute warpgroup
-    reduce-adds its own [64, D] dq tile) or "cta" (``hopper_cta_dq_bwd``: the two share one, each
-    adding half its columns, or at head dims <= 64 taking turns; half the reduce-add traffic, a
-    barrier between them per block; the default at head dims 64 and 128). ``fwd_overlap``: the
-    forward overlaps block j's softmax with block j-1's P·V inside each compute warpgroup
-    (FlashAttention-3's intra-warpgroup pipelining, ``hopper_fwd_loops.overlap_loops``; with
-    ``pingpong`` too it ran at 0.87-0.97x of cuDNN, so the head-dim-128 default without a causal
-    mask turns ping-pong off). ``split_group`` (the fused backward at head dims <= 128 with GQA;
-    the other backwards ignore it): True runs one key CTA per *query* head instead of per kv head
-    (k and v repeated over the group, dk/dv per query head summed over the group afterwards), so
-    that the CTAs running side by side reduce-add into one query head's dq instead of the whole
-    group's (on an H200 the group's float32 dq outgrows the L2 at long lengths:
-    ``hopper_runs_1202b``); it costs k, v per query head (16-bit) and dk, dv per query head
+    ``registers``: per thread of a compute warpgroup in every Mosaic kernel (232 or 240; the
+    producer keeps the rest of the launch allocation: 40 or 24). ``dq_tile`` (fused backward, head
+    dims <= 128; the other backwards ignore it): "cta" (the default, ``hopper_cta_dq_bwd``: the two
+    compute warpgroups share one dq tile, each adding half its columns, or at head dims <= 64
+    taking turns) or "warpgroup" (each reduce-adds its own [64, D] tile: twice the reduce-add
+    traffic and a float32 dq accumulator twice as large). ``split_group`` (the fused backward at
+    head dims <= 128 with GQA; the other backwards ignore it): True runs one key CTA per *query*
+    head instead of per kv head (k and v repeated over the group, dk/dv per query head summed over
+    the group afterwards), so that the CTAs running side by side reduce-add into one query head's
+    dq instead of the whole group's (on an H200 the group's float32 dq outgrows the L2 at long
+    lengths: docs/kernels.md); it costs k, v per query head (16-bit) and dk, dv per query head
     (float32) of memory (``hopper_fused_bwd.split_group_extra_bytes``). None (the default) decides
     per call from the shapes (``hopper_fused_bwd.use_split_group``: split where the group's dq is
     >= 32 MiB per batch row, not causal at head dim 128, at most 8 GiB extra); False never splits.
-    ``loop_descriptors`` (the Mosaic backwards): build the wgmma descriptors of the tiles a block
-    loop reads unchanged on every trip (the warpgroup's own k, v or q, do; dq's ds^T and k; at head
-    dim 256 the CTA's k, v, p^T, ds^T) inside the loop rather than once before it
-    (``hopper_bwd_kernels.BwdConfig.own``). Compiled for an H200 (``benchmarks/hopper_aot.py``) it
-    takes the head-dim-128 fused backward's register spills from 296 / 336 bytes (stores / loads)
-    to none with a causal mask and from 112 / 108 to none without one, and head dim 256's dk/dv
-    kernel's from 116 / 128 to none; where nothing spilled it adds 20-50 instructions per loop
-    trip. Not yet timed on a device, so off by default.
     Defaults: :func:`default_block_sizes`.
     """
 
-    block_q: int = 64
     block_k: int = 128
     stages: int = 2
-    pingpong: bool = True
+    schedule: str = "pingpong"
     backward: str = "mosaic"
     bwd_stages: int = 2
     bwd_block_k: int = 64
     registers: int = 232
     triton: pg.BlockSizes | None = None
-    dq_tile: str = "warpgroup"
-    fwd_overlap: bool = False
+    dq_tile: str = "cta"
     split_group: bool | None = None
-    loop_descriptors: bool = False
 
     def __post_init__(self):
-        if self.block_q != ROWS:
-            raise ValueError(f"BlockSizes.block_q={self.block_q!r} must be {ROWS} (one wgmma tile)")
         if not isinstance(self.block_k, int) or self.block_k < 64 or self.block_k % 64:
             raise ValueError(f"BlockSizes.block_k={self.block_k!r} must be a positive multiple of 64")
         for name in ("stages", "bwd_stages"):
@@ -135,28 +127,23 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{name}={getattr(self, name)!r} must be an int >= 2")
         if self.bwd_block_k not in (64, 128):
             raise ValueError(f"BlockSizes.bwd_block_k={self.bwd_block_k!r} must be 64 or 128")
-        if self.registers not in hk.REGISTER_CHOICES:
-            raise ValueError(f"BlockSizes.registers={self.registers!r} must be one of "
-                             f"{hk.REGISTER_CHOICES}")
+        if self.registers not in REGISTERS:
+            raise ValueError(f"BlockSizes.registers={self.registers!r} must be one of {REGISTERS}")
         if self.backward not in BACKWARDS:
             raise ValueError(f"BlockSizes.backward={self.backward!r} must be one of {BACKWARDS}")
         if self.dq_tile not in DQ_TILES:
             raise ValueError(f"BlockSizes.dq_tile={self.dq_tile!r} must be one of {DQ_TILES}")
-        if not isinstance(self.pingpong, bool):
-            raise TypeError(f"BlockSizes.pingpong={self.pingpong!r} must be a bool")
-        if not isinstance(self.fwd_overlap, bool):
-            raise TypeError(f"BlockSizes.fwd_overlap={self.fwd_overlap!r} must be a bool")
-        if not isinstance(self.loop_descriptors, bool):
-            raise TypeError(f"BlockSizes.loop_descriptors={self.loop_descriptors!r} must be a bool")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"BlockSizes.schedule={self.schedule!r} must be one of {SCHEDULES}")
         if self.split_group is not None and not isinstance(self.split_group, bool):
             raise TypeError(f"BlockSizes.split_group={self.split_group!r} must be a bool or None")
         if self.triton is not None and not isinstance(self.triton, pg.BlockSizes):
             raise TypeError(f"BlockSizes.triton={self.triton!r} must be a pallas_gpu.BlockSizes")
 
 
-_DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md
+_DEFAULTS = {  # H200, docs/kernels.md
     # D=64: 256-key forward blocks (16K-128K forward 1.02-1.16x cuDNN against 0.93-1.04x for 128
-    # keys in 3 stages, hopper_runs_1201g); the fused backward with one dq tile per CTA (the
+    # keys in 3 stages, docs/kernels.md); the fused backward with one dq tile per CTA (the
     # warpgroups take turns; 0.89-1.01x against 0.86-1.01x with one tile per warpgroup, 0.88-0.95x
     # for the two-kernel one, 2026-12-01) through 3 stages and, causal, 240 registers
     # (_FULL_DEFAULTS: 232 without a causal mask).
@@ -173,24 +160,24 @@ _DEFAULTS = {  # H200, benchmarks/results/pallas_hopper_h200.md
 
 # Without a causal mask the head-dim-128 forward overlaps each block's softmax with the previous
 # block's P.V inside a warpgroup (FA3), with no ping-pong: 16K-128K forward 1.00-1.03x cuDNN against
-# 0.97-1.00x (2026-12-01, hopper_runs_1201f). Causal it loses (0.97-1.07x against 1.01-1.10x), as
+# 0.97-1.00x (2026-12-01, docs/kernels.md). Causal it loses (0.97-1.07x against 1.01-1.10x), as
 # does head dim 64 (0.89-0.96x against 0.97-1.02x). Head dim 64 without a causal mask keeps 232
-# registers: with 240 its forward+backward ran 2-6% slower there (hopper_runs_1201g); with a causal
+# registers: with 240 its forward+backward ran 2-6% slower there (docs/kernels.md); with a causal
 # mask 240 and 3 stages ran 1.02-1.05x cuDNN against 0.97-1.01x.
-_FULL_DEFAULTS = {128: dataclasses.replace(_DEFAULTS[128], pingpong=False, fwd_overlap=True),
+_FULL_DEFAULTS = {128: dataclasses.replace(_DEFAULTS[128], schedule="overlap"),
                   64: dataclasses.replace(_DEFAULTS[64], registers=232)}
 
 # The two-kernel ("mosaic") backward of deterministic=True keeps its own tiles where the fused
-# default's lost on it: head dim 64, 64K causal 0.95x cuDNN against 0.91x (hopper_runs_1201g); its dq
+# default's lost on it: head dim 64, 64K causal 0.95x cuDNN against 0.91x (docs/kernels.md); its dq
 # kernel streams 128 keys per block there (64K, kv heads 8 and 32: 0.96x causal, 0.92-0.93x full,
-# against 0.95x and 0.90-0.92x with 64; at head dim 128 a wash, 0.91-0.94x both; hopper_runs_1202).
+# against 0.95x and 0.90-0.92x with 64; at head dim 128 a wash, 0.91-0.94x both; docs/kernels.md).
 _DETERMINISTIC_TILES = {64: dict(bwd_stages=2, registers=232, bwd_block_k=128)}
 
 
 def default_block_sizes(head_dim: int, causal: bool = True) -> BlockSizes:
     """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above.
     ``causal``: whether the step has a causal mask (without one, head dim 128 runs the forward with
-    ``fwd_overlap`` and head dim 64 its kernels with 232 registers per compute thread, not 240)."""
+    ``schedule="overlap"`` and head dim 64 its kernels with 232 registers per compute thread, not 240)."""
     d = _tuned_dim(head_dim)
     return _DEFAULTS[d] if causal else _FULL_DEFAULTS.get(d, _DEFAULTS[d])
 
@@ -221,7 +208,7 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
         bs = default_block_sizes(head_dim, causal)
         if bs.backward != "fused":
             return bs
-        return dataclasses.replace(bs, backward="mosaic", dq_tile="warpgroup",
+        return dataclasses.replace(bs, backward="mosaic",
                                    **_DETERMINISTIC_TILES.get(_tuned_dim(head_dim), {}))
     if not isinstance(block_sizes, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={block_sizes!r} must be a pallas_hopper.BlockSizes")
@@ -265,9 +252,9 @@ class Geometry(pg._Geometry):
 
 
 def geometry(sq: int, sk: int, d: int, bs: BlockSizes) -> Geometry:
-    rows = hk.COMPUTE_WGS * bs.block_q
+    rows = hk.COMPUTE_WGS * BLOCK_Q
     bk = min(bs.block_k, -(-sk // 64) * 64)  # short shards: one block of the padded length
-    return Geometry(sq, sk, d, bs.block_q, bk, -(-sq // rows) * rows, -(-sk // bk) * bk,
+    return Geometry(sq, sk, d, BLOCK_Q, bk, -(-sq // rows) * rows, -(-sk // bk) * bk,
                     -(-d // 64) * 64)
 
 
@@ -309,9 +296,9 @@ def _fwd_call(geo: Geometry, bs: BlockSizes, lo, mid, hi, q, k, v, *extra, causa
     K = k.shape[2]
     nq = Sq // geo.cta_rows
     cfg = hk.FwdConfig(bq=geo.bq, bk=geo.bk, stages=bs.stages, causal=causal, segments=segments,
-                       groups=H // K, nq=nq, qk_scale=scale * hk.LOG2E, pingpong=bs.pingpong,
+                       groups=H // K, nq=nq, qk_scale=scale * hk.LOG2E, pingpong=bs.schedule == "pingpong",
                        interpret=interpret, registers=bs.registers, window=window,
-                       overlap=bs.fwd_overlap)
+                       overlap=bs.schedule == "overlap")
     smem = (hk.COMPUTE_WGS * geo.bq + 2 * bs.stages * geo.bk) * D * q.dtype.itemsize
     smem += 4 * (hk.COMPUTE_WGS * geo.bq + bs.stages * geo.bk) * (cfg.positions + segments)
     if smem > SMEM_LIMIT - 1024:
