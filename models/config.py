@@ -106,8 +106,9 @@ class LlamaConfig:
                 raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
         window = self.sliding_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer))
-                                   or window < 1):
-            raise ValueError(f"sliding_window={window!r} must be None or a positive int")
+                                   or not 1 <= window <= 2**31 - 1):
+            raise ValueError(f"sliding_window={window!r} must be None or an int in [1, 2**31 - 1] "
+                             "(positions are int32)")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ValueError(f"{self.rope_theta=} and {self.rms_norm_eps=} must be positive")
 
