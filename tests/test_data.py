@@ -167,3 +167,14 @@ def test_hf_and_sentencepiece_tokenizers(tmp_path):
     assert sp.eos_id is not None and sp.vocab_size == 40
     with pytest.raises(ValueError, match="needs a tokenizer file"):
         get_tokenizer("hf")
+
+
+def test_undecodable_file_names_its_path(tmp_path):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf\xe9 au lait\n\n" * 3)
+    with pytest.raises(ValueError, match=f"data file '{bad}' is not UTF-8 text \\(byte 0xe9"):
+        data.read_documents([str(bad)])
+    gz = tmp_path / "broken.jsonl.gz"
+    gz.write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(ValueError, match=f"data file '{gz}' cannot be read"):
+        data.read_documents([str(gz)])

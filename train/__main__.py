@@ -43,6 +43,13 @@ def split_args(argv: list[str]) -> tuple[str | None, list[str]]:
     return path, rest
 
 
+def _split_or_none(argv: list[str]) -> tuple[str | None, list[str]]:
+    try:
+        return split_args(argv)
+    except ValueError:
+        return None, []
+
+
 def _set_xla_flag(prefix: str, flag: str) -> None:
     if "jax" in sys.modules:
         raise RuntimeError(f"{flag} must be set before jax is imported")
@@ -68,6 +75,9 @@ def _fail_before_start(path: str | None, overrides: list[str], message: str) -> 
     print(message, file=sys.stderr, flush=True)
     try:
         dist, cpu_devices = config_lib.load_launch(path, overrides)
+    except Exception:  # noqa: BLE001 - the file itself is bad: the environment alone may say more
+        dist, cpu_devices = config_lib.DistributedSection(), 0
+    try:
         from train import distributed
 
         if not distributed.wants_initialize(dist):
@@ -88,12 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print(USAGE + config_lib.help_text())
         return 0
-    path, overrides = split_args(argv)
+    if not argv:  # a bare `python -m train` would start a long run with every default
+        print(USAGE.splitlines()[0] + "\n(--help lists every option; configs/debug.yaml is the "
+              "small CPU demo)", file=sys.stderr)
+        return EXIT_SETUP
     try:
+        path, overrides = split_args(argv)
         config = config_lib.load(path, overrides)
         config_lib.check(config)
-    except (ValueError, TypeError, FileNotFoundError) as e:
-        return _fail_before_start(path, overrides, f"config error: {e}")
+    except (ValueError, TypeError, OSError) as e:
+        path, overrides = _split_or_none(argv)
+        return _fail_before_start(path, overrides, f"config error: {' '.join(str(e).split())}")
     if config.cpu_devices:
         use_cpu_devices(config.cpu_devices)
     if config.deterministic:

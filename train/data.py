@@ -59,24 +59,35 @@ def read_documents(paths: Sequence[str], fmt: str = "auto", text_key: str = "tex
         raise ValueError(f"data.paths={list(paths)!r} lists no file")
     docs: list[str] = []
     for f in files:
-        kind = _format_of(f.path, fmt)
-        with f as handle:
-            if kind == "text":
-                docs.append(handle.read())
-                continue
-            for n, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{f.path}:{n} is not valid JSON: {e}") from None
-                if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
-                    raise ValueError(f"{f.path}:{n} has no string field data.text_key={text_key!r}")
-                docs.append(record[text_key])
+        try:
+            with f as handle:
+                docs += _read_file(handle, f.path, _format_of(f.path, fmt), text_key)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"data file {f.path!r} is not UTF-8 text (byte "
+                             f"0x{e.object[e.start]:02x}: {e.reason}); data files must be UTF-8") from None
+        except (OSError, EOFError) as e:  # unreadable, or a damaged compressed file
+            raise ValueError(f"data file {f.path!r} cannot be read: {e}") from None
     docs = [d for d in docs if d.strip()]
     if not docs:
         raise ValueError(f"no non-empty documents in data.paths={list(paths)!r}")
+    return docs
+
+
+def _read_file(handle, path: str, kind: str, text_key: str) -> list[str]:
+    """The documents of one open file: its whole text, or one per JSONL line."""
+    if kind == "text":
+        return [handle.read()]
+    docs = []
+    for n, line in enumerate(handle, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n} is not valid JSON: {e}") from None
+        if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
+            raise ValueError(f"{path}:{n} has no string field data.text_key={text_key!r}")
+        docs.append(record[text_key])
     return docs
 
 
