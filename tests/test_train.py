@@ -236,3 +236,37 @@ def test_failed_restore_reports_are_dropped():
     other = report(ValueError("a user's own bug"))
     hook(other)
     assert passed == [other]
+
+
+def test_nonfinite_step_is_never_saved(tmp_path, capsys):
+    # The issue's run: a huge lr without clipping makes a step's gradient norm NaN.
+    import re
+
+    from train.guard import NonFiniteError
+
+    bad = ["--optim.lr=1e6", "--optim.clip_norm=0", "--checkpoint.every=1", "--checkpoint.keep=1"]
+    with pytest.raises(NonFiniteError) as info:
+        train.main(small(tmp_path / "stop", *bad))
+    step = int(re.match(r"step (\d+): loss=\S+ grad_norm=\S+ is not finite; nothing from it was "
+                        r"saved\. The last good step is (\d+)", str(info.value))[1])
+    assert f"The last good step is {step - 1} and its newest checkpoint is step {step - 1} in " \
+           f"'{tmp_path / 'stop' / 'checkpoints'}': relaunch to resume from it" in str(info.value)
+    ckpt = Checkpointer(str(tmp_path / "stop" / "checkpoints"), keep=1, async_save=False)
+    assert ckpt.steps() == [step - 1]  # keep=1 kept the newest finite one
+    from models.sharding import MeshConfig, make_mesh
+    from train.steps import abstract_params
+
+    like = abstract_params(llama.get_config("debug", **small(tmp_path).model.overrides),
+                           make_mesh(MeshConfig(fsdp=2, sp=4)))
+    saved = ckpt.restore(step - 1, like)["params"]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(saved))
+    # the command line: one line, exit status 1
+    assert cli.main(["--config", DEBUG, *SMALL, f"--run_dir={tmp_path / 'cli'}", "--cpu_devices=0",
+                     *bad]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"training stopped: step {step}: ") and "\n" not in err, err
+    # skip_nonfinite=N: such steps' updates are skipped, the run goes on and saves finite states
+    skipped = train.main(small(tmp_path / "skip", *bad, "--skip_nonfinite=10"))
+    assert skipped.step == 6
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(skipped.params))
+    assert f"step {step}: loss=" in capsys.readouterr().out

@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from train import distributed, train
     from train.checkpoint import CheckpointError
+    from train.guard import NonFiniteError
 
     watchdog = None
     try:
@@ -133,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         if watchdog is not None:
             watchdog.fail(message, EXIT_SETUP)  # does not return
         return EXIT_SETUP
+    except NonFiniteError as e:
+        message = f"training stopped: {' '.join(str(e).split())}"
+        print(message, file=sys.stderr, flush=True)
+        if watchdog is not None:
+            watchdog.fail(message, EXIT_ERROR)  # does not return
+        return EXIT_ERROR
     except BaseException as e:
         if watchdog is None:
             raise

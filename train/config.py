@@ -186,6 +186,9 @@ class TrainConfig:
     seed: int = opt(0, "Seed of parameter init and of the training rng.")
     stop_at: int = opt(0, "Stop after this step (checkpoint included) though the schedule runs to "
                           "steps, e.g. to fit a job's time limit; a later launch resumes (0: off).")
+    skip_nonfinite: int = opt(0, "0: a step whose loss or gradient norm is not finite stops the "
+                                 "run, naming the last good step (nothing from it is saved); N > 0: "
+                                 "such a step's update is skipped and only N + 1 in a row stop.")
     cpu_devices: int = opt(0, "Run on this many virtual CPU devices (0: the real devices).")
     deterministic: bool = opt(False, "Bitwise-reproducible runs (two runs, or a run stopped and "
                                      "resumed, give the same metrics): ring attention kernels whose "
@@ -386,7 +389,7 @@ _CHOICES = {
 _POSITIVE = ("steps", "data.seq_len", "data.batch_size", "optim.accum_steps", "checkpoint.keep",
              "log.every", "eval.batches", "distributed.heartbeat_timeout",
              "distributed.shutdown_timeout")
-_NON_NEGATIVE = ("stop_at", "cpu_devices", "optim.warmup_steps", "checkpoint.every",
+_NON_NEGATIVE = ("stop_at", "skip_nonfinite", "cpu_devices", "optim.warmup_steps", "checkpoint.every",
                  "eval.every",
                  "sample.tokens", "optim.lr", "optim.weight_decay", "optim.clip_norm",
                  "sample.temperature", "log.peak_tflops")

@@ -27,6 +27,7 @@ from train import data as data_lib
 from train import distributed, optim, sample, steps
 from train.checkpoint import Checkpointer, CheckpointError
 from train.config import ConfigError
+from train.guard import FiniteCheck
 from train.metrics import MetricsWriter, mfu, peak_tflops
 
 
@@ -102,18 +103,24 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) 
         # --- Train (the first step compiles), checkpoint, evaluate.
         stop = min(config.steps, config.stop_at or config.steps)
         log = _Logger(config, model_cfg, start, stop, data.maker.owned_rows())
+        finite = FiniteCheck(config.skip_nonfinite, ckpt, log0)  # never saves a non-finite step
         eval_loss = None
         for step in range(start + 1, stop + 1):
             rows = data.packer.next_rows()  # this host's rows, natural order
             log.count(rows)
             batch = data.maker.batch(rows)
             params, opt_state, metrics = fns.train_step(params, opt_state, batch)
+            finite.add(step, metrics)
             log.train(step, metrics)
-            if config.checkpoint.every and step % config.checkpoint.every == 0 or step == stop:
+            save = config.checkpoint.every and step % config.checkpoint.every == 0 or step == stop
+            evaluate = data.eval_packer is not None and (
+                config.eval.every and step % config.eval.every == 0 or step == stop)
+            if save or evaluate:
+                finite.settle()
+            if save:
                 data_state = data.maker.state(data.packer.get_state())
                 _save(ckpt, step, params, opt_state, rng, data_state, config)
-            if data.eval_packer is not None and (
-                    config.eval.every and step % config.eval.every == 0 or step == stop):
+            if evaluate:
                 eval_loss = _evaluate(config, fns.eval_step, params, data)
                 log.eval(step, eval_loss)
         log.close()
@@ -238,8 +245,6 @@ class _Logger:
                   "seq_len": self.seq, "tokens": float(m["tokens"])}
         self.writer.write(record)
         self.losses[step], self.timer, self.window_flops = record["loss"], (now, step), 0
-        if not math.isfinite(record["loss"]):
-            raise FloatingPointError(f"loss is {record['loss']} at {step=}")
         self.bar.set_postfix(loss=f"{record['loss']:.3f}")
 
     def eval(self, step: int, loss: float) -> None:
