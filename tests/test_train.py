@@ -270,3 +270,39 @@ def test_nonfinite_step_is_never_saved(tmp_path, capsys):
     assert skipped.step == 6
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(skipped.params))
     assert f"step {step}: loss=" in capsys.readouterr().out
+
+
+def test_resume_checks_steps_changes_eval_and_metrics(tmp_path):
+    import json
+
+    from train.config import ConfigError
+
+    run = tmp_path / "run"
+    train.main(small(run, "--stop_at=4"))
+    config_yaml = (run / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=f"stop_at=3 but run_dir '{run}' already holds step 4: "
+                                          "nothing to train"):
+        train.main(small(run, "--stop_at=3"))
+    with pytest.raises(ConfigError, match="stop_at=4 but .* already holds step 4"):
+        train.main(small(run, "--stop_at=4"))  # its final evaluation is there: nothing to do
+    with pytest.raises(ConfigError, match=r"holds step 4 of a run with other data or model options: "
+                                          r"data.seed 0 -> 1, data.seq_len 64 -> 32 \(saved -> now\)"
+                                          r".*--resume.allow_changes=true"):
+        train.main(small(run, "--data.seed=1", "--data.seq_len=32"))
+    assert (run / "config.yaml").read_text() == config_yaml
+    # killed after checkpoint 4, before its final evaluation, with step 5 already logged
+    records = [r for r in read_metrics(str(run)) if "eval_loss" not in r]
+    records.append({**records[-1], "step": 5})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    final = train.main(small(run, "--stop_at=4"))
+    assert final.losses == {} and final.eval_loss is not None  # the evaluation alone ran
+    assert [r["step"] for r in read_metrics(str(run))] == [1, 2, 3, 4, 4]
+    # a data change the user asks for, and a logging change: both recorded in config.yaml
+    rest = train.main(small(run, "--data.seed=1", "--resume.allow_changes=true", "--log.every=2"))
+    assert sorted(rest.losses) == [5, 6]  # the first resumed step is always logged
+    steps = [(r["step"], "eval_loss" in r) for r in read_metrics(str(run))]
+    assert len(steps) == len(set(steps)) and max(s for s, _ in steps) == 6
+    header = (run / "config.yaml").read_text().splitlines()[0]
+    assert header == "# resumed at step 4: data.seed 0 -> 1, log.every 1 -> 2"
+    saved = config_lib.load(str(run / "config.yaml"))
+    assert (saved.data.seed, saved.log.every) == (1, 2)

@@ -134,6 +134,14 @@ class CheckpointSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class ResumeSection:
+    allow_changes: bool = opt(False, "Resume a run_dir whose config.yaml differs in options that "
+                                     "change the data stream or the model (data, model, mesh, "
+                                     "optim.accum_steps, deterministic); config.yaml then records "
+                                     "the change. Other changes are always accepted and recorded.")
+
+
+@dataclasses.dataclass(frozen=True)
 class LogSection:
     every: int = opt(10, "Write metrics every this many steps.")
     tensorboard: bool = opt(True, "Also write TensorBoard event files to run_dir/tensorboard.")
@@ -200,6 +208,8 @@ class TrainConfig:
     data: DataSection = opt(None, "Data.")
     optim: OptimSection = opt(None, "Optimizer.")
     checkpoint: CheckpointSection = opt(None, "Checkpoints.")
+    resume: ResumeSection = opt(None, "What a resumed run may change (run_dir/config.yaml holds the "
+                                      "run's config).")
     log: LogSection = opt(None, "Metrics and logging.")
     eval: EvalSection = opt(None, "Evaluation.")
     sample: SampleSection = opt(None, "Sample printed at the end.")
