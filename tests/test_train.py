@@ -306,3 +306,12 @@ def test_resume_checks_steps_changes_eval_and_metrics(tmp_path):
     assert header == "# resumed at step 4: data.seed 0 -> 1, log.every 1 -> 2"
     saved = config_lib.load(str(run / "config.yaml"))
     assert (saved.data.seed, saved.log.every) == (1, 2)
+
+
+def test_one_text_file_trains(tmp_path):
+    from train import data
+
+    corpus = tmp_path / "corpus.txt"  # the embedded corpus as one ~570 KB text file
+    corpus.write_text("\n\n".join(data.read_documents(data.default_paths())))
+    result = train.main(small(tmp_path / "run", f"--data.paths=[{corpus}]", "--stop_at=2"))
+    assert sorted(result.losses) == [1, 2] and np.isfinite(result.eval_loss)

@@ -96,7 +96,11 @@ class MeshSection:
 class DataSection:
     paths: list = opt([], "Text (.txt) or JSONL (.jsonl, .jsonl.gz) files or globs, local or any "
                           "fsspec URL; empty: the public-domain corpus shipped in data/corpus.")
-    format: str = opt("auto", "auto (by extension), text (one document per file) or jsonl.")
+    format: str = opt("auto", "auto (by extension), text (plain text: blank-line paragraphs "
+                              "gathered into documents of up to data.text_doc_chars) or jsonl.")
+    text_doc_chars: int = opt(8192, "Characters per document of a text file: its paragraphs are "
+                                    "gathered into documents of at most this many (a longer "
+                                    "paragraph is cut into pieces of it); 0: one document per file.")
     text_key: str = opt("text", "JSONL field holding a document's text.")
     tokenizer: str = opt("byte", "byte (UTF-8 bytes, vocab 256), hf (tokenizers JSON file) or "
                                  "sentencepiece (.model file).")
@@ -399,8 +403,8 @@ _CHOICES = {
 _POSITIVE = ("steps", "data.seq_len", "data.batch_size", "optim.accum_steps", "checkpoint.keep",
              "log.every", "eval.batches", "distributed.heartbeat_timeout",
              "distributed.shutdown_timeout")
-_NON_NEGATIVE = ("stop_at", "skip_nonfinite", "cpu_devices", "optim.warmup_steps", "checkpoint.every",
-                 "eval.every",
+_NON_NEGATIVE = ("stop_at", "skip_nonfinite", "data.text_doc_chars", "cpu_devices",
+                 "optim.warmup_steps", "checkpoint.every", "eval.every",
                  "sample.tokens", "optim.lr", "optim.weight_decay", "optim.clip_norm",
                  "sample.temperature", "log.peak_tflops")
 # [low, high] or [low, high): the ratios of the schedule and AdamW's betas

@@ -208,7 +208,8 @@ def _data(config, mesh, model_cfg, tokenizer) -> _Data:
     seq, batch = config.data.seq_len, config.data.batch_size
     micro = batch // config.optim.accum_steps
     docs = data_lib.read_documents(config.data.paths or data_lib.default_paths(),
-                                   config.data.format, config.data.text_key)
+                                   config.data.format, config.data.text_key,
+                                   config.data.text_doc_chars)
     train_ids, eval_ids = data_lib.split(len(docs), config.data.eval_fraction, config.data.seed)
     maker = steps.BatchMaker(mesh, config.optim.accum_steps, micro, seq, model_cfg.layout)
     common = dict(seq_len=seq, seed=config.data.seed, append_eos=config.data.append_eos)
