@@ -5,8 +5,17 @@ The config is read before jax is imported: ``cpu_devices: N`` sets
 ``deterministic: true`` sets ``--xla_gpu_deterministic_ops=true``. Mistakes in the config, and
 settings found not to work while setting up (data paths, a sequence the ring cannot split, a
 damaged checkpoint), end with one ``config error: ...`` / ``checkpoint error: ...`` line and exit
-status 2. In a multi-process job a failing process tells the others, which exit at once naming it
-(``train.distributed.Watchdog``).
+status 2 (so does a bare ``python -m train``, printing the usage). A step whose loss or gradient
+norm is not finite ends the run with one ``training stopped: ...`` line naming the last good step
+and its checkpoint, exit status 1 (``--skip_nonfinite=N`` skips such steps instead;
+``train.guard``). In a multi-process job a failing process tells the others, which exit at once
+naming it (``train.distributed.Watchdog``).
+
+Relaunching with the same ``run_dir`` resumes its newest complete checkpoint (``train.resume``):
+options that change the data stream or the model (data, model, mesh, optim.accum_steps,
+deterministic) must match ``run_dir/config.yaml`` unless ``--resume.allow_changes=true``; every
+accepted change is recorded there; ``--steps`` must exceed the resumed step (a missing final
+evaluation runs alone); ``metrics.jsonl`` keeps each step once.
 """
 
 from __future__ import annotations
