@@ -63,10 +63,7 @@ def _resume_step(ckpt: Checkpointer, mode: str | int) -> int | None:
         if mode not in ckpt.steps():
             raise CheckpointError(f"checkpoint.resume={mode}: {ckpt.directory!r} holds no complete "
                                   f"checkpoint for that step; complete steps: {ckpt.steps()}")
-        newer = ckpt.set_aside_after(mode)
-        if newer:
-            log0(f"resuming step {mode}: newer checkpoints {newer} set aside in {ckpt.directory}")
-        return mode
+        return mode  # newer checkpoints are set aside once the resume is checked (_set_aside)
     latest = ckpt.latest()
     if mode == "never" and latest is not None:
         raise CheckpointError(f"checkpoint.resume=never but {ckpt.directory!r} already holds "
@@ -103,6 +100,7 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None, 
                           and not metrics_lib.has_eval(config.run_dir, start))
             resume.check_steps(config, start, stop, final_eval, done_ok)
             resume.check_changes(config, start, log0)
+            _set_aside(ckpt, start)
             params, opt_state, rng = _restore(ckpt, start, fns, data, rng)
             _forget_after(config.run_dir, start, stop, final_eval)
         else:
@@ -159,6 +157,12 @@ def _train(config, fns: steps.Functions, data: _Data, ckpt, log: _Logger, state,
         eval_loss = _evaluate(config, fns.eval_step, params, data)
         log.eval(stop, eval_loss)
     return params, eval_loss
+
+
+def _set_aside(ckpt: Checkpointer, step: int) -> None:
+    newer = ckpt.set_aside_after(step)  # checkpoint.resume=STEP: files kept, renamed
+    if newer:
+        log0(f"resuming step {step}: newer checkpoints {newer} set aside in {ckpt.directory}")
 
 
 def _forget_after(run_dir: str, start: int, stop: int, final_eval: bool) -> None:
