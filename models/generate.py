@@ -420,6 +420,20 @@ def _parser(prog: str, load_run: RunLoader | None):
     return ap
 
 
+def _read_prompts(parser, args) -> list[str]:
+    """The --prompt texts and the --prompt-file contents; a usage error if there are none."""
+    prompts = list(args.prompt)
+    for path in args.prompt_file:
+        try:
+            with open(path, encoding="utf-8") as f:
+                prompts.append(f.read())
+        except (OSError, UnicodeDecodeError) as e:
+            parser.error(f"--prompt-file {path!r} cannot be read: {e}")
+    if not prompts:
+        parser.error("give at least one --prompt or --prompt-file")
+    return prompts
+
+
 def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None,
          prog: str = "python -m models.generate") -> list[str]:
     """The CLI; returns the generated texts (stop strings cut off). ``load_run`` adds ``--run_dir``
@@ -433,15 +447,7 @@ def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens={args.max_new_tokens} must be >= 1")
-    prompts = list(args.prompt)
-    for path in args.prompt_file:
-        try:
-            with open(path, encoding="utf-8") as f:
-                prompts.append(f.read())
-        except (OSError, UnicodeDecodeError) as e:
-            parser.error(f"--prompt-file {path!r} cannot be read: {e}")
-    if not prompts:
-        parser.error("give at least one --prompt or --prompt-file")
+    prompts = _read_prompts(parser, args)
     mesh = None
     if args.sp != 1 or args.tp != 1:
         devices = jax.devices() if args.sp == -1 else jax.devices()[: args.sp * args.tp]
