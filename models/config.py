@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ringattention import layouts
+from ringattention import implementations, layouts
 
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "save_dots", "save_attn", "offload_attn")
@@ -95,6 +95,9 @@ class LlamaConfig:
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"{name}={getattr(self, name)!r}; choose one of {DTYPES}")
         layouts.check_layout(self.layout)
+        attentions = (*implementations.names(), "reference", "cudnn")
+        if self.attention not in attentions:
+            raise ValueError(f"attention={self.attention!r} is not known; choose one of {attentions}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; choose one of {REMAT_POLICIES}")
         for name in ("mlp_chunk", "loss_chunk"):
@@ -106,8 +109,9 @@ class LlamaConfig:
                 raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
         window = self.sliding_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer))
-                                   or window < 1):
-            raise ValueError(f"sliding_window={window!r} must be None or a positive int")
+                                   or not 1 <= window <= 2**31 - 1):
+            raise ValueError(f"sliding_window={window!r} must be None or an int in [1, 2**31 - 1] "
+                             "(positions are int32)")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ValueError(f"{self.rope_theta=} and {self.rms_norm_eps=} must be positive")
 
@@ -157,7 +161,8 @@ def get_config(name: str, **overrides) -> LlamaConfig:
         raise ValueError(f"config name={name!r} is not a preset; choose one of {tuple(PRESETS)}")
     unknown = set(overrides) - {f.name for f in dataclasses.fields(LlamaConfig)}
     if unknown:
-        raise TypeError(f"unknown LlamaConfig fields {sorted(unknown)}")
+        raise TypeError(f"unknown LlamaConfig fields {sorted(unknown)}; known fields: "
+                        f"{', '.join(f.name for f in dataclasses.fields(LlamaConfig))}")
     return dataclasses.replace(PRESETS[name], **overrides)
 
 

@@ -396,9 +396,9 @@ def load_from_args(args, mesh: Mesh | None, load_run: RunLoader | None, **overri
 
 
 def _parser(prog: str, load_run: RunLoader | None):
-    import argparse
+    from models.cli import Parser
 
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    ap = Parser(prog=prog, description=__doc__.split("\n")[0])
     add_source_args(ap, load_run)
     ap.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     ap.add_argument("--prompt-file", action="append", default=[], help="a file holding a prompt")
@@ -420,6 +420,20 @@ def _parser(prog: str, load_run: RunLoader | None):
     return ap
 
 
+def _read_prompts(parser, args) -> list[str]:
+    """The --prompt texts and the --prompt-file contents; a usage error if there are none."""
+    prompts = list(args.prompt)
+    for path in args.prompt_file:
+        try:
+            with open(path, encoding="utf-8") as f:
+                prompts.append(f.read())
+        except (OSError, UnicodeDecodeError) as e:
+            parser.error(f"--prompt-file {path!r} cannot be read: {e}")
+    if not prompts:
+        parser.error("give at least one --prompt or --prompt-file")
+    return prompts
+
+
 def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None,
          prog: str = "python -m models.generate") -> list[str]:
     """The CLI; returns the generated texts (stop strings cut off). ``load_run`` adds ``--run_dir``
@@ -428,13 +442,12 @@ def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None
 
     from models.sharding import MeshConfig, make_mesh
 
-    args = _parser(prog, load_run).parse_args(argv)
-    prompts = list(args.prompt)
-    for path in args.prompt_file:
-        with open(path, encoding="utf-8") as f:
-            prompts.append(f.read())
-    if not prompts:
-        raise SystemExit("give at least one --prompt or --prompt-file")
+    parser = _parser(prog, load_run)
+    args = parser.parse_args(argv)
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens={args.max_new_tokens} must be >= 1")
+    prompts = _read_prompts(parser, args)
     mesh = None
     if args.sp != 1 or args.tp != 1:
         devices = jax.devices() if args.sp == -1 else jax.devices()[: args.sp * args.tp]
@@ -459,7 +472,7 @@ def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None
 
     gen = generate(config, params, [tok.encode(p) for p in prompts],
                    max_new_tokens=args.max_new_tokens, mesh=mesh,
-                   sampling=Sampling(args.temperature, args.top_k, args.top_p, args.seed),
+                   sampling=sampling,
                    stop_ids=stop_ids, stop_check=stop_check,
                    stream=stream_fn if args.stream else None,
                    share_prefix=not args.no_share_prefix, cache_len=args.cache_len)
@@ -478,4 +491,8 @@ def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from models.cli import run
+
+    sys.exit(run(main, "python -m models.generate"))

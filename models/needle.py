@@ -152,13 +152,12 @@ def main(argv: Sequence[str] | None = None, *, load_run: gen.RunLoader | None = 
          prog: str = "python -m models.needle") -> dict:
     """CLI: writes ``needle.json`` and ``needle.png`` into ``--out``; returns the result.
     ``load_run`` adds ``--run_dir`` (``python -m train.generate needle`` passes it)."""
-    import argparse
-
     import jax
 
+    from models.cli import Parser
     from models.sharding import MeshConfig, make_mesh
 
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    ap = Parser(prog=prog, description=__doc__.split("\n")[0])
     gen.add_source_args(ap, load_run)
     ap.add_argument("--lengths", default="1024,2048,4096", help="context lengths in tokens")
     ap.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]")
@@ -191,4 +190,8 @@ def main(argv: Sequence[str] | None = None, *, load_run: gen.RunLoader | None = 
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from models.cli import run
+
+    sys.exit(run(main, "python -m models.needle"))

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from einops import rearrange
 
+from ringattention import _validate as checks
 from ringattention import masks
 
 
@@ -33,11 +34,18 @@ def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: boo
     Sk, K = k.shape[1], k.shape[2]
     if H % K:
         raise ValueError(f"query heads must be a multiple of kv heads; got {q.shape=} {k.shape=}")
+    causal = checks.causal(causal)
+    checks.segment_ids(segment_ids, (B, Sq))
+    if segment_ids is not None:
+        checks.segment_ids(kv_segment_ids, (B, Sk), "kv_segment_ids")
+    elif kv_segment_ids is not None:
+        raise ValueError("kv_segment_ids needs segment_ids (the queries' ids)")
+    sliding_window = checks.sliding_window(sliding_window)
+    softmax_scale = checks.softmax_scale(softmax_scale)
     dtype = jnp.promote_types(q.dtype, jnp.float32)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
     qg = rearrange(q.astype(dtype), "b s (k g) d -> b s k g d", k=K)  # g: query heads per kv head
     s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k.astype(dtype)) * scale  # [B, K, G, Sq, Sk]
-    masks.check_window(sliding_window)
     qp = jnp.arange(Sq) if q_positions is None else q_positions
     kp = jnp.arange(Sk) if kv_positions is None else kv_positions
     mask = masks.visible(qp, kp, None, None, causal, sliding_window)  # [1, Sq, Sk]

@@ -29,6 +29,7 @@ import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from ringattention import _validate as _checks
 from ringattention import implementations, layouts, masks, ulysses
 from ringattention._vma import _vma, full_like
 from ringattention.remat import LSE_NAME, OUT_NAME
@@ -279,16 +280,9 @@ def _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window=None):
         raise ValueError(f"query heads must be a multiple of kv heads; got {q.shape[2]=} "
                          f"{k.shape[2]=}")
     layouts.check_layout(layout)
-    if segment_ids is not None:
-        if getattr(segment_ids, "shape", None) != q.shape[:2]:
-            raise ValueError(f"segment_ids must be [batch, shard] = {q.shape[:2]}; got "
-                             f"segment_ids.shape={getattr(segment_ids, 'shape', None)}")
-        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-            raise TypeError(f"segment_ids must be integers; got {segment_ids.dtype=}")
-    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float))
-                                          and softmax_scale > 0):
-        raise ValueError(f"{softmax_scale=} must be a positive number or None")
-    masks.check_window(sliding_window)
+    _checks.segment_ids(segment_ids, q.shape[:2], dims="[batch, shard]")
+    _checks.softmax_scale(softmax_scale)
+    _checks.sliding_window(sliding_window)
 
 
 def _check_platform(impl, interpret: bool, q) -> None:
@@ -357,6 +351,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     Returns:
       [batch, q_shard, heads, head_dim] in ``q.dtype``.
     """
+    causal = _checks.causal(causal)
     _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window)
     ring_size = _axis_size(axis_name)
     # the ring's shard: with Ulysses, the U pieces of a ring shard held by the Ulysses group

@@ -12,6 +12,7 @@ import jax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from ringattention import _validate as checks
 from ringattention import implementations, layouts
 from ringattention.ring import ring_attention
 
@@ -49,6 +50,8 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     nh = _check_axis(mesh, head_axis, "head_axis")
     if q.ndim != 4 or k.ndim != 4:
         raise ValueError(f"q, k, v must be [batch, seq, heads, head_dim]; got {q.shape=} {k.shape=}")
+    causal = checks.causal(causal)
+    checks.segment_ids(segment_ids, q.shape[:2])
     layouts.check_divisible(q.shape[1], layout, n)
     if q.shape[1] % (n * nu):
         raise ValueError(f"sequence {q.shape[1]=} is not divisible by {seq_axis}={n} x "

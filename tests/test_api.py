@@ -1,5 +1,7 @@
 """Public API: input validation, sharded_attention on global arrays, blockwise_feedforward."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -123,3 +125,65 @@ def test_blockwise_feedforward_matches_and_saves_memory():
     assert mem(chunked) < 0.5 * mem(loss(mlp))
     with pytest.raises(ValueError, match="chunk_size=100"):
         ringattention.blockwise_feedforward(mlp, x, 100)
+
+
+def _sharded(q, k, v, **kw):
+    mesh = Mesh(np.array(jax.devices()[:4]), ("sp",))
+    return ringattention.sharded_attention(q, k, v, mesh, implementation="xla", **kw)
+
+
+@pytest.mark.parametrize("fn", ["reference", "sharded", "ring"])
+def test_causal_must_be_a_bool(fn):
+    q, k, v = (np.asarray(x) for x in _qkv())
+    call = {"reference": ringattention.reference_attention, "sharded": _sharded,
+            "ring": lambda q, k, v, **kw: _call(q, k, v, n=2, **kw)}[fn]
+    with pytest.raises(TypeError, match="causal='no' must be a bool"):
+        call(q, k, v, causal="no")
+    with pytest.raises(TypeError, match="causal=1 must be a bool"):
+        call(q, k, v, causal=1)
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(x.shape).astype(np.float32) for x in (q, k, v))
+    full = ringattention.reference_attention(q, k, v, causal=False)
+    np.testing.assert_allclose(call(q, k, v, causal=np.bool_(False)), full, rtol=1e-5, atol=1e-5)
+
+
+def test_numpy_scalars_are_numbers():
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 16, 4, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 16, 2, 8)).astype(np.float32) for _ in range(2))
+    want = ringattention.reference_attention(q, k, v, causal=True, softmax_scale=0.25)
+    for scale in (np.float32(0.25), np.float64(0.25)):
+        got = ringattention.reference_attention(q, k, v, causal=True, softmax_scale=scale)
+        np.testing.assert_array_equal(got, want)
+    ring = _sharded(q, k, v, causal=True, softmax_scale=np.float32(0.25), sliding_window=np.int64(5))
+    np.testing.assert_allclose(
+        ring, ringattention.reference_attention(q, k, v, causal=True, softmax_scale=0.25,
+                                                sliding_window=5), rtol=1e-5, atol=1e-5)
+    for bad in (np.float32(0.0), np.float32("nan"), True, "0.25"):
+        with pytest.raises(ValueError, match="softmax_scale="):
+            ringattention.reference_attention(q, k, v, softmax_scale=bad)
+
+
+@pytest.mark.parametrize("fn", ["reference", "sharded"])
+def test_segment_ids_shape_error_names_the_expected_shape(fn):
+    q, k, v = (np.asarray(x) for x in _qkv())
+    call = ringattention.reference_attention if fn == "reference" else _sharded
+    for bad in (np.zeros(16, np.int32), np.zeros((2, 16), np.int32)):
+        with pytest.raises(ValueError, match=r"segment_ids must be \[batch, seq\] = \(1, 16\); "
+                                             f"got segment_ids.shape={re.escape(str(bad.shape))}"):
+            call(q, k, v, segment_ids=bad)
+
+
+def test_windows_up_to_the_int32_range():
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((1, 16, 4, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 16, 2, 8)).astype(np.float32) for _ in range(2))
+    want = ringattention.reference_attention(q, k, v, causal=True)
+    for window in (2**31 - 1, 2**31, np.int64(2**40)):
+        got = ringattention.reference_attention(q, k, v, causal=True, sliding_window=window)
+        np.testing.assert_array_equal(got, want)
+    for window in (2**31 - 1, np.int64(2**40)):
+        ring = _sharded(q, k, v, causal=True, sliding_window=window)
+        np.testing.assert_allclose(ring, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="sliding_window=0"):
+        ringattention.reference_attention(q, k, v, sliding_window=0)

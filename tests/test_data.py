@@ -167,3 +167,32 @@ def test_hf_and_sentencepiece_tokenizers(tmp_path):
     assert sp.eos_id is not None and sp.vocab_size == 40
     with pytest.raises(ValueError, match="needs a tokenizer file"):
         get_tokenizer("hf")
+
+
+def test_undecodable_file_names_its_path(tmp_path):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf\xe9 au lait\n\n" * 3)
+    with pytest.raises(ValueError, match=f"data file '{bad}' is not UTF-8 text \\(byte 0xe9"):
+        data.read_documents([str(bad)])
+    gz = tmp_path / "broken.jsonl.gz"
+    gz.write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(ValueError, match=f"data file '{gz}' cannot be read"):
+        data.read_documents([str(gz)])
+
+
+def test_text_file_is_split_into_documents(tmp_path):
+    paragraphs = [f"paragraph {i} " + "word " * (i % 7) for i in range(50)]
+    text = "\n\n".join(paragraphs[:25]) + "\n \n\n" + "x" * 250 + "\n\n" + "\n\n".join(paragraphs[25:])
+    docs = data.split_text(text, 100)
+    assert all(len(d) <= 100 for d in docs) and len(docs) > 10
+    # every paragraph is there, whole and in order, except the long one, cut into 100-char pieces
+    parts = [p for d in docs for p in d.split("\n\n")]
+    assert parts == [*paragraphs[:25], "x" * 100, "x" * 100, "x" * 50, *paragraphs[25:]]
+    assert data.split_text(text, 0) == [text]
+    # one large text file is a corpus: enough documents for a held-out split and 8 streams
+    corpus = "\n\n".join(data.read_documents(data.default_paths()))
+    (tmp_path / "one.txt").write_text(corpus)
+    docs = data.read_documents([str(tmp_path / "one.txt")], text_doc_chars=8192)
+    assert len(docs) > 40 and all(len(d) <= 8192 for d in docs)
+    train_ids, eval_ids = data.split(len(docs), 0.05, 0)
+    assert len(train_ids) >= 8 and len(eval_ids) >= 1

@@ -204,3 +204,41 @@ def test_causal_paths_default_to_zigzag(params):
     # decoding from a zigzag cache: test_decode_steps_match_full_forward
     with pytest.raises(ValueError, match="seq_len=36 must be divisible by 8 .*'striped'"):
         gen.prefill(cfg, params, np.zeros((1, 36), np.int32), [3], mesh=mesh_of(4))
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--bogus"], "one of the arguments --hf --preset is required"),
+    (["--preset", "debug", "--prompt", "a", "--max-tokens", "3"], "unrecognized arguments: "
+                                                                 "--max-tokens 3"),
+    (["--preset", "debug"], "give at least one --prompt or --prompt-file"),
+    (["--preset", "debug", "--prompt", "a", "--temperature", "-1"], "bad sampling: "
+                                                                     "self.temperature=-1.0"),
+    (["--preset", "debug", "--prompt", "a", "--max-new-tokens", "0"], "--max-new-tokens=0 must"),
+    (["--preset", "nope", "--prompt", "a"], "config name='nope' is not a preset; choose one of"),
+    (["--hf", "/nonexistent", "--prompt", "a"], "[Errno 2] No such file or directory: "
+                                                "'/nonexistent/config.json'"),
+    (["--preset", "debug", "--prompt-file", "/nonexistent"], "--prompt-file '/nonexistent' cannot "
+                                                             "be read"),
+])
+def test_cli_mistakes_are_one_line(capsys, argv, error):
+    from models import cli
+
+    with pytest.raises(SystemExit) as exit_info:  # as `python -m models.generate` runs it
+        import sys
+
+        sys.exit(cli.run(gen.main, "python -m models.generate", argv))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"python -m models.generate: error: {error}"), err
+
+
+def test_train_generate_cli_mistakes_are_one_line(tmp_path, capsys):
+    from train import generate as train_generate
+
+    assert train_generate.cli(["--run_dir", str(tmp_path), "--prompt", "a"]) == 2
+    assert train_generate.cli(["needle", "--run_dir", str(tmp_path), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"python -m train.generate: error: config file '{tmp_path}/config.yaml' does "
+                   "not exist",
+                   f"python -m train.generate needle: error: config file '{tmp_path}/config.yaml' "
+                   "does not exist"]

@@ -101,7 +101,7 @@ def test_save_hf_writes_mistral(tmp_path):
     assert config_from_hf({**hf, "sliding_window": None}).sliding_window is None
 
 
-@pytest.mark.parametrize("window", [0, -1, 2.5, True])
+@pytest.mark.parametrize("window", [0, -1, 2.5, True, 2**31])
 def test_config_rejects_bad_windows(window):
     with pytest.raises(ValueError, match="sliding_window"):
         llama.get_config("debug", sliding_window=window)

@@ -212,3 +212,106 @@ def test_cpu_devices_must_match(tmp_path):
     with pytest.raises(ValueError, match="cpu_devices=4"):
         train.main(small(tmp_path, "--cpu_devices=4"))
     assert os.environ.get("JAX_PLATFORMS", "cpu") == "cpu"
+
+
+def test_failed_restore_reports_are_dropped():
+    # After a damaged checkpoint fails to restore, orbax's abandoned parallel reads each report an
+    # unraisable exception (pages of "Event loop is closed" tracebacks around the one-line
+    # `checkpoint error`); the hook drops those and passes any other report on.
+    import types
+
+    from train import checkpoint
+
+    async def _read_array_index_and_device_put():  # named like orbax's coroutine
+        pass
+
+    orbax_coro = _read_array_index_and_device_put()
+    orbax_coro.close()
+    code = orbax_coro.cr_code.replace(co_filename="/x/orbax/checkpoint/serialization.py")
+    passed = []
+    hook = checkpoint._quiet_hook(passed.append)
+    report = lambda exc, obj=None: types.SimpleNamespace(exc_value=exc, object=obj)  # noqa: E731
+    hook(report(RuntimeError("Event loop is closed")))
+    hook(report(Exception("Encountered error while reading"), types.SimpleNamespace(cr_code=code)))
+    other = report(ValueError("a user's own bug"))
+    hook(other)
+    assert passed == [other]
+
+
+def test_nonfinite_step_is_never_saved(tmp_path, capsys):
+    # The issue's run: a huge lr without clipping makes a step's gradient norm NaN.
+    import re
+
+    from train.guard import NonFiniteError
+
+    bad = ["--optim.lr=1e6", "--optim.clip_norm=0", "--checkpoint.every=1", "--checkpoint.keep=1"]
+    with pytest.raises(NonFiniteError) as info:
+        train.main(small(tmp_path / "stop", *bad))
+    step = int(re.match(r"step (\d+): loss=\S+ grad_norm=\S+ is not finite; nothing from it was "
+                        r"saved\. The last good step is (\d+)", str(info.value))[1])
+    assert f"The last good step is {step - 1} and its newest checkpoint is step {step - 1} in " \
+           f"'{tmp_path / 'stop' / 'checkpoints'}': relaunch to resume from it" in str(info.value)
+    ckpt = Checkpointer(str(tmp_path / "stop" / "checkpoints"), keep=1, async_save=False)
+    assert ckpt.steps() == [step - 1]  # keep=1 kept the newest finite one
+    from models.sharding import MeshConfig, make_mesh
+    from train.steps import abstract_params
+
+    like = abstract_params(llama.get_config("debug", **small(tmp_path).model.overrides),
+                           make_mesh(MeshConfig(fsdp=2, sp=4)))
+    saved = ckpt.restore(step - 1, like)["params"]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(saved))
+    # the command line: one line, exit status 1
+    assert cli.main(["--config", DEBUG, *SMALL, f"--run_dir={tmp_path / 'cli'}", "--cpu_devices=0",
+                     *bad]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"training stopped: step {step}: ") and "\n" not in err, err
+    # skip_nonfinite=N: such steps' updates are skipped, the run goes on and saves finite states
+    skipped = train.main(small(tmp_path / "skip", *bad, "--skip_nonfinite=10"))
+    assert skipped.step == 6
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(skipped.params))
+    assert f"step {step}: loss=" in capsys.readouterr().out
+
+
+def test_resume_checks_steps_changes_eval_and_metrics(tmp_path):
+    import json
+
+    from train.config import ConfigError
+
+    run = tmp_path / "run"
+    train.main(small(run, "--stop_at=4"))
+    config_yaml = (run / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=f"stop_at=3 but run_dir '{run}' already holds step 4: "
+                                          "nothing to train"):
+        train.main(small(run, "--stop_at=3"))
+    with pytest.raises(ConfigError, match="stop_at=4 but .* already holds step 4"):
+        train.main(small(run, "--stop_at=4"))  # its final evaluation is there: nothing to do
+    with pytest.raises(ConfigError, match=r"holds step 4 of a run with other data or model options: "
+                                          r"data.seed 0 -> 1, data.seq_len 64 -> 32 \(saved -> now\)"
+                                          r".*--resume.allow_changes=true"):
+        train.main(small(run, "--data.seed=1", "--data.seq_len=32"))
+    assert (run / "config.yaml").read_text() == config_yaml
+    # killed after checkpoint 4, before its final evaluation, with step 5 already logged
+    records = [r for r in read_metrics(str(run)) if "eval_loss" not in r]
+    records.append({**records[-1], "step": 5})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    final = train.main(small(run, "--stop_at=4"))
+    assert final.losses == {} and final.eval_loss is not None  # the evaluation alone ran
+    assert [r["step"] for r in read_metrics(str(run))] == [1, 2, 3, 4, 4]
+    # a data change the user asks for, and a logging change: both recorded in config.yaml
+    rest = train.main(small(run, "--data.seed=1", "--resume.allow_changes=true", "--log.every=2"))
+    assert sorted(rest.losses) == [5, 6]  # the first resumed step is always logged
+    steps = [(r["step"], "eval_loss" in r) for r in read_metrics(str(run))]
+    assert len(steps) == len(set(steps)) and max(s for s, _ in steps) == 6
+    header = (run / "config.yaml").read_text().splitlines()[0]
+    assert header == "# resumed at step 4: data.seed 0 -> 1, log.every 1 -> 2"
+    saved = config_lib.load(str(run / "config.yaml"))
+    assert (saved.data.seed, saved.log.every) == (1, 2)
+
+
+def test_one_text_file_trains(tmp_path):
+    from train import data
+
+    corpus = tmp_path / "corpus.txt"  # the embedded corpus as one ~570 KB text file
+    corpus.write_text("\n\n".join(data.read_documents(data.default_paths())))
+    result = train.main(small(tmp_path / "run", f"--data.paths=[{corpus}]", "--stop_at=2"))
+    assert sorted(result.losses) == [1, 2] and np.isfinite(result.eval_loss)

@@ -5,8 +5,17 @@ The config is read before jax is imported: ``cpu_devices: N`` sets
 ``deterministic: true`` sets ``--xla_gpu_deterministic_ops=true``. Mistakes in the config, and
 settings found not to work while setting up (data paths, a sequence the ring cannot split, a
 damaged checkpoint), end with one ``config error: ...`` / ``checkpoint error: ...`` line and exit
-status 2. In a multi-process job a failing process tells the others, which exit at once naming it
-(``train.distributed.Watchdog``).
+status 2 (so does a bare ``python -m train``, printing the usage). A step whose loss or gradient
+norm is not finite ends the run with one ``training stopped: ...`` line naming the last good step
+and its checkpoint, exit status 1 (``--skip_nonfinite=N`` skips such steps instead;
+``train.guard``). In a multi-process job a failing process tells the others, which exit at once
+naming it (``train.distributed.Watchdog``).
+
+Relaunching with the same ``run_dir`` resumes its newest complete checkpoint (``train.resume``):
+options that change the data stream or the model (data, model, mesh, optim.accum_steps,
+deterministic) must match ``run_dir/config.yaml`` unless ``--resume.allow_changes=true``; every
+accepted change is recorded there; ``--steps`` must exceed the resumed step (a missing final
+evaluation runs alone); ``metrics.jsonl`` keeps each step once.
 """
 
 from __future__ import annotations
@@ -43,6 +52,13 @@ def split_args(argv: list[str]) -> tuple[str | None, list[str]]:
     return path, rest
 
 
+def _split_or_none(argv: list[str]) -> tuple[str | None, list[str]]:
+    try:
+        return split_args(argv)
+    except ValueError:
+        return None, []
+
+
 def _set_xla_flag(prefix: str, flag: str) -> None:
     if "jax" in sys.modules:
         raise RuntimeError(f"{flag} must be set before jax is imported")
@@ -68,6 +84,9 @@ def _fail_before_start(path: str | None, overrides: list[str], message: str) -> 
     print(message, file=sys.stderr, flush=True)
     try:
         dist, cpu_devices = config_lib.load_launch(path, overrides)
+    except Exception:  # noqa: BLE001 - the file itself is bad: the environment alone may say more
+        dist, cpu_devices = config_lib.DistributedSection(), 0
+    try:
         from train import distributed
 
         if not distributed.wants_initialize(dist):
@@ -88,12 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print(USAGE + config_lib.help_text())
         return 0
-    path, overrides = split_args(argv)
+    if not argv:  # a bare `python -m train` would start a long run with every default
+        print(USAGE.splitlines()[0] + "\n(--help lists every option; configs/debug.yaml is the "
+              "small CPU demo)", file=sys.stderr)
+        return EXIT_SETUP
     try:
+        path, overrides = split_args(argv)
         config = config_lib.load(path, overrides)
         config_lib.check(config)
-    except (ValueError, TypeError, FileNotFoundError) as e:
-        return _fail_before_start(path, overrides, f"config error: {e}")
+    except (ValueError, TypeError, OSError) as e:
+        path, overrides = _split_or_none(argv)
+        return _fail_before_start(path, overrides, f"config error: {' '.join(str(e).split())}")
     if config.cpu_devices:
         use_cpu_devices(config.cpu_devices)
     if config.deterministic:
@@ -106,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from train import distributed, train
     from train.checkpoint import CheckpointError
+    from train.guard import NonFiniteError
 
     watchdog = None
     try:
@@ -118,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         if watchdog is not None:
             watchdog.fail(message, EXIT_SETUP)  # does not return
         return EXIT_SETUP
+    except NonFiniteError as e:
+        message = f"training stopped: {' '.join(str(e).split())}"
+        print(message, file=sys.stderr, flush=True)
+        if watchdog is not None:
+            watchdog.fail(message, EXIT_ERROR)  # does not return
+        return EXIT_ERROR
     except BaseException as e:
         if watchdog is None:
             raise

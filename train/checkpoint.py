@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -32,6 +34,28 @@ def _abstract(tree: Any) -> Any:
         return x if isinstance(x, jax.ShapeDtypeStruct) else ocp.utils.to_shape_dtype_struct(x)
 
     return jax.tree.map(one, tree)
+
+
+def _quiet_hook(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An ``sys.unraisablehook`` that drops the reports of orbax's abandoned parallel reads and
+    passes every other report to ``previous``."""
+    def hook(unraisable) -> None:
+        exc, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
+        closed = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+        if closed or "orbax" in getattr(code, "co_filename", ""):
+            return
+        previous(unraisable)
+
+    hook.quiet_failed_reads = True
+    return hook
+
+
+def quiet_failed_reads() -> None:
+    """After a restore fails, orbax's other reads of that step fail one by one once its event loop
+    has closed, each reported as an unraisable exception (pages of tracebacks and TensorStore specs
+    around the one error that matters): from now on, those reports are dropped."""
+    if not getattr(sys.unraisablehook, "quiet_failed_reads", False):
+        sys.unraisablehook = _quiet_hook(sys.unraisablehook)
 
 
 class Checkpointer:
@@ -98,11 +122,12 @@ class Checkpointer:
         try:
             out = self._manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # orbax/tensorstore raise many types for damaged files
+            quiet_failed_reads()
             older = [s for s in self.steps() if s < step]
             options = (f"resume an older complete step {older} with checkpoint.resume=STEP (e.g. "
                        f"--checkpoint.resume={older[-1]}; newer steps are then set aside, not "
                        "deleted)" if older else "there is no older complete step")
-            cause = " ".join(str(e).split())[:300]
+            cause = " ".join(str(e).split("See full TensorStore details")[0].split())[:300]
             raise CheckpointError(
                 f"checkpoint {step=} in {self.directory!r} is corrupt or does not match this "
                 f"config ({type(e).__name__}: {cause}). It was left untouched; fix the config, "

@@ -10,6 +10,7 @@ Large World Model (Liu, Yan, Zaharia & Abbeel 2024).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -48,9 +49,19 @@ _Loader.add_implicit_resolver(
 )
 
 
-def yaml_load(text: Any) -> Any:
-    """``yaml.safe_load`` that reads ``1e6`` as a float."""
-    return yaml.load(text, Loader=_Loader)
+def yaml_load(text: Any, where: str = "", option: bool = False) -> Any:
+    """``yaml.safe_load`` that reads ``1e6`` as a float. A syntax error is a ValueError naming
+    ``where`` (``file:line:column``, or the ``option`` and the column)."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = " ".join((getattr(e, "problem", None) or str(e)).split())
+        if option:
+            at = f" (column {mark.column + 1})" if mark is not None else ""
+            raise ValueError(f"{where} is not valid YAML{at}: {problem}") from None
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise ValueError(f"{where or 'YAML'}{at}: invalid YAML: {problem}") from None
 
 
 def opt(default: Any, doc: str) -> Any:
@@ -85,7 +96,11 @@ class MeshSection:
 class DataSection:
     paths: list = opt([], "Text (.txt) or JSONL (.jsonl, .jsonl.gz) files or globs, local or any "
                           "fsspec URL; empty: the public-domain corpus shipped in data/corpus.")
-    format: str = opt("auto", "auto (by extension), text (one document per file) or jsonl.")
+    format: str = opt("auto", "auto (by extension), text (plain text: blank-line paragraphs "
+                              "gathered into documents of up to data.text_doc_chars) or jsonl.")
+    text_doc_chars: int = opt(8192, "Characters per document of a text file: its paragraphs are "
+                                    "gathered into documents of at most this many (a longer "
+                                    "paragraph is cut into pieces of it); 0: one document per file.")
     text_key: str = opt("text", "JSONL field holding a document's text.")
     tokenizer: str = opt("byte", "byte (UTF-8 bytes, vocab 256), hf (tokenizers JSON file) or "
                                  "sentencepiece (.model file).")
@@ -120,6 +135,14 @@ class CheckpointSection:
                                     "any), never (refuse to start if run_dir has checkpoints), "
                                     "required, or a step number: resume that complete checkpoint "
                                     "(e.g. when the newest is damaged); newer ones are set aside.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeSection:
+    allow_changes: bool = opt(False, "Resume a run_dir whose config.yaml differs in options that "
+                                     "change the data stream or the model (data, model, mesh, "
+                                     "optim.accum_steps, deterministic); config.yaml then records "
+                                     "the change. Other changes are always accepted and recorded.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +198,9 @@ class TrainConfig:
     seed: int = opt(0, "Seed of parameter init and of the training rng.")
     stop_at: int = opt(0, "Stop after this step (checkpoint included) though the schedule runs to "
                           "steps, e.g. to fit a job's time limit; a later launch resumes (0: off).")
+    skip_nonfinite: int = opt(0, "0: a step whose loss or gradient norm is not finite stops the "
+                                 "run, naming the last good step (nothing from it is saved); N > 0: "
+                                 "such a step's update is skipped and only N + 1 in a row stop.")
     cpu_devices: int = opt(0, "Run on this many virtual CPU devices (0: the real devices).")
     deterministic: bool = opt(False, "Bitwise-reproducible runs (two runs, or a run stopped and "
                                      "resumed, give the same metrics): ring attention kernels whose "
@@ -186,6 +212,8 @@ class TrainConfig:
     data: DataSection = opt(None, "Data.")
     optim: OptimSection = opt(None, "Optimizer.")
     checkpoint: CheckpointSection = opt(None, "Checkpoints.")
+    resume: ResumeSection = opt(None, "What a resumed run may change (run_dir/config.yaml holds the "
+                                      "run's config).")
     log: LogSection = opt(None, "Metrics and logging.")
     eval: EvalSection = opt(None, "Evaluation.")
     sample: SampleSection = opt(None, "Sample printed at the end.")
@@ -281,7 +309,7 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, Any]]:
             i += 1
         else:
             raise ValueError(f"option {arg!r} has no value; write {arg}=VALUE")
-        out.append((key, yaml_load(raw) if raw != "" else ""))
+        out.append((key, yaml_load(raw, f"--{key}={raw}", option=True) if raw != "" else ""))
         i += 1
     return out
 
@@ -290,10 +318,7 @@ def load(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Reads a YAML config (None: all defaults) and applies ``--dotted.key=value`` overrides."""
     values: dict = {}
     if path is not None:
-        import fsspec
-
-        with fsspec.open(path, "r") as f:
-            values = yaml_load(f) or {}
+        values = _read_yaml(path)
         if not isinstance(values, dict):
             raise ValueError(f"config file {path!r} must hold a mapping, "
                              f"got {type(values).__name__}")
@@ -303,15 +328,26 @@ def load(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
     return build(TrainConfig, values)
 
 
+def _read_yaml(path: str) -> Any:
+    """The YAML document of file ``path`` ({} when empty); errors name the file."""
+    import fsspec
+
+    try:
+        with fsspec.open(path, "r", encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file {path!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"config file {path!r} cannot be read: {e}") from None
+    return yaml_load(text, path) or {}
+
+
 def load_launch(path: str | None, overrides: Sequence[str] = ()) -> tuple[DistributedSection, int]:
     """``(distributed section, cpu_devices)`` of a config whose other options may be wrong: what a
     process of a multi-process job needs to join the others and tell them its error."""
     values: dict = {}
     if path is not None:
-        import fsspec
-
-        with fsspec.open(path, "r") as f:
-            values = yaml_load(f) or {}
+        values = _read_yaml(path)
     try:
         pairs = parse_overrides(overrides)
     except ValueError:  # keep the --key=value ones that parse
@@ -364,12 +400,16 @@ _CHOICES = {
     "checkpoint.resume": ("auto", "never", "required"),
     "distributed.initialize": ("auto", "always", "never"),
 }
-_POSITIVE = ("data.seq_len", "data.batch_size", "optim.accum_steps", "checkpoint.keep",
+_POSITIVE = ("steps", "data.seq_len", "data.batch_size", "optim.accum_steps", "checkpoint.keep",
              "log.every", "eval.batches", "distributed.heartbeat_timeout",
              "distributed.shutdown_timeout")
-_NON_NEGATIVE = ("steps", "stop_at", "cpu_devices", "optim.warmup_steps", "checkpoint.every",
-                 "eval.every",
-                 "sample.tokens", "optim.lr", "optim.weight_decay", "optim.clip_norm")
+_NON_NEGATIVE = ("stop_at", "skip_nonfinite", "data.text_doc_chars", "cpu_devices",
+                 "optim.warmup_steps", "checkpoint.every", "eval.every",
+                 "sample.tokens", "optim.lr", "optim.weight_decay", "optim.clip_norm",
+                 "sample.temperature", "log.peak_tflops")
+# [low, high] or [low, high): the ratios of the schedule and AdamW's betas
+_RANGES = {"optim.min_lr_ratio": (0.0, 1.0, "]"), "optim.b1": (0.0, 1.0, ")"),
+           "optim.b2": (0.0, 1.0, ")"), "data.eval_fraction": (0.0, 1.0, ")")}
 
 
 def get(config: Any, key: str) -> Any:
@@ -394,8 +434,13 @@ def check(config: TrainConfig) -> None:
     for key in _NON_NEGATIVE:
         if get(config, key) < 0:
             raise ValueError(f"{key}={get(config, key)!r} must be >= 0")
-    if not 0.0 <= config.data.eval_fraction < 1.0:
-        raise ValueError(f"data.eval_fraction={config.data.eval_fraction!r} must be in [0, 1)")
+    _check_finite(config, "")
+    for key, (low, high, end) in _RANGES.items():
+        value = get(config, key)
+        if not (low <= value <= high if end == "]" else low <= value < high):
+            raise ValueError(f"{key}={value!r} must be in [{low:g}, {high:g}{end}")
+    if not config.optim.eps > 0:
+        raise ValueError(f"optim.eps={config.optim.eps!r} must be > 0")
     if config.data.batch_size % config.optim.accum_steps:
         raise ValueError(f"data.batch_size={config.data.batch_size} is not divisible by "
                          f"optim.accum_steps={config.optim.accum_steps}")
@@ -410,6 +455,19 @@ def check(config: TrainConfig) -> None:
         for name in ("seq_len", "batch_size", "rope_theta", "lr"):
             if getattr(stage, name) < 0:
                 raise ValueError(f"stages[{i}].{name}={getattr(stage, name)} must be >= 0")
+
+
+def _check_finite(section: Any, prefix: str) -> None:
+    """Every float option of ``section`` (and its subsections and stages) is finite."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_finite(value, f"{prefix}{f.name}.")
+        elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            for i, item in enumerate(value):
+                _check_finite(item, f"{prefix}{f.name}[{i}].")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{prefix}{f.name}={value!r} must be a finite number")
 
 
 def stage_configs(config: TrainConfig) -> list[TrainConfig]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,8 +45,34 @@ def _format_of(path: str, fmt: str) -> str:
     return "jsonl" if name.endswith((".jsonl", ".json")) else "text"
 
 
-def read_documents(paths: Sequence[str], fmt: str = "auto", text_key: str = "text") -> list[str]:
-    """Non-empty documents of text files (one per file) or JSONL files (one per line), in order."""
+def split_text(text: str, max_chars: int) -> list[str]:
+    """The documents of a text file: its blank-line-separated paragraphs, gathered in order into
+    documents of at most ``max_chars`` characters (joined by a blank line); a longer paragraph is
+    cut into pieces of ``max_chars``. ``max_chars`` 0: the whole text is one document."""
+    if max_chars < 0:
+        raise ValueError(f"{max_chars=} must be >= 0")
+    if max_chars == 0:
+        return [text]
+    docs, current = [], ""
+    for para in re.split(r"\n[ \t\r\f\v]*\n", text):
+        para = para.strip("\n")
+        if not para.strip():
+            continue
+        if current and len(current) + 2 + len(para) <= max_chars:
+            current = f"{current}\n\n{para}"
+            continue
+        if current:
+            docs.append(current)
+        pieces = [para[i : i + max_chars] for i in range(0, len(para), max_chars)]
+        docs += pieces[:-1]
+        current = pieces[-1]
+    return [*docs, current] if current else docs
+
+
+def read_documents(paths: Sequence[str], fmt: str = "auto", text_key: str = "text",
+                   text_doc_chars: int = 0) -> list[str]:
+    """Non-empty documents of text files (``split_text`` into documents of up to
+    ``text_doc_chars`` characters; 0: one per file) or JSONL files (one per line), in order."""
     import fsspec
 
     files = []
@@ -59,24 +86,36 @@ def read_documents(paths: Sequence[str], fmt: str = "auto", text_key: str = "tex
         raise ValueError(f"data.paths={list(paths)!r} lists no file")
     docs: list[str] = []
     for f in files:
-        kind = _format_of(f.path, fmt)
-        with f as handle:
-            if kind == "text":
-                docs.append(handle.read())
-                continue
-            for n, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{f.path}:{n} is not valid JSON: {e}") from None
-                if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
-                    raise ValueError(f"{f.path}:{n} has no string field data.text_key={text_key!r}")
-                docs.append(record[text_key])
+        try:
+            with f as handle:
+                docs += _read_file(handle, f.path, _format_of(f.path, fmt), text_key,
+                                   text_doc_chars)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"data file {f.path!r} is not UTF-8 text (byte "
+                             f"0x{e.object[e.start]:02x}: {e.reason}); data files must be UTF-8") from None
+        except (OSError, EOFError) as e:  # unreadable, or a damaged compressed file
+            raise ValueError(f"data file {f.path!r} cannot be read: {e}") from None
     docs = [d for d in docs if d.strip()]
     if not docs:
         raise ValueError(f"no non-empty documents in data.paths={list(paths)!r}")
+    return docs
+
+
+def _read_file(handle, path: str, kind: str, text_key: str, text_doc_chars: int) -> list[str]:
+    """The documents of one open file: pieces of its text, or one per JSONL line."""
+    if kind == "text":
+        return split_text(handle.read(), text_doc_chars)
+    docs = []
+    for n, line in enumerate(handle, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n} is not valid JSON: {e}") from None
+        if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
+            raise ValueError(f"{path}:{n} has no string field data.text_key={text_key!r}")
+        docs.append(record[text_key])
     return docs
 
 

@@ -19,10 +19,11 @@ from jax.sharding import Mesh
 
 from models import generate as gen
 from models import llama, needle
+from models.cli import run
 from models.tokenizer import get_tokenizer
 from train import config as config_lib
 from train import steps
-from train.checkpoint import Checkpointer
+from train.checkpoint import Checkpointer, CheckpointError
 
 
 def load_run(run_dir: str, mesh: Mesh | None = None, step: int | None = None, **overrides):
@@ -57,5 +58,13 @@ def main(argv: Sequence[str] | None = None):
     return gen.main(argv, load_run=load_run, prog="python -m train.generate")
 
 
+def cli(argv: Sequence[str] | None = None) -> int:
+    """``main`` as a command: a user error (bad option, missing or damaged run) is one line on
+    stderr and exit status 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = "python -m train.generate" + (" needle" if argv[:1] == ["needle"] else "")
+    return run(main, prog, argv, errors=(CheckpointError,))
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

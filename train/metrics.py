@@ -66,3 +66,20 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
         return []
     with fs.open(path, "r") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def drop_after(run_dir: str, step: int) -> int:
+    """Removes the records of steps after ``step`` from ``run_dir/metrics.jsonl`` (a resumed run
+    writes them again, so that no step is there twice); returns how many were removed."""
+    records = read_metrics(run_dir)
+    keep = [r for r in records if r.get("step", 0) <= step]
+    if len(keep) == len(records):
+        return 0
+    with fsspec.open(f"{run_dir.rstrip('/')}/metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in keep)
+    return len(records) - len(keep)
+
+
+def has_eval(run_dir: str, step: int) -> bool:
+    """Whether ``run_dir/metrics.jsonl`` holds an evaluation of ``step``."""
+    return any(r.get("step") == step and "eval_loss" in r for r in read_metrics(run_dir))

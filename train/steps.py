@@ -188,10 +188,14 @@ def make_train_step(model_cfg: llama.LlamaConfig, mesh: Mesh, tx: optax.Gradient
             (g, loss_sum, tokens), _ = jax.lax.scan(body, (g, loss_sum, tokens), rest)
         g = jax.tree.map(lambda x, p: (x / jnp.maximum(tokens, 1.0)).astype(p.dtype), g, params)
         grad_norm = _global_norm(g)
-        updates, opt_state = tx.update(g, opt_state, params)
+        loss = loss_sum / jnp.maximum(tokens, 1.0)
+        # a non-finite loss or gradient leaves the state as it was (train.guard stops or skips)
+        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        updates, new_opt_state = tx.update(g, opt_state, params)
+        updates = jax.tree.map(lambda u: jnp.where(ok, u, jnp.zeros_like(u)), updates)
+        opt_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_opt_state, opt_state)
         params = optax.apply_updates(params, updates)
-        metrics = {"loss": loss_sum / jnp.maximum(tokens, 1.0), "grad_norm": grad_norm,
-                   "tokens": tokens}
+        metrics = {"loss": loss, "grad_norm": grad_norm, "tokens": tokens, "ok": ok}
         return params, opt_state, metrics
 
     rep = NamedSharding(mesh, P())

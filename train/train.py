@@ -14,19 +14,19 @@ import os
 import time
 from typing import Any
 
-import fsspec
 import jax
 import numpy as np
-import yaml
 
 from models import llama
 from models.sharding import MeshConfig, make_mesh
 from models.tokenizer import get_tokenizer
 from train import config as config_lib
 from train import data as data_lib
-from train import distributed, optim, sample, steps
+from train import distributed, optim, resume, sample, steps
+from train import metrics as metrics_lib
 from train.checkpoint import Checkpointer, CheckpointError
 from train.config import ConfigError
+from train.guard import FiniteCheck
 from train.metrics import MetricsWriter, mfu, peak_tflops
 
 
@@ -52,8 +52,9 @@ def main(config: config_lib.TrainConfig) -> Result:
     config_lib.check(config)
     distributed.initialize(config.distributed)
     result = None
-    for stage in config_lib.stage_configs(config):
-        result = train_stage(stage, previous=result)
+    stages = config_lib.stage_configs(config)
+    for i, stage in enumerate(stages):
+        result = train_stage(stage, previous=result, done_ok=i < len(stages) - 1)
     return result
 
 
@@ -62,10 +63,7 @@ def _resume_step(ckpt: Checkpointer, mode: str | int) -> int | None:
         if mode not in ckpt.steps():
             raise CheckpointError(f"checkpoint.resume={mode}: {ckpt.directory!r} holds no complete "
                                   f"checkpoint for that step; complete steps: {ckpt.steps()}")
-        newer = ckpt.set_aside_after(mode)
-        if newer:
-            log0(f"resuming step {mode}: newer checkpoints {newer} set aside in {ckpt.directory}")
-        return mode
+        return mode  # newer checkpoints are set aside once the resume is checked (_set_aside)
     latest = ckpt.latest()
     if mode == "never" and latest is not None:
         raise CheckpointError(f"checkpoint.resume=never but {ckpt.directory!r} already holds "
@@ -77,8 +75,11 @@ def _resume_step(ckpt: Checkpointer, mode: str | int) -> int | None:
     return latest
 
 
-def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) -> Result:
-    """Trains one stage: ``config.steps`` steps in ``config.run_dir``."""
+def train_stage(config: config_lib.TrainConfig, previous: Result | None = None, *,
+                done_ok: bool = False) -> Result:
+    """Trains one stage: ``config.steps`` steps in ``config.run_dir``. ``done_ok``: a run_dir that
+    already holds the last step is passed on (a finished stage of a progressive schedule) instead
+    of being an error."""
     # --- Devices, mesh, model, tokenizer; data: this host's streams of packed rows, the held-out
     # split. A setting that cannot work raises ConfigError.
     mesh, model_cfg, tokenizer, data = _setup(config)
@@ -86,41 +87,37 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) 
     # --- Optimizer, shardings of the state, jitted steps (cached per model/mesh/optimizer).
     fns = steps.functions(model_cfg, mesh, config.optim, config.steps)
 
-    # --- Checkpoints: resume the newest complete one, else start (from the previous stage).
+    # --- Checkpoints: resume the newest complete one (what may change: train.resume), else start
+    # (from the previous stage).
+    stop = min(config.steps, config.stop_at or config.steps)
     with Checkpointer(f"{config.run_dir.rstrip('/')}/checkpoints", keep=config.checkpoint.keep,
                       async_save=config.checkpoint.async_save) as ckpt:
         rng = jax.random.key(config.seed)
         start = _resume_step(ckpt, config.checkpoint.resume)
+        final_eval = False  # a resumed run that stopped after its last checkpoint, before its eval
         if start is not None:
+            final_eval = (start == stop and data.eval_packer is not None
+                          and not metrics_lib.has_eval(config.run_dir, start))
+            resume.check_steps(config, start, stop, final_eval, done_ok)
+            resume.check_changes(config, start, log0)
+            _set_aside(ckpt, start)
             params, opt_state, rng = _restore(ckpt, start, fns, data, rng)
+            _forget_after(config.run_dir, start, stop, final_eval)
         else:
             start = 0
             params = _initial_params(config, fns, rng, previous)
             opt_state = jax.jit(fns.tx.init, out_shardings=fns.opt_shardings)(params)
-            _write_config(config)
+            resume.write_config(config)
 
         # --- Train (the first step compiles), checkpoint, evaluate.
-        stop = min(config.steps, config.stop_at or config.steps)
         log = _Logger(config, model_cfg, start, stop, data.maker.owned_rows())
-        eval_loss = None
-        for step in range(start + 1, stop + 1):
-            rows = data.packer.next_rows()  # this host's rows, natural order
-            log.count(rows)
-            batch = data.maker.batch(rows)
-            params, opt_state, metrics = fns.train_step(params, opt_state, batch)
-            log.train(step, metrics)
-            if config.checkpoint.every and step % config.checkpoint.every == 0 or step == stop:
-                data_state = data.maker.state(data.packer.get_state())
-                _save(ckpt, step, params, opt_state, rng, data_state, config)
-            if data.eval_packer is not None and (
-                    config.eval.every and step % config.eval.every == 0 or step == stop):
-                eval_loss = _evaluate(config, fns.eval_step, params, data)
-                log.eval(step, eval_loss)
+        params, eval_loss = _train(config, fns, data, ckpt, log, (params, opt_state, rng),
+                                   start, stop, final_eval)
         log.close()
 
-    # --- A short sample from the trained model.
+    # --- A short sample from the trained model (not from a finished stage passed on).
     text = None
-    if config.sample.tokens:
+    if config.sample.tokens and (start < stop or final_eval):
         text = sample.generate(model_cfg, params, mesh, tokenizer, config.sample.prompt,
                                tokens=config.sample.tokens, temperature=config.sample.temperature,
                                length=config.data.seq_len, rng=jax.random.fold_in(rng, stop))
@@ -128,6 +125,53 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None) 
     log0(f"done: step {stop}, run_dir {config.run_dir}"
          + (f", eval loss {eval_loss:.4f}" if eval_loss is not None else ""))
     return Result(config.run_dir, stop, log.losses, eval_loss, params, text)
+
+
+def _train(config, fns: steps.Functions, data: _Data, ckpt, log: _Logger, state, start: int,
+           stop: int, final_eval: bool):
+    """Steps ``start + 1 .. stop`` with checkpoints and evaluations (only the evaluation of
+    ``stop`` when ``final_eval`` and there is nothing to train); returns (params, eval loss)."""
+    params, opt_state, rng = state
+    finite = FiniteCheck(config.skip_nonfinite, ckpt, log0)  # never saves a non-finite step
+    eval_loss = None
+    for step in range(start + 1, stop + 1):
+        rows = data.packer.next_rows()  # this host's rows, natural order
+        log.count(rows)
+        batch = data.maker.batch(rows)
+        params, opt_state, metrics = fns.train_step(params, opt_state, batch)
+        finite.add(step, metrics)
+        log.train(step, metrics)
+        save = config.checkpoint.every and step % config.checkpoint.every == 0 or step == stop
+        evaluate = data.eval_packer is not None and (
+            config.eval.every and step % config.eval.every == 0 or step == stop)
+        if save or evaluate:
+            finite.settle()
+        if save:
+            data_state = data.maker.state(data.packer.get_state())
+            _save(ckpt, step, params, opt_state, rng, data_state, config)
+        if evaluate:
+            eval_loss = _evaluate(config, fns.eval_step, params, data)
+            log.eval(step, eval_loss)
+    finite.settle()
+    if final_eval:
+        eval_loss = _evaluate(config, fns.eval_step, params, data)
+        log.eval(stop, eval_loss)
+    return params, eval_loss
+
+
+def _set_aside(ckpt: Checkpointer, step: int) -> None:
+    newer = ckpt.set_aside_after(step)  # checkpoint.resume=STEP: files kept, renamed
+    if newer:
+        log0(f"resuming step {step}: newer checkpoints {newer} set aside in {ckpt.directory}")
+
+
+def _forget_after(run_dir: str, start: int, stop: int, final_eval: bool) -> None:
+    """Says what the resumed run does; drops the metrics of steps after ``start`` (they run again)."""
+    removed = metrics_lib.drop_after(run_dir, start) if jax.process_index() == 0 else 0
+    what = (f"training steps {start + 1}-{stop}" if start < stop else
+            "running its missing final evaluation" if final_eval else "finished: passed on")
+    log0(f"resumed step {start} in {run_dir}: {what}"
+         + (f" ({removed} metrics records of later steps dropped)" if removed else ""))
 
 
 def _setup(config: config_lib.TrainConfig):
@@ -168,7 +212,8 @@ def _data(config, mesh, model_cfg, tokenizer) -> _Data:
     seq, batch = config.data.seq_len, config.data.batch_size
     micro = batch // config.optim.accum_steps
     docs = data_lib.read_documents(config.data.paths or data_lib.default_paths(),
-                                   config.data.format, config.data.text_key)
+                                   config.data.format, config.data.text_key,
+                                   config.data.text_doc_chars)
     train_ids, eval_ids = data_lib.split(len(docs), config.data.eval_fraction, config.data.seed)
     maker = steps.BatchMaker(mesh, config.optim.accum_steps, micro, seq, model_cfg.layout)
     common = dict(seq_len=seq, seed=config.data.seed, append_eos=config.data.append_eos)
@@ -189,7 +234,6 @@ def _restore(ckpt, step, fns: steps.Functions, data: _Data, rng):
     restored = ckpt.restore(step, fns.params_abstract, train_like)
     tr = restored["train"]
     data.packer.set_state(data.maker.local_state(tr["data"]))
-    log0(f"resumed from step {step} in {ckpt.directory}")
     rng = jax.random.wrap_key_data(np.asarray(tr["rng"]))
     return restored["params"], tr["opt_state"], rng
 
@@ -238,8 +282,6 @@ class _Logger:
                   "seq_len": self.seq, "tokens": float(m["tokens"])}
         self.writer.write(record)
         self.losses[step], self.timer, self.window_flops = record["loss"], (now, step), 0
-        if not math.isfinite(record["loss"]):
-            raise FloatingPointError(f"loss is {record['loss']} at {step=}")
         self.bar.set_postfix(loss=f"{record['loss']:.3f}")
 
     def eval(self, step: int, loss: float) -> None:
@@ -291,15 +333,6 @@ def _evaluate(config, eval_step, params, data: _Data) -> float:
         loss_sum, n = eval_step(params, data.eval_maker.batch(packer.next_rows()))
         total, tokens = total + float(loss_sum), tokens + float(n)
     return total / max(tokens, 1.0)
-
-
-def _write_config(config) -> None:
-    if jax.process_index() != 0:
-        return
-    fs, path = fsspec.core.url_to_fs(config.run_dir)
-    fs.makedirs(path, exist_ok=True)
-    with fs.open(f"{path.rstrip('/')}/config.yaml", "w") as f:
-        yaml.safe_dump(config_lib.to_dict(config), f, sort_keys=False)
 
 
 def _progress(config, start: int, stop: int):
