@@ -70,7 +70,7 @@ class BlockSizes:
 
 
 _DEFAULTS = {  # H200 sweeps, bf16: benchmarks/results/pallas_gpu_h200_notes.md (D=64 forward block:
-    # pallas_gpu_sweep_d64_gqa_h200.md, 32K tokens, H=32/K=8, the 1B model's attention shape)
+    # pallas_gpu_sweep_h200.md's d64_gqa section, 32K tokens, H=32/K=8, the 1B model's shape)
     64: BlockSizes(block_q=128, block_k=128, fwd_warps=4, fwd_stages=3, block_q_dq=64,
                    block_k_dq=64, block_q_dkv=64, block_k_dkv=64, bwd_warps=4, bwd_stages=3),
     128: BlockSizes(),
