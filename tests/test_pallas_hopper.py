@@ -3,7 +3,7 @@
 Interpret mode executes the real kernel structure (three warpgroups, TMA copies, barriers, the slot
 ring, masks from global positions and segment ids); only wgmma and register layouts are replaced by
 plain ``jnp`` (``hopper_kernels.Ops``), so those are checked on the device only
-(``benchmarks/hopper_check.py``). The interpreter simulates a single GPU, so ring runs here use one
+(``tools/hopper_check.py``). The interpreter simulates a single GPU, so ring runs here use one
 device; ring steps with other offsets are covered at the kernel level (query block after, overlapping
 and before the key block). All backwards are checked: the two-kernel Mosaic GPU one (what
 ``deterministic=True`` runs), the fused Mosaic GPU one (``BlockSizes(backward="fused")``, the

@@ -32,7 +32,7 @@ Interpret mode (CPU): Mosaic GPU's interpreter implements neither TMA reductions
 ``FusedOps.reduce_add`` becomes a read-modify-write of the warpgroup's own dq slice. That is exact
 there because the interpreter runs grid points one after another and each slice has one writer per
 CTA; the device's TMA reduce-add (and the ``wait_smem_to_gmem`` / ``commit_smem`` ordering around
-its staging buffer) is checked on the device only (``benchmarks/hopper_check.py``; results in
+its staging buffer) is checked on the device only (``tools/hopper_check.py``; results in
 docs/kernels.md).
 """
 
