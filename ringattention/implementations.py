@@ -32,6 +32,21 @@ Query head ``h`` reads kv head ``h // (H // K)``; kv heads are never repeated in
 With a sliding window the ring passes ``window=W`` (a positive int) to both functions as one more
 keyword: a key is then visible only if ``|q_pos - k_pos| < W`` as well. It is passed only when a
 window is set, so an implementation without windows keeps working for everything else.
+
+Optional features, each passed to both functions only when used, and only to implementations that
+list it in ``Implementation.features`` ("auto" passes over the others; naming one that lacks a
+feature the call uses is a ValueError):
+
+``"softcap"``: keyword ``softcap=C`` (float > 0): the logits are ``C * tanh(softmax_scale * q.k / C)``
+    (Gemma 2), masked after capping; the backward multiplies ``ds`` by ``1 - (s / C) ** 2``.
+``"prefix"``: keyword ``prefix`` int32 [B]: a bidirectional prefix per batch row (``masks.visible``);
+    passed only with ``causal=True``.
+``"bidirectional"``: keyword ``bidirectional=True``: segments with negative ids are bidirectional
+    (``masks.visible``); passed only with ``causal=True`` and segment ids.
+``"v_head_dim"``: v has its own head dim Dv: v [B, Sk, K, Dv], o and do [B, Sq, H, Dv], dv
+    [B, Sk, K, Dv] (MLA shapes: 192 for q/k, 128 for v).
+
+Attention sinks never reach a step: the ring merges them into the final lse once (``ring.py``).
 """
 
 from __future__ import annotations
@@ -51,6 +66,8 @@ class Implementation:
     available: Callable[..., bool] = lambda mesh=None: True  # (mesh) -> bool
     # (shard) -> bool: the kernel takes a ring shard of this many tokens; "auto" passes over it if not
     takes_shard: Callable[[int], bool] = lambda shard: True
+    # optional features of the step contract (module docstring) that the kernel implements
+    features: frozenset[str] = frozenset()
 
     def load(self):
         return importlib.import_module(self.module)
@@ -90,13 +107,19 @@ def platform(mesh=None) -> str:
     return "gpu" if name in ("cuda", "rocm") else name
 
 
+FEATURES = ("softcap", "prefix", "bidirectional", "v_head_dim")
+
+
 def resolve(name: str, mesh=None, checked_vma: bool = False,
-            shard: int | None = None) -> Implementation:
+            shard: int | None = None, needs: frozenset[str] = frozenset()) -> Implementation:
     """Returns the implementation called ``name`` ("auto": the best for the platform of ``mesh``,
     or of the mesh being traced; see :func:`mesh_device`). ``checked_vma``: the call sits in a
     ``shard_map(check_vma=True)``, so "auto" takes only kernels that type-check there. ``shard``:
     the ring's shard length, so "auto" takes only kernels that take it (pallas_tpu: multiples of
-    128 tokens; a decoder's short prefill falls back to "xla")."""
+    128 tokens; a decoder's short prefill falls back to "xla"). ``needs``: the optional features
+    (module docstring) the call uses; "auto" takes only kernels that have them all, a named one
+    that lacks one is a ValueError."""
+    needs = frozenset(needs)
     if name == "auto":
         where = platform(mesh)
         for candidate in AUTO_ORDER:
@@ -105,12 +128,19 @@ def resolve(name: str, mesh=None, checked_vma: bool = False,
                 continue
             if shard is not None and not impl.takes_shard(shard):
                 continue
+            if not needs <= impl.features:
+                continue
             if where in impl.platforms and impl.available(mesh):
                 return impl
         return _REGISTRY["xla"]
     if name not in _REGISTRY:
         raise ValueError(f"implementation={name!r} is not known; choose one of {names()}")
-    return _REGISTRY[name]
+    impl = _REGISTRY[name]
+    if not needs <= impl.features:
+        have = [n for n, i in _REGISTRY.items() if needs <= i.features]
+        raise ValueError(f"implementation={name!r} does not support {sorted(needs - impl.features)}"
+                         f"; these do: {have} (or 'auto')")
+    return impl
 
 
 def checks_vma(name: str, interpret) -> bool:
@@ -127,7 +157,8 @@ def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int,
     return block_sizes if hook is None else hook(block_sizes, head_dim, causal)
 
 
-register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu")))
+register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu"),
+                        features=frozenset()))
 # TPU tiles: sequence blocks are multiples of 128 lanes (kernels/tpu_blocks.py)
 register(Implementation("pallas_tpu", "ringattention.kernels.pallas_tpu", platforms=("tpu",),
                         takes_shard=lambda shard: shard % 128 == 0))

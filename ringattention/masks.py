@@ -2,7 +2,14 @@
 
 A query at global position ``qp`` with segment id ``qs`` sees a key at ``kp`` with id ``ks`` iff
 ``ks == qs`` (when segment ids are given), ``kp <= qp`` (when causal) and ``|qp - kp| < window``
-(with a sliding window, Longformer / Mistral style: Beltagy et al. 2020, Jiang et al. 2023). Kernels
+(with a sliding window, Longformer / Mistral style: Beltagy et al. 2020, Jiang et al. 2023).
+Two masks relax the causal condition (and apply only when causal):
+
+* ``prefix`` int [B]: a bidirectional prefix per batch row (prefix LM: Raffel et al. 2020, T5;
+  PaliGemma): every key at ``kp < prefix[b]`` is visible, so the prefix sees itself both ways and
+  everything after it is causal.
+* ``bidirectional``: segments with a *negative* id are bidirectional (an image, or an encoder
+  document packed among causal ones): their queries see every key of the same segment. Kernels
 work on blocks, so besides the elementwise mask this module classifies whole (query block, key block)
 pairs as
 
@@ -32,14 +39,21 @@ def check_window(window) -> None:
         raise ValueError(f"sliding_window={window!r} must be a positive int or None")
 
 
-def visible(q_pos, k_pos, q_seg, k_seg, causal: bool, window: int | None = None):
-    """Elementwise visibility. q_pos [Sq], k_pos [Sk], q_seg [B, Sq] | None, k_seg [B, Sk] | None.
+def visible(q_pos, k_pos, q_seg, k_seg, causal: bool, window: int | None = None, prefix=None,
+            bidirectional: bool = False):
+    """Elementwise visibility. q_pos [Sq], k_pos [Sk], q_seg [B, Sq] | None, k_seg [B, Sk] | None,
+    prefix int [B] | None; ``bidirectional`` needs segment ids.
 
     Returns bool [B or 1, Sq, Sk].
     """
     mask = jnp.ones((1, q_pos.shape[0], k_pos.shape[0]), bool)
     if causal:
-        mask = mask & (k_pos[None, None, :] <= q_pos[None, :, None])
+        before = k_pos[None, None, :] <= q_pos[None, :, None]  # [1, Sq, Sk]
+        if prefix is not None:
+            before = before | (k_pos[None, None, :] < prefix[:, None, None])  # [B, Sq, Sk]
+        if bidirectional:
+            before = before | (q_seg < 0)[:, :, None]  # [B, Sq, Sk]
+        mask = mask & before
     if window is not None:
         d = q_pos[None, :, None] - k_pos[None, None, :]  # [1, Sq, Sk]
         mask = mask & (d < window) & (-d < window)
@@ -55,11 +69,12 @@ def _block_min_max(x, block: int):
 
 
 def block_table(q_pos, k_pos, q_seg, k_seg, causal: bool, block_q: int, block_k: int,
-                window: int | None = None):
+                window: int | None = None, prefix=None, bidirectional: bool = False):
     """Classifies block pairs as SKIP / PARTIAL / FULL. int32 [B or 1, Sq // block_q, Sk // block_k].
 
     q_pos [Sq], k_pos [Sk] int32; q_seg [B, Sq], k_seg [B, Sk] int or None. Sq and Sk must be multiples
-    of the block sizes. ``window``: None or the sliding window (``|qp - kp| < window``).
+    of the block sizes. ``window``: None or the sliding window (``|qp - kp| < window``); ``prefix``
+    and ``bidirectional`` as in :func:`visible`.
     """
     if q_pos.shape[0] % block_q or k_pos.shape[0] % block_k:
         raise ValueError(f"{q_pos.shape=} {k_pos.shape=} not multiples of {block_q=} {block_k=}")
@@ -68,8 +83,17 @@ def block_table(q_pos, k_pos, q_seg, k_seg, causal: bool, block_q: int, block_k:
     if causal:
         qmin, qmax = _block_min_max(q_pos, block_q)  # [nq]
         kmin, kmax = _block_min_max(k_pos, block_k)  # [nk]
-        any_visible = any_visible & (kmin[None, None, :] <= qmax[None, :, None])
-        all_visible = all_visible & (kmax[None, None, :] <= qmin[None, :, None])
+        any_c = kmin[None, None, :] <= qmax[None, :, None]  # [1, nq, nk]
+        all_c = kmax[None, None, :] <= qmin[None, :, None]
+        if prefix is not None:  # [B, 1, 1]: keys below the row's prefix are visible
+            any_c = any_c | (kmin[None, None, :] < prefix[:, None, None])
+            all_c = all_c | (kmax[None, None, :] < prefix[:, None, None])
+        if bidirectional:  # [B, nq, 1]: some / every query of the block is in a negative segment
+            qsmin, qsmax = _block_min_max(q_seg, block_q)
+            any_c = any_c | (qsmin < 0)[:, :, None]
+            all_c = all_c | (qsmax < 0)[:, :, None]
+        any_visible = any_visible & any_c
+        all_visible = all_visible & all_c
     if window is not None:
         any_w, all_w = _window_blocks(q_pos, k_pos, block_q, block_k, window)
         any_visible = any_visible & any_w

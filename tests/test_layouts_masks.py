@@ -75,3 +75,26 @@ def test_causal_work_balance():
     # all layouts do the same total work (the causal triangle at block granularity, up to the
     # diagonal blocks which striped cannot skip)
     assert work["contiguous"].sum() <= work["zigzag"].sum() <= work["striped"].sum()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+@pytest.mark.parametrize("prefix,bidirectional", [(True, False), (False, True), (True, True)])
+def test_block_table_with_prefix_and_bidirectional_segments(layout, prefix, bidirectional):
+    """FULL blocks are fully visible, SKIP blocks fully hidden, under the relaxed causal masks."""
+    B, S, n, bq, bk = 3, 32, 4, 4, 8
+    perm = layouts.permutation(S * n, layout, n).reshape(n, S)
+    q_pos, k_pos = jnp.asarray(perm[1]), jnp.asarray(perm[2])  # keys mostly after queries
+    seg = (np.arange(S * n)[None] + 7 * np.arange(B)[:, None]) // 20  # [B, L] documents of 20
+    seg = np.where(seg % 2 == 1, -seg, seg) if bidirectional else seg  # odd segments bidirectional
+    q_seg, k_seg = jnp.asarray(seg[:, perm[1]]), jnp.asarray(seg[:, perm[2]])
+    pre = jnp.asarray([0, 70, 128]) if prefix else None
+    vis = masks.visible(q_pos, k_pos, q_seg, k_seg, True, None, pre, bidirectional)  # [B, S, S]
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, True, bq, bk, None, pre, bidirectional)
+    blocks = np.asarray(vis).reshape(B, S // bq, bq, S // bk, bk)
+    any_, all_ = blocks.any((2, 4)), blocks.all((2, 4))
+    t = np.asarray(table)
+    assert np.all(any_[t == masks.SKIP] == 0) and np.all(all_[t == masks.FULL])
+    assert (t != masks.PARTIAL).any()  # some blocks are skipped or run unmasked
+    # a prefix row sees keys after the query inside its prefix; a bidirectional segment likewise
+    after = np.asarray(k_pos)[None, None, :] > np.asarray(q_pos)[None, :, None]
+    assert np.asarray(vis)[np.broadcast_to(after, vis.shape)].any()
