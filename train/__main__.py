@@ -24,6 +24,7 @@ import os
 import sys
 
 from train import config as config_lib
+from train import shadowing_models
 
 USAGE = """usage: python -m train --config CONFIG.yaml [--section.key=value ...]
 
@@ -104,6 +105,12 @@ def _fail_before_start(path: str | None, overrides: list[str], message: str) -> 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    shadow = shadowing_models()
+    if shadow is not None:
+        print(f"config error: {shadow} shadows this project's `models` package (python -m puts the "
+              "working directory first on the import path); run `ringattention-train` instead, or "
+              "run from another directory", file=sys.stderr)
+        return EXIT_SETUP
     if "-h" in argv or "--help" in argv:
         print(USAGE + config_lib.help_text())
         return 0

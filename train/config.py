@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pathlib
 import re
+import sys
 import types
 import typing
 from collections.abc import Sequence
@@ -95,7 +97,7 @@ class MeshSection:
 @dataclasses.dataclass(frozen=True)
 class DataSection:
     paths: list = opt([], "Text (.txt) or JSONL (.jsonl, .jsonl.gz) files or globs, local or any "
-                          "fsspec URL; empty: the public-domain corpus shipped in data/corpus.")
+                          "fsspec URL; empty: the public-domain corpus shipped in train/corpus.")
     format: str = opt("auto", "auto (by extension), text (plain text: blank-line paragraphs "
                               "gathered into documents of up to data.text_doc_chars) or jsonl.")
     text_doc_chars: int = opt(8192, "Characters per document of a text file: its paragraphs are "
@@ -318,6 +320,7 @@ def load(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Reads a YAML config (None: all defaults) and applies ``--dotted.key=value`` overrides."""
     values: dict = {}
     if path is not None:
+        path = preset_path(path)
         values = _read_yaml(path)
         if not isinstance(values, dict):
             raise ValueError(f"config file {path!r} must hold a mapping, "
@@ -326,6 +329,36 @@ def load(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
         _check_key(key)
         _set_dotted(values, key, value)
     return build(TrainConfig, values)
+
+
+def preset_dirs() -> list[pathlib.Path]:
+    """Where the preset YAMLs live: the checkout's ``configs/`` and, installed from a wheel,
+    ``<prefix>/share/ringattention/configs`` (pyproject's data-files) of the environment or of the
+    prefix holding this package (``pip install --prefix/--user``: <prefix>/lib/pythonX.Y/...)."""
+    here = pathlib.Path(__file__).resolve()
+    share = ("share", "ringattention", "configs")
+    return [here.parents[1] / "configs", pathlib.Path(sys.prefix).joinpath(*share),
+            here.parents[4].joinpath(*share) if len(here.parents) > 4 else here.parents[1]]
+
+
+def presets() -> list[str]:
+    """Names of the preset configs found in :func:`preset_dirs`."""
+    return sorted({p.stem for d in preset_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+
+
+def preset_path(path: str) -> str:
+    """``path`` itself if it exists (or is a URL); else the preset it names (``debug``,
+    ``debug.yaml`` or ``configs/debug.yaml``) in :func:`preset_dirs`. FileNotFoundError naming the
+    path and the presets when neither exists."""
+    if "://" in path or pathlib.Path(path).exists():
+        return path
+    name = pathlib.Path(path).name
+    name = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
+    for d in preset_dirs():
+        if (d / name).is_file():
+            return str(d / name)
+    raise FileNotFoundError(f"config file {path!r} does not exist and names no preset; presets: "
+                            f"{presets()}")
 
 
 def _read_yaml(path: str) -> Any:
@@ -347,6 +380,7 @@ def load_launch(path: str | None, overrides: Sequence[str] = ()) -> tuple[Distri
     process of a multi-process job needs to join the others and tell them its error."""
     values: dict = {}
     if path is not None:
+        path = preset_path(path)
         values = _read_yaml(path)
     try:
         pairs = parse_overrides(overrides)

@@ -1,4 +1,4 @@
-"""Regenerates ``data/corpus/kjv.jsonl``: chapters of the King James Bible (public domain).
+"""Regenerates ``train/corpus/kjv.jsonl``: chapters of the King James Bible (public domain).
 
 The text comes from Debian's ``bible-kjv`` package (``apt-get install bible-kjv``), whose ``bible``
 program prints verses. Each chapter becomes one JSONL document ``{"text": ..., "source": ...}``.
@@ -14,7 +14,7 @@ import subprocess
 
 BOOKS = ("Genesis", "Ruth", "Esther", "Proverbs", "Ecclesiastes", "Jonah", "Mark", "Luke")
 VERSE = re.compile(r"^\S+?(\d+):(\d+) (.*)$")
-OUT = pathlib.Path(__file__).parent / "corpus" / "kjv.jsonl"
+OUT = pathlib.Path(__file__).parent / "kjv.jsonl"
 
 
 def chapter(book: str, number: int) -> list[str]:
