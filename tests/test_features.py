@@ -79,6 +79,12 @@ def test_ulysses_ring_with_sinks_and_softcap():
                        softcap=2.0, prefix=True), implementation="xla", block_sizes=BlockSizes(4, 4))
 
 
+def test_sinks_gradient_without_check_vma():
+    # shard_map(check_vma=False) (pallas_hopper's): dsinks per device, summed over the mesh
+    check_ring(Problem(n=2, layout="striped", sinks=True, kv_heads=1), implementation="xla",
+               block_sizes=BS, check_vma=False)
+
+
 def test_large_logits_with_softcap_and_sinks_stay_finite():
     # logits x100: tanh saturates; the sink and the lse merge relative to their max
     pb = Problem(n=4, layout="zigzag", segments=True, logit_scale=100.0, softcap=5.0, sinks=True)
@@ -142,8 +148,12 @@ def test_prefix_as_int_is_the_same_for_every_row():
     assert not np.allclose(a, c)
 
 
-def test_sharded_attention_with_features():
-    # batch over "dp" (prefix_length too), heads over "tp" (the sinks too), MLA v head dim.
+@pytest.mark.parametrize("check_vma", (True, False))
+def test_sharded_attention_with_features(check_vma, monkeypatch):
+    # batch over "dp" (prefix_length too), heads over "tp" (the sinks too), MLA v head dim. Without
+    # check_vma (pallas_hopper's shard_map) the sinks' per-device cotangents are summed by
+    # shard_map's transpose instead of by the ring's pcast.
+    monkeypatch.setattr(implementations, "checks_vma", lambda name, interpret: check_vma)
     mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("dp", "sp", "tp"))
     pb = Problem(n=2, shard=8, batch=2, heads=4, kv_heads=2, head_dim=8, v_head_dim=4,
                  sinks=True, prefix=True)
@@ -157,7 +167,8 @@ def test_sharded_attention_with_features():
         o = ringattention.sharded_attention(q, k, v, mesh, sinks=snk, **kw)
         return (o * do).sum(), o
 
-    grads, out = jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, jnp.asarray(ex["sinks"]))
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
+    grads, out = grad(q, k, v, jnp.asarray(ex["sinks"]))
     want = reference64(q, k, v, do, causal=True, seg=None, sinks=ex["sinks"], softcap=2.0,
                        prefix=ex["prefix"])
     assert out.shape == (2, 16, 4, 4)
