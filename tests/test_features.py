@@ -52,7 +52,6 @@ DEFAULT_CASES = [
     (3, "zigzag", "sinks", 1, False),
     (2, "zigzag", "softcap", 4, True),
     (4, "contiguous", "prefix", 2, True),
-    (3, "striped", "prefix", 1, False),
     (4, "contiguous", "bidir", 2, True),
     (8, "striped", "mla", 2, True),
     (4, "contiguous", "all", 2, True),
@@ -87,7 +86,7 @@ def test_sinks_gradient_without_check_vma():
 
 def test_large_logits_with_softcap_and_sinks_stay_finite():
     # logits x100: tanh saturates; the sink and the lse merge relative to their max
-    pb = Problem(n=4, layout="zigzag", segments=True, logit_scale=100.0, softcap=5.0, sinks=True)
+    pb = Problem(n=2, layout="zigzag", segments=True, logit_scale=100.0, softcap=5.0, sinks=True)
     errs = check_ring(pb, implementation="xla", block_sizes=BS)
     assert all(np.isfinite(errs))
 
