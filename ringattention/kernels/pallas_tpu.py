@@ -36,9 +36,9 @@ from ringattention.kernels.tpu_blocks import (
     tables,
 )
 from ringattention.kernels.tpu_features import (
-    cap,
     cap_grad,
     feature_cfg,
+    logits,
     prefix_aux,
     visible,
 )
@@ -158,7 +158,7 @@ def _fwd_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
         acc_sc[...] = jnp.zeros(acc_sc.shape, F32)
 
     def update(masked: bool):
-        s = cap(_dot(q_ref[...], k_ref[...], NT, cfg) * cfg.scale, cfg)  # [bq, bk]
+        s = logits(_dot(q_ref[...], k_ref[...], NT, cfg), cfg)  # [bq, bk]
         if masked:
             s = jnp.where(visible(*aux, cfg, True), s, -jnp.inf)
         m_prev, l_prev = m_sc[...][:, :1], l_sc[...][:, :1]  # [bq, 1]
@@ -246,7 +246,7 @@ def _dq_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
 
     def update(masked: bool):
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        s = cap(_dot(q, k, NT, cfg) * cfg.scale, cfg)  # [bq, bk]
+        s = logits(_dot(q, k, NT, cfg), cfg)  # [bq, bk]
         p = jnp.exp(s - lse_sc[...][:, :1])
         if masked:
             p = jnp.where(visible(*aux, cfg, True), p, 0.0)
@@ -274,7 +274,7 @@ def _dkv_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
     def update(masked: bool):
         # kv-major: scores transposed [bk, bq], so the per-query lse / delta are lane-dense rows
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        st = cap(_dot(k, q, NT, cfg) * cfg.scale, cfg)  # [bk, bq]
+        st = logits(_dot(k, q, NT, cfg), cfg)  # [bk, bq]
         pt = jnp.exp(st - lse_ref[...])
         if masked:
             pt = jnp.where(visible(*aux, cfg, False), pt, 0.0)

@@ -68,16 +68,19 @@ def visible(pos_refs, seg_refs, prefix_ref, cfg, rows_are_queries: bool):
     return vis
 
 
-def cap(s, cfg):
-    """Scaled logits -> soft-capped logits (``cfg.softcap`` None: unchanged). f32 [rows, cols]."""
-    return s if cfg.softcap is None else cfg.softcap * jnp.tanh(s / cfg.softcap)
+def logits(qk, cfg):
+    """q.k -> the logits: ``scale * q.k``, or ``C * tanh(scale * q.k / C)`` with ``cfg.softcap``
+    (one multiply by the folded constant ``scale / C``). f32 [rows, cols]."""
+    if cfg.softcap is None:
+        return qk * cfg.scale
+    return cfg.softcap * jnp.tanh(qk * (cfg.scale / cfg.softcap))
 
 
 def cap_grad(ds, s, cfg):
     """``ds`` w.r.t. the capped logits ``s`` -> w.r.t. the scaled logits: ``ds * (1 - (s/C)^2)``."""
     if cfg.softcap is None:
         return ds
-    t = s / cfg.softcap  # tanh of the scaled logits
+    t = s * (1.0 / cfg.softcap)  # tanh of the scaled logits
     return ds * (1.0 - t * t)
 
 
