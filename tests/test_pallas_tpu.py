@@ -74,6 +74,25 @@ def test_ring_with_window(n, layout, causal, segments, kv_heads, dtype, window):
                  kv_heads=kv_heads, head_dim=128, dtype=dtype, window=window))
 
 
+# (n, layout, segments, kv_heads, head_dim, v_head_dim, softcap, prefix, bidirectional, sinks), all
+# causal (prefix and bidirectional segments relax it), float32, batch 2 (a row without a prefix)
+FEATURE_RING = [
+    (1, "contiguous", False, 2, 128, None, 2.0, True, False, False),
+    (2, "zigzag", True, 1, 128, None, 2.0, False, True, True),  # sinks merged around the kernel
+    (4, "striped", False, 2, 192, 128, None, True, False, False),  # MLA head dims
+    (3, "zigzag", True, 2, 192, 128, 2.0, True, True, False),  # everything together
+]
+
+
+@pytest.mark.parametrize("n,layout,segments,kv_heads,head_dim,v_head_dim,softcap,prefix,bidir,sinks",
+                         FEATURE_RING)
+def test_ring_optional_features(n, layout, segments, kv_heads, head_dim, v_head_dim, softcap,
+                                prefix, bidir, sinks):
+    ring(Problem(n=n, layout=layout, causal=True, segments=segments, batch=2, shard=128, heads=4,
+                 kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim, softcap=softcap,
+                 prefix=prefix, bidirectional=bidir, sinks=sinks))
+
+
 def test_ring_default_block_sizes():
     ring(Problem(n=2, layout="zigzag", shard=384, head_dim=128, batch=1), block_sizes=None)
 
@@ -320,13 +339,13 @@ def test_lowers_to_mosaic_for_tpu(head_dim, dtype, causal, segments, window):
     assert calls == 3  # forward, dq, dk/dv kernels
 
 
-def _tpu_device(topology: str = "v5e:2x2"):
-    """One TPU device of a named slice that this CPU host compiles for; skips (printing why) where
+def _tpu_devices(topology: str = "v5e:2x2"):
+    """The TPU devices of a named slice that this CPU host compiles for; skips (printing why) where
     no libtpu matching the installed jax is installed (as in test_contract.py)."""
     try:
         from jax.experimental import topologies
 
-        return topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[0]
+        return topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
     except Exception as e:  # noqa: BLE001  no TPU plugin: ImportError, RuntimeError, ...
         reason = f"no libtpu for jax {jax.__version__} here ({type(e).__name__}: {e})"
         print(reason)
@@ -337,7 +356,7 @@ def _tpu_device(topology: str = "v5e:2x2"):
 def test_optional_features_compile_for_tpu(head_dim, v_head_dim, segments):
     # The TPU compiler (libtpu, on this CPU host) compiles the forward and backward steps with
     # softcap + prefix (+ bidirectional segments) and MLA head dims through Mosaic for a v5e chip.
-    sharding = jax.sharding.SingleDeviceSharding(_tpu_device())
+    sharding = jax.sharding.SingleDeviceSharding(_tpu_devices()[0])
     B, S, H, K = 2, 512, 4, 2
     arr = lambda *shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)  # noqa: E731
     q, k = arr(B, S, H, head_dim), arr(B, S, K, head_dim)
@@ -354,3 +373,25 @@ def test_optional_features_compile_for_tpu(head_dim, v_head_dim, segments):
     assert [o.shape for o in f.out_info] == [(B, S, H, v_head_dim), (B, H, S)]
     assert [o.shape for o in g.out_info] == [q.shape, k.shape, v.shape]
     assert sum(c.as_text().count('custom_call_target="tpu_custom_call"') for c in (f, g)) == 3
+
+
+def test_ring_with_features_compiles_for_a_tpu_mesh_with_auto():
+    # "auto" on a v5e:2x2 mesh keeps the Mosaic kernel when the call uses the optional features
+    # (soft cap, a prefix per row, MLA head dims); the TPU compiler compiles forward and gradients.
+    P = jax.sharding.PartitionSpec
+    mesh = jax.sharding.Mesh(np.array(_tpu_devices()).reshape(4), ("sp",))
+    B, L, H, K = 2, 4 * 256, 4, 2
+    sd = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)  # noqa: E731
+    q, k, v, prefix = sd(B, L, H, 192), sd(B, L, K, 192), sd(B, L, K, 128), sd(B, dt=jnp.int32)
+
+    def local(q, k, v, prefix):
+        return ring_attention(q, k, v, "sp", causal=True, layout="zigzag", logits_soft_cap=30.0,
+                              prefix_length=prefix)
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 3 + (P(),),
+                       out_specs=P(None, "sp"))
+    loss = lambda q, k, v, pre: fn(q, k, v, pre).astype(jnp.float32).sum()  # noqa: E731
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, v, prefix).lower()
+    assert grads.as_text().count("tpu_custom_call") >= 3  # forward, dq, dk/dv: not the XLA step
+    compiled = grads.compile()
+    assert [o.shape for o in compiled.out_info] == [q.shape, k.shape, v.shape]
