@@ -33,6 +33,7 @@ import inspect
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -85,12 +86,13 @@ def interpret_params():
 
 
 def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bool):
-    """A Mosaic GPU kernel over grid axes ("h", "i", "b") with two compute + one producer
-    warpgroups, the scratch allocated across them by ``pl.run_scoped``.
+    """``plgpu.kernel`` over grid axes ("h", "i", "b") with two compute + one producer warpgroups.
 
-    What ``plgpu.kernel`` builds (the same kernel name and module), through ``pl.kernel`` itself:
+    Where the operands vary over manual axes (``shard_map(check_vma=True)``) the same kernel is
+    built through ``pl.kernel`` + ``pl.run_scoped`` with outputs varying like the operands:
     ``plgpu.kernel`` traces the body with varying-axes checks switched off while the refs keep the
-    operands' varying axes, so its loops fail to type-check inside ``shard_map(check_vma=True)``.
+    operands' axes, so its loops would not type-check. Elsewhere ``plgpu.kernel`` itself (its
+    batching rule serves the model's vmapped ring of one).
     """
     params = None
     if interpret:
@@ -99,14 +101,19 @@ def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bo
             raise NotImplementedError("this jax has no Mosaic GPU interpret mode")
     mesh = plgpu.Mesh(grid=grid, grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1,
                       thread_name="wg")
+    compiler_params = plgpu.CompilerParams(approx_math=True)
 
     def scoped(*refs):
         pl.run_scoped(functools.partial(body, *refs), *scratch, collective_axes="wg")
 
-    return typed_by_args(lambda out: pl.kernel(
-        scoped, out_type=out, mesh=mesh, interpret=params,
-        compiler_params=plgpu.CompilerParams(approx_math=True),
+    typed = typed_by_args(lambda out: pl.kernel(
+        scoped, out_type=out, mesh=mesh, interpret=params, compiler_params=compiler_params,
         name=getattr(body, "__name__", "anonymous")), out_type)
+    plain = plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
+                         grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1,
+                         thread_name="wg", compiler_params=compiler_params, interpret=params)
+    return lambda *args: (typed if any(_vma(a) for a in args if isinstance(a, jax.Array))
+                          else plain)(*args)
 
 
 def bound(x):
