@@ -349,9 +349,11 @@ def presets() -> list[str]:
 def preset_path(path: str) -> str:
     """``path`` itself if it exists (or is a URL); else the preset it names (``debug``,
     ``debug.yaml`` or ``configs/debug.yaml``) in :func:`preset_dirs`. FileNotFoundError naming the
-    path and the presets when neither exists."""
+    path and the presets when neither exists (other paths are returned as they are)."""
     if "://" in path or pathlib.Path(path).exists():
         return path
+    if pathlib.Path(path).parent not in (pathlib.Path("."), pathlib.Path("configs")):
+        return path  # a path elsewhere: its own "does not exist"
     name = pathlib.Path(path).name
     name = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
     for d in preset_dirs():
