@@ -55,7 +55,7 @@ from models.config import PRESETS, LlamaConfig, RopeScaling, get_config, num_par
 from models.flops import batch_flops, flops_per_token
 from models.hf import load_hf, save_hf
 from models.loss import chunked_cross_entropy_sum, cross_entropy_sum
-from models.modules import Llama, default_positions, head_weight
+from models.modules import Llama, default_positions, head_weight, soft_cap_logits
 from models.sharding import axis_size, check_mesh, constrain, logical_spec
 from ringattention import layouts
 
@@ -148,7 +148,7 @@ def _forward_fn(config: LlamaConfig, mesh: Mesh | None):
         to = lambda x: None if x is None else layouts.to_layout(x, config.layout, n)
         h = _hidden(config, mesh, params, to(input_ids), to(positions), to(segment_ids))
         w = head_weight(config, params).astype(h.dtype)
-        logits = jnp.einsum("bse,ev->bsv", h, w, preferred_element_type=F32)
+        logits = soft_cap_logits(config, jnp.einsum("bse,ev->bsv", h, w, preferred_element_type=F32))
         logits = constrain(logits, ("act_batch", "act_seq", "act_vocab"), mesh)
         return layouts.from_layout(logits, config.layout, n)
 
@@ -180,11 +180,12 @@ def _loss_fn(config: LlamaConfig, mesh: Mesh | None):
         h = _hidden(config, mesh, params, ids, positions, segment_ids)
         w = head_weight(config, params)
         t = constrain(targets, ("act_batch", "act_seq"), mesh)
+        cap = config.final_logit_softcap
         if config.loss_chunk is None:
-            loss_sum, tokens = cross_entropy_sum(h, w, t, mask)
+            loss_sum, tokens = cross_entropy_sum(h, w, t, mask, soft_cap=cap)
         else:
             loss_sum, tokens = chunked_cross_entropy_sum(h, w, t, mask, config.loss_chunk,
-                                                         mesh=mesh)
+                                                         mesh=mesh, soft_cap=cap)
         loss = loss_sum / jnp.maximum(tokens, 1.0)
         return loss, {"loss": loss, "loss_sum": loss_sum, "tokens": tokens}
 
