@@ -70,9 +70,10 @@ def family_fields(hf: dict, family: str) -> dict:
         act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
         if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
             raise ValueError(f"gemma2 hidden_activation={act!r} is not supported (only tanh GELU)")
-        out.update(query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256),
-                   attn_logit_softcap=hf.get("attn_logit_softcapping"),
-                   final_logit_softcap=hf.get("final_logit_softcapping"),
+        opt = lambda key: None if hf.get(key) is None else float(hf[key])  # noqa: E731
+        out.update(query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+                   attn_logit_softcap=opt("attn_logit_softcapping"),
+                   final_logit_softcap=opt("final_logit_softcapping"),
                    tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
     if family == "gpt_oss":
         out.update(num_experts=int(hf["num_local_experts"]),
@@ -99,7 +100,8 @@ def family_to_hf(config: LlamaConfig) -> dict:
         out.update(use_sliding_window=config.sliding_window is not None, max_window_layers=0)
     if f == "gemma2":
         out.update(hidden_activation="gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh",
-                   query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim,
+                   query_pre_attn_scalar=_int_if_whole(config.query_pre_attn_scalar
+                                                       or config.head_dim),
                    attn_logit_softcapping=config.attn_logit_softcap,
                    final_logit_softcapping=config.final_logit_softcap)
     if f == "gpt_oss":
@@ -107,6 +109,10 @@ def family_to_hf(config: LlamaConfig) -> dict:
                    num_experts_per_tok=config.experts_per_token,
                    swiglu_alpha=config.swiglu_alpha, swiglu_limit=config.swiglu_limit)
     return out
+
+
+def _int_if_whole(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x  # transformers' Gemma2Config wants an int
 
 
 def yarn_to_hf(s: RopeScaling) -> dict:

@@ -107,7 +107,8 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids, layer: 
     if config.attention == "cudnn":
         return _cudnn_attention(q, k, v, segment_ids, mesh, window, config, sinks)
     # for the mesh's platform (not the host's) and the ring's shard length
-    impl = ra_impl.resolve(config.attention, mesh, shard=q.shape[1] // n).name
+    needs = frozenset({"softcap"} if config.attn_logit_softcap is not None else ())
+    impl = ra_impl.resolve(config.attention, mesh, shard=q.shape[1] // n, needs=needs).name
     blocks = BlockSizes(config.q_chunk, config.kv_chunk) if impl == "xla" else None
     seq, ulysses_axis = attention_axes(mesh)  # ("sp", "usp") with Ulysses: ring axis major
     kw = dict(causal=True, layout=config.layout, implementation=impl, block_sizes=blocks,
