@@ -8,7 +8,9 @@ pytrees of arrays, ready for optax / orbax):
   ``get_config(name, **overrides)``. Fields: vocab_size, hidden_size, intermediate_size, num_layers,
   num_heads, num_kv_heads, head_dim, rope_theta, rope_scaling (None | RopeScaling), rms_norm_eps,
   tie_embeddings, max_position_embeddings, sliding_window (None | W: Mistral's window of the last W
-  tokens), dtype / param_dtype ("bfloat16" | "float32"),
+  tokens), family / layer_types / query_pre_attn_scalar / attn_logit_softcap / final_logit_softcap /
+  num_experts / experts_per_token / swiglu_alpha / swiglu_limit (Qwen3, Gemma 2, gpt-oss:
+  docs/api.md "Model families"), dtype / param_dtype ("bfloat16" | "float32"),
   attention ("auto" | "xla" | registered kernel | "reference" | "cudnn" (one GPU, no packing)),
   layout ("zigzag" (default: balanced causal work) | "striped" | "contiguous"),
   remat ("none" | "full" | "save_dots" | "save_attn" | "offload_attn"),
@@ -25,8 +27,8 @@ pytrees of arrays, ready for optax / orbax):
   ``input_ids``, ``targets``, ``positions``, ``segment_ids``, ``loss_mask`` ALREADY in ring-layout
   order (``ringattention.layouts.to_layout(x, config.layout, mesh.shape["sp"])``). Mean loss over
   ``loss_mask``; aux: "tokens", "loss_sum". Chunked cross-entropy, never [seq, vocab] logits.
-- ``load_hf(path) -> (config, params)``, ``save_hf(config, params, path)`` (LLaMA and Mistral
-  checkpoints; no torch needed).
+- ``load_hf(path) -> (config, params)``, ``save_hf(config, params, path)`` (LLaMA, Mistral, Qwen3,
+  Gemma 2 and gpt-oss checkpoints, ``config.family``; no torch needed).
 - ``num_params(config)``; ``flops_per_token(config, seq_len)`` (6N + causal attention, one document
   per row) and ``batch_flops(config, segment_ids)`` (counted from a batch's documents on the host,
   any layout order; ``models.flops`` also holds the peak rates MFU divides by).

@@ -18,6 +18,7 @@ from models import llama
 from models.config import LlamaConfig, num_params
 from models.hf import config_from_hf
 from models.sharding import MeshConfig
+from ringattention import implementation_names, implementations
 
 torch = pytest.importorskip("torch", reason="HF parity tests need torch (CPU)")
 transformers = pytest.importorskip("transformers", reason="HF parity tests need transformers")
@@ -190,3 +191,17 @@ def test_config_checks():
         config_from_hf({"model_type": "gpt2"})
     # layer_types from YAML lists become tuples (configs stay hashable)
     assert LlamaConfig(layer_types=["full_attention"] * 2).layer_types == ("full_attention",) * 2
+
+
+def test_attention_backends_refuse_options_they_lack(ckpt):
+    """cudnn: a ValueError naming sinks / the soft cap; a named ring kernel without "softcap":
+    implementations.resolve's ValueError; (qwen3 needs neither: cudnn fails on the CPU platform)."""
+    config, params = llama.load_hf(ckpt[0])
+    option = {"gemma2": "attn_logit_softcap", "gpt_oss": "sinks"}.get(config.family, "one CUDA GPU")
+    with pytest.raises(ValueError, match=option):
+        llama.forward(dataclasses.replace(config, attention="cudnn"), params, ckpt[2])
+    lacking = [n for n in implementation_names()
+               if "softcap" not in implementations.resolve(n).features]
+    if config.family == "gemma2" and lacking:
+        with pytest.raises(ValueError, match="softcap"):
+            llama.forward(dataclasses.replace(config, attention=lacking[0]), params, ckpt[2])
