@@ -205,3 +205,20 @@ def test_attention_backends_refuse_options_they_lack(ckpt):
     if config.family == "gemma2" and lacking:
         with pytest.raises(ValueError, match="softcap"):
             llama.forward(dataclasses.replace(config, attention=lacking[0]), params, ckpt[2])
+
+
+GRAD_RTOL = 1e-5  # float32 gradients of the same loss under different remat policies
+
+
+@pytest.mark.parametrize("remat", ["full", "save_attn"])
+def test_layer_groups_remat_gradients(ckpt, remat):
+    """Layers scanned in (sliding, full) groups: the gradients under remat equal remat="none"."""
+    config, params = llama.load_hf(ckpt[0], layout="contiguous", loss_chunk=None)
+    if config.layer_period == 1:
+        pytest.skip("one window for all layers: the plain layer scan (tests/test_remat.py)")
+    ids = ckpt[2]
+    batch = {"input_ids": ids[:, :-1], "targets": ids[:, 1:]}
+    grad = lambda cfg: jax.grad(lambda p: llama.loss_fn(cfg, p, batch)[0])(params)  # noqa: E731
+    want, got = grad(config), grad(dataclasses.replace(config, remat=remat))
+    errs = jax.tree.map(rel_err, got, want)
+    assert max(jax.tree.leaves(errs)) < GRAD_RTOL, errs
