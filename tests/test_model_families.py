@@ -129,14 +129,17 @@ def test_parity_single_device(ckpt):
     assert rel_err(llama.forward(config, params, ids), ref) < LOGITS_RTOL
     unscanned, params2 = llama.load_hf(path, scan_layers=False)
     assert rel_err(llama.forward(unscanned, params2, ids), ref) < LOGITS_RTOL
+    naive = dataclasses.replace(config, attention="reference")  # reference_attention's options
+    assert rel_err(llama.forward(naive, params, ids), ref) < LOGITS_RTOL
     for option, (cfg, p) in _variants(config, params).items():  # each option matters here
         assert rel_err(llama.forward(cfg, p, ids), ref) > 100 * LOGITS_RTOL, option
 
 
 @pytest.mark.parametrize("mesh_config,layout", [(MeshConfig(sp=2), "contiguous"),
-                                                (MeshConfig(tp=2, sp=4), "zigzag")], ids=str)
+                                                (MeshConfig(tp=2, sp=4), "zigzag"),
+                                                (MeshConfig(tp=2, sp=2, usp=2), "striped")], ids=str)
 def test_parity_ring(ckpt, mesh_config, layout):
-    """sp=4: shards of 8 = the window."""
+    """sp=4: shards of 8 = the window; usp=2: Ulysses x ring, one head per device (sinks sliced)."""
     path, _, ids, ref = ckpt
     config, params = llama.load_hf(path, layout=layout)
     mesh = mesh_of(mesh_config)
