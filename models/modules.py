@@ -128,8 +128,7 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids, layer: 
         return one(add(q), add(k), add(v), add(segment_ids), *args[4:])[0]
     spec, seg_spec = P(BATCH, seq, "tp", None), P(BATCH, seq)
     specs = (spec, spec, spec, seg_spec, P("tp"))[: len(args)]
-    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec,
-                         check_vma=ra_impl.checks_vma(impl, config.interpret))(*args)
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec)(*args)
 
 
 def _cudnn_attention(q, k, v, segment_ids, mesh, window: int | None = None,
