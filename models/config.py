@@ -15,23 +15,37 @@ import numpy as np
 from ringattention import implementations, layouts
 
 DTYPES = ("float32", "bfloat16", "float16")
+FAMILIES = ("llama", "qwen3", "gemma2", "gpt_oss")  # llama: LLaMA and Mistral (sliding_window)
+LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names
 REMAT_POLICIES = ("none", "full", "save_dots", "save_attn", "offload_attn")
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """The llama3 ``rope_scaling`` (Llama 3.1 / 3.2): long wavelengths slowed down by ``factor``."""
+    """The llama3 ``rope_scaling`` (Llama 3.1 / 3.2): long wavelengths slowed down by ``factor``;
+    or ``rope_type="yarn"`` (YaRN, Peng et al. 2023, as transformers computes it for gpt-oss:
+    ``beta_fast`` / ``beta_slow`` ramp, ``truncate``, cos/sin times ``attention_factor``, default
+    ``0.1 ln(factor) + 1``)."""
 
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     rope_type: str = "llama3"
+    beta_fast: float = 32.0  # yarn only
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
 
     def __post_init__(self):
-        if self.rope_type != "llama3":
-            raise ValueError(f"rope_type={self.rope_type!r}: only 'llama3' scaling is supported")
-        if not self.factor > 0 or not self.high_freq_factor > self.low_freq_factor > 0:
+        if self.rope_type not in ("llama3", "yarn"):
+            raise ValueError(f"rope_type={self.rope_type!r}: only 'llama3' and 'yarn' scaling are "
+                             "supported")
+        if self.rope_type == "yarn":
+            if not self.factor > 0 or not self.beta_fast > 0 or not self.beta_slow > 0:
+                raise ValueError(f"bad yarn rope scaling: {self.factor=} {self.beta_fast=} "
+                                 f"{self.beta_slow=}")
+        elif not self.factor > 0 or not self.high_freq_factor > self.low_freq_factor > 0:
             raise ValueError(f"bad llama3 rope scaling: {self.factor=} {self.low_freq_factor=} "
                              f"{self.high_freq_factor=}")
 
@@ -39,7 +53,14 @@ class RopeScaling:
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
     """A LLaMA decoder. ``head_dim`` 0 means ``hidden_size // num_heads``. ``sliding_window`` W (Mistral):
-    every layer's query at position i attends to the keys at i - W < j <= i only."""
+    every layer's query at position i attends to the keys at i - W < j <= i only; with ``layer_types``
+    only the "sliding_attention" layers do (Gemma 2, gpt-oss, Qwen3 with use_sliding_window).
+
+    ``family`` picks the block structure (``docs/api.md``, "Model families"): "llama" (LLaMA,
+    Mistral), "qwen3" (RMSNorm of q and k per head before RoPE), "gemma2" (embeddings times
+    sqrt(hidden), RMSNorm times (1 + weight), post-attention and post-MLP norms, GeGLU MLP with
+    tanh GELU) and "gpt_oss" (q/k/v/o biases, one attention-sink logit per head, a mixture of
+    ``num_experts`` clamped-SwiGLU experts with ``experts_per_token`` routed per token)."""
 
     vocab_size: int = 256
     hidden_size: int = 64
@@ -54,6 +75,15 @@ class LlamaConfig:
     tie_embeddings: bool = False
     max_position_embeddings: int = 4096
     sliding_window: int | None = None  # None: full causal attention; W: the last W tokens (Mistral)
+    family: str = "llama"  # one of FAMILIES
+    layer_types: tuple[str, ...] | None = None  # per layer, one of LAYER_TYPES; None: all alike
+    query_pre_attn_scalar: float | None = None  # softmax scale qpas ** -0.5 (None: head_dim ** -0.5)
+    attn_logit_softcap: float | None = None  # attention logits -> cap * tanh(logits / cap)
+    final_logit_softcap: float | None = None  # LM-head logits -> cap * tanh(logits / cap)
+    num_experts: int = 0  # gpt_oss: experts per MoE layer
+    experts_per_token: int = 0  # gpt_oss: top-k
+    swiglu_alpha: float = 1.702  # gpt_oss: glu = gate * sigmoid(alpha * gate)
+    swiglu_limit: float = 7.0  # gpt_oss: gate <= limit, |up| <= limit
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"
     attention: str = "auto"  # a ringattention implementation name, "reference" (naive, tests) or
@@ -72,6 +102,8 @@ class LlamaConfig:
     def __post_init__(self):
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if isinstance(self.layer_types, list):  # e.g. from YAML
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
         if self.head_dim == 0 and self.num_heads > 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         self.validate()
@@ -114,6 +146,46 @@ class LlamaConfig:
                              "(positions are int32)")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ValueError(f"{self.rope_theta=} and {self.rms_norm_eps=} must be positive")
+        self._validate_family()
+
+    def _validate_family(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family={self.family!r}; choose one of {FAMILIES}")
+        types = self.layer_types
+        if types is not None and (len(types) != self.num_layers
+                                  or any(t not in LAYER_TYPES for t in types)):
+            raise ValueError(f"layer_types={types!r} must be num_layers={self.num_layers} entries "
+                             f"of {LAYER_TYPES}")
+        for name in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name}={value!r} must be None or positive")
+        moe = self.family == "gpt_oss"
+        if moe != (self.num_experts > 0) or not 0 <= self.experts_per_token <= self.num_experts or (
+                moe and self.experts_per_token < 1):
+            raise ValueError(f"num_experts={self.num_experts}, experts_per_token="
+                             f"{self.experts_per_token}: family 'gpt_oss' needs 1 <= "
+                             "experts_per_token <= num_experts, the other families num_experts=0")
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (None: full causal attention)."""
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @property
+    def layer_period(self) -> int:
+        """The smallest p dividing num_layers with layer i's window == layer (i mod p)'s: the
+        layers are scanned in groups of p (a static window per position in the group)."""
+        windows = [self.layer_window(i) for i in range(self.num_layers)]
+        return next(p for p in range(1, self.num_layers + 1)
+                    if self.num_layers % p == 0 and windows == windows[:p] * (self.num_layers // p))
+
+    @property
+    def softmax_scale(self) -> float | None:
+        """The attention softmax scale (None: ring attention's default head_dim ** -0.5)."""
+        q = self.query_pre_attn_scalar
+        return None if q is None else float(q) ** -0.5
 
     @property
     def kv_groups(self) -> int:
@@ -167,12 +239,14 @@ def get_config(name: str, **overrides) -> LlamaConfig:
 
 
 def rope_inv_freq(config: LlamaConfig) -> np.ndarray:
-    """RoPE inverse frequencies float32 [head_dim // 2], with llama3 scaling when configured."""
+    """RoPE inverse frequencies float32 [head_dim // 2], with llama3 or yarn scaling when configured."""
     d = config.head_dim
     inv = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     s = config.rope_scaling
     if s is None:
         return inv.astype(np.float32)
+    if s.rope_type == "yarn":
+        return _yarn_inv_freq(config, inv)
     wavelen = 2 * math.pi / inv
     low_wavelen = s.original_max_position_embeddings / s.low_freq_factor  # slowed fully above
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor  # kept below
@@ -184,10 +258,44 @@ def rope_inv_freq(config: LlamaConfig) -> np.ndarray:
     return out.astype(np.float32)
 
 
+def _yarn_inv_freq(config: LlamaConfig, inv: np.ndarray) -> np.ndarray:
+    """YaRN's blend of interpolated (inv / factor) and extrapolated (inv) frequencies, as
+    transformers' ``_compute_yarn_parameters``."""
+    s, d = config.rope_scaling, config.head_dim
+    orig = s.original_max_position_embeddings
+    corr = lambda rot: d * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(config.rope_theta))
+    low, high = corr(s.beta_fast), corr(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    high = high + 0.001 if low == high else high
+    ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    extrapolate = 1 - ramp  # [head_dim // 2], 1: keep the original frequency
+    return (inv / s.factor * (1 - extrapolate) + inv * extrapolate).astype(np.float32)
+
+
+def rope_attention_factor(config: LlamaConfig) -> float:
+    """The factor cos/sin are multiplied by (YaRN's attention scaling; 1 otherwise)."""
+    s = config.rope_scaling
+    if s is None or s.rope_type != "yarn":
+        return 1.0
+    if s.attention_factor is not None:
+        return float(s.attention_factor)
+    return 1.0 if s.factor <= 1 else 0.1 * math.log(s.factor) + 1.0
+
+
 def num_params(config: LlamaConfig) -> int:
-    """Number of trainable parameters (embedding, blocks, final norm, untied head)."""
-    e, d = config.hidden_size, config.head_dim
-    attn = e * d * (2 * config.num_heads + 2 * config.num_kv_heads)
-    block = attn + 3 * e * config.intermediate_size + 2 * e
+    """Number of trainable parameters (embedding, blocks, final norm, untied head); for gpt_oss
+    every expert counts (total, not active, parameters)."""
+    e, d, f = config.hidden_size, config.head_dim, config.intermediate_size
+    h, k, x = config.num_heads, config.num_kv_heads, config.num_experts
+    attn = e * d * (2 * h + 2 * k)
+    block = attn + 3 * e * f + 2 * e
+    if config.family == "qwen3":
+        block += 2 * d  # q_norm, k_norm
+    elif config.family == "gemma2":
+        block += 2 * e  # post-attention and post-MLP norms
+    elif config.family == "gpt_oss":  # biases, sinks, router, experts instead of one MLP
+        block += (h + 2 * k) * d + e + h + (e + 1) * x + x * (3 * e * f + 2 * f + e) - 3 * e * f
     head = 0 if config.tie_embeddings else e * config.vocab_size
     return config.vocab_size * e + config.num_layers * block + e + head

@@ -171,6 +171,7 @@ def extend(config: LlamaConfig, params, cache: KVCache, tokens, counts=None, *,
     """
     if mode not in CACHE_MODES:
         raise ValueError(f"mode={mode!r}; choose one of {CACHE_MODES}")
+    kvcache.check_decodable(config)
     if mode == "rotate" and config.sliding_window is not None:
         raise ValueError(f"mode='rotate' (the rotation baseline) has no sliding window; got "
                          f"config.sliding_window={config.sliding_window}: use mode='allreduce'")

@@ -1,17 +1,19 @@
-"""Hugging Face LLaMA and Mistral checkpoints: config.json + safetensors (single file or sharded),
-without torch.
+"""Hugging Face LLaMA, Mistral, Qwen3, Gemma 2 and gpt-oss checkpoints: config.json + safetensors
+(single file or sharded), without torch.
 
 Reads config.json as written by transformers 4.x (``rope_theta``, ``rope_scaling``) and 5.x
 (``rope_parameters``) and maps ``LlamaForCausalLM`` weights to this package's parameter tree (LLaMA,
 Touvron et al. 2023). ``MistralForCausalLM`` (Mistral 7B, Jiang et al. 2023) has the same weights;
 its ``sliding_window`` becomes ``LlamaConfig.sliding_window``, and a config with a window is saved as
-a Mistral checkpoint. The safetensors format (8-byte little-endian header length, a JSON header of
+a Mistral checkpoint. The other families' fields and tensors are in ``models.hf_families``. The
+safetensors format (8-byte little-endian header length, a JSON header of
 dtype / shape / byte offsets, raw little-endian data) is read with numpy memory maps and written
 here.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -22,6 +24,7 @@ import ml_dtypes
 import numpy as np
 from einops import rearrange
 
+from models import hf_families
 from models.config import LlamaConfig, RopeScaling
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
@@ -64,8 +67,9 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
 
 
 def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
-    """LlamaConfig from a transformers config.json dict (4.x or 5.x; model_type "llama" or
-    "mistral")."""
+    """LlamaConfig from a transformers config.json dict (4.x or 5.x; model_type "llama",
+    "mistral", "qwen3", "gemma2" or "gpt_oss")."""
+    family = hf_families.family_of(hf)
     rope = dict(hf.get("rope_parameters") or {})
     theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
     scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default"
@@ -74,8 +78,10 @@ def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind == "default":
             scaling = None
+        elif kind == "yarn":
+            scaling = hf_families.yarn_scaling(scaling, int(hf.get("max_position_embeddings", 4096)))
         elif kind != "llama3":
-            raise ValueError(f"rope scaling type {kind!r} is not supported (only 'llama3')")
+            raise ValueError(f"rope scaling type {kind!r} is not supported (only 'llama3', 'yarn')")
         else:
             scaling = RopeScaling(factor=float(scaling["factor"]),
                                   low_freq_factor=float(scaling["low_freq_factor"]),
@@ -93,10 +99,13 @@ def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
         max_position_embeddings=int(hf.get("max_position_embeddings", 4096)))
     if hf.get("model_type") == "mistral" and hf.get("sliding_window") is not None:
         fields["sliding_window"] = int(hf["sliding_window"])
-    for key in ("attention_bias", "mlp_bias"):
-        if hf.get(key):
-            raise ValueError(f"config.json has {key}=true; biases are not supported")
-    if hf.get("hidden_act", "silu") != "silu":
+    if family != "llama":
+        fields.update(hf_families.family_fields(hf, family))
+    else:
+        for key in ("attention_bias", "mlp_bias"):
+            if hf.get(key):
+                raise ValueError(f"config.json has {key}=true; biases are not supported")
+    if family != "gemma2" and hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={hf['hidden_act']!r} is not supported (only 'silu')")
     fields.update(overrides)
     return LlamaConfig(**fields)
@@ -104,7 +113,7 @@ def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
 
 def config_to_hf(config: LlamaConfig, torch_dtype: str) -> dict:
     """A transformers config.json dict (readable by transformers 4.x and 5.x): LLaMA, or Mistral
-    when the config has a sliding window."""
+    when the config has a sliding window, or the config's family (Qwen3, Gemma 2, gpt-oss)."""
     out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
            "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
            "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
@@ -115,27 +124,33 @@ def config_to_hf(config: LlamaConfig, torch_dtype: str) -> dict:
            "mlp_bias": False, "torch_dtype": torch_dtype, "dtype": torch_dtype}
     rope = {"rope_type": "default", "rope_theta": config.rope_theta}
     s = config.rope_scaling
-    if s is not None:
+    if s is not None and s.rope_type == "yarn":
+        scaling = hf_families.yarn_to_hf(s)
+        out["rope_scaling"] = scaling
+        rope = {**scaling, "rope_theta": config.rope_theta}
+    elif s is not None:
         scaling = {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
                    "high_freq_factor": s.high_freq_factor,
                    "original_max_position_embeddings": s.original_max_position_embeddings}
         out["rope_scaling"] = scaling
         rope = {**scaling, "rope_theta": config.rope_theta}
     out["rope_parameters"] = rope
-    if config.sliding_window is not None:
+    if config.family != "llama":
+        out.update(hf_families.family_to_hf(config))
+    elif config.sliding_window is not None:
         out.update(architectures=["MistralForCausalLM"], model_type="mistral",
                    sliding_window=config.sliding_window)
     return out
 
 
 def _layer_map(config: LlamaConfig):
-    """(hf suffix, our name, to_ours(w), to_hf(w)) for the tensors of one decoder layer."""
+    """(hf suffix, our path, to_ours(w), to_hf(w)) for the tensors of one decoder layer."""
     H, K = config.num_heads, config.num_kv_heads
     t = lambda w: w.T
     # Hugging Face stores [out, in] matrices; ours are [embed, heads, head_dim] / [heads, head_dim, embed]
     proj_in = lambda n: (lambda w: rearrange(w, "(h d) e -> e h d", h=n),  # noqa: E731
                          lambda w: rearrange(w, "e h d -> (h d) e"))
-    return [
+    return hf_families.family_layer_map(config, [
         ("self_attn.q_proj.weight", ("attn", "wq"), *proj_in(H)),
         ("self_attn.k_proj.weight", ("attn", "wk"), *proj_in(K)),
         ("self_attn.v_proj.weight", ("attn", "wv"), *proj_in(K)),
@@ -146,7 +161,7 @@ def _layer_map(config: LlamaConfig):
         ("mlp.down_proj.weight", ("mlp", "w_down"), t, t),
         ("input_layernorm.weight", ("attn_norm", "scale"), lambda w: w, lambda w: w),
         ("post_attention_layernorm.weight", ("mlp_norm", "scale"), lambda w: w, lambda w: w),
-    ]
+    ])
 
 
 def _read_dir(path: str) -> dict[str, np.ndarray]:
@@ -177,8 +192,11 @@ def params_from_hf(config: LlamaConfig, tensors: dict, dtype) -> dict:
     layers = []
     for i in range(config.num_layers):
         layer: dict = {}
-        for suffix, (mod, leaf), to_ours, _ in _layer_map(config):
-            layer.setdefault(mod, {})[leaf] = to_ours(get(f"model.layers.{i}.{suffix}"))
+        for suffix, (*mods, leaf), to_ours, _ in _layer_map(config):
+            node = layer
+            for mod in mods:
+                node = node.setdefault(mod, {})
+            node[leaf] = to_ours(get(f"model.layers.{i}.{suffix}"))
         layers.append(layer)
     if config.scan_layers:
         params["layers"] = jax.tree.map(lambda *xs: np.stack(xs), *layers)
@@ -194,8 +212,9 @@ def params_to_hf(config: LlamaConfig, params, dtype) -> dict[str, np.ndarray]:
     for i in range(config.num_layers):
         layer = (jax.tree.map(lambda x: x[i], host["layers"]) if config.scan_layers
                  else host[f"layers_{i}"])
-        for suffix, (mod, leaf), _, to_hf in _layer_map(config):
-            out[f"model.layers.{i}.{suffix}"] = np.ascontiguousarray(to_hf(layer[mod][leaf]))
+        for suffix, path, _, to_hf in _layer_map(config):
+            w = functools.reduce(lambda node, key: node[key], path, layer)
+            out[f"model.layers.{i}.{suffix}"] = np.ascontiguousarray(to_hf(w))
     out["model.norm.weight"] = host["final_norm"]["scale"]
     if not config.tie_embeddings:
         out["lm_head.weight"] = np.ascontiguousarray(host["lm_head"].T)
@@ -203,8 +222,8 @@ def params_to_hf(config: LlamaConfig, params, dtype) -> dict[str, np.ndarray]:
 
 
 def load_hf(path: str, **overrides) -> tuple[LlamaConfig, dict]:
-    """Reads a local Hugging Face LLaMA or Mistral checkpoint directory -> (config, params as jax
-    arrays).
+    """Reads a local Hugging Face LLaMA, Mistral, Qwen3, Gemma 2 or gpt-oss checkpoint directory ->
+    (config, params as jax arrays).
 
     ``overrides`` replace config fields (e.g. ``dtype="bfloat16"``, ``scan_layers=False``).
     """

@@ -89,8 +89,20 @@ def slot(pos: jax.Array, layout: str, shard_len: int, ring: int):
     return owner, jnp.where(first, pos % half, half + pos % half)
 
 
+def check_decodable(config: LlamaConfig) -> None:
+    """Raises ValueError for a model family that decoding does not support (all but LLaMA/Mistral)."""
+    if config.family != "llama":
+        raise ValueError(f"KV-cache decoding supports LLaMA and Mistral only; family="
+                         f"{config.family!r} ({_FAMILY_OPTIONS[config.family]}) is forward / loss only")
+
+
+_FAMILY_OPTIONS = {"qwen3": "q/k norms", "gemma2": "soft caps, per-layer windows",
+                   "gpt_oss": "attention sinks, experts"}
+
+
 def check_cache_mesh(config: LlamaConfig, mesh: Mesh | None, batch: int, max_len: int) -> None:
     """Raises ValueError unless a [batch, max_len] cache fits ``mesh`` and ``config.layout``."""
+    check_decodable(config)
     n = axis_size(mesh, "sp")
     layouts.check_divisible(max_len, config.layout, n)
     if max_len % (n * axis_size(mesh, "usp")):  # the prefill's sequence is split over sp and usp

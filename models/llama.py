@@ -8,7 +8,9 @@ pytrees of arrays, ready for optax / orbax):
   ``get_config(name, **overrides)``. Fields: vocab_size, hidden_size, intermediate_size, num_layers,
   num_heads, num_kv_heads, head_dim, rope_theta, rope_scaling (None | RopeScaling), rms_norm_eps,
   tie_embeddings, max_position_embeddings, sliding_window (None | W: Mistral's window of the last W
-  tokens), dtype / param_dtype ("bfloat16" | "float32"),
+  tokens), family / layer_types / query_pre_attn_scalar / attn_logit_softcap / final_logit_softcap /
+  num_experts / experts_per_token / swiglu_alpha / swiglu_limit (Qwen3, Gemma 2, gpt-oss:
+  docs/api.md "Model families"), dtype / param_dtype ("bfloat16" | "float32"),
   attention ("auto" | "xla" | registered kernel | "reference" | "cudnn" (one GPU, no packing)),
   layout ("zigzag" (default: balanced causal work) | "striped" | "contiguous"),
   remat ("none" | "full" | "save_dots" | "save_attn" | "offload_attn"),
@@ -25,8 +27,8 @@ pytrees of arrays, ready for optax / orbax):
   ``input_ids``, ``targets``, ``positions``, ``segment_ids``, ``loss_mask`` ALREADY in ring-layout
   order (``ringattention.layouts.to_layout(x, config.layout, mesh.shape["sp"])``). Mean loss over
   ``loss_mask``; aux: "tokens", "loss_sum". Chunked cross-entropy, never [seq, vocab] logits.
-- ``load_hf(path) -> (config, params)``, ``save_hf(config, params, path)`` (LLaMA and Mistral
-  checkpoints; no torch needed).
+- ``load_hf(path) -> (config, params)``, ``save_hf(config, params, path)`` (LLaMA, Mistral, Qwen3,
+  Gemma 2 and gpt-oss checkpoints, ``config.family``; no torch needed).
 - ``num_params(config)``; ``flops_per_token(config, seq_len)`` (6N + causal attention, one document
   per row) and ``batch_flops(config, segment_ids)`` (counted from a batch's documents on the host,
   any layout order; ``models.flops`` also holds the peak rates MFU divides by).
@@ -55,7 +57,7 @@ from models.config import PRESETS, LlamaConfig, RopeScaling, get_config, num_par
 from models.flops import batch_flops, flops_per_token
 from models.hf import load_hf, save_hf
 from models.loss import chunked_cross_entropy_sum, cross_entropy_sum
-from models.modules import Llama, default_positions, head_weight
+from models.modules import Llama, default_positions, head_weight, soft_cap_logits
 from models.sharding import axis_size, check_mesh, constrain, logical_spec
 from ringattention import layouts
 
@@ -148,7 +150,7 @@ def _forward_fn(config: LlamaConfig, mesh: Mesh | None):
         to = lambda x: None if x is None else layouts.to_layout(x, config.layout, n)
         h = _hidden(config, mesh, params, to(input_ids), to(positions), to(segment_ids))
         w = head_weight(config, params).astype(h.dtype)
-        logits = jnp.einsum("bse,ev->bsv", h, w, preferred_element_type=F32)
+        logits = soft_cap_logits(config, jnp.einsum("bse,ev->bsv", h, w, preferred_element_type=F32))
         logits = constrain(logits, ("act_batch", "act_seq", "act_vocab"), mesh)
         return layouts.from_layout(logits, config.layout, n)
 
@@ -180,11 +182,12 @@ def _loss_fn(config: LlamaConfig, mesh: Mesh | None):
         h = _hidden(config, mesh, params, ids, positions, segment_ids)
         w = head_weight(config, params)
         t = constrain(targets, ("act_batch", "act_seq"), mesh)
+        cap = config.final_logit_softcap
         if config.loss_chunk is None:
-            loss_sum, tokens = cross_entropy_sum(h, w, t, mask)
+            loss_sum, tokens = cross_entropy_sum(h, w, t, mask, soft_cap=cap)
         else:
             loss_sum, tokens = chunked_cross_entropy_sum(h, w, t, mask, config.loss_chunk,
-                                                         mesh=mesh)
+                                                         mesh=mesh, soft_cap=cap)
         loss = loss_sum / jnp.maximum(tokens, 1.0)
         return loss, {"loss": loss, "loss_sum": loss_sum, "tokens": tokens}
 

@@ -42,23 +42,28 @@ def _logits_bwd(res, ct):
 logits_f32.defvjp(_logits_fwd, _logits_bwd)
 
 
-def _token_losses(h, w, targets):
-    """h [..., E], w [E, V], targets int [...] -> float32 loss per token [...]."""
+def _token_losses(h, w, targets, soft_cap: float | None = None):
+    """h [..., E], w [E, V], targets int [...] -> float32 loss per token [...] (of the logits
+    ``soft_cap * tanh(logits / soft_cap)`` when given: Gemma 2's final soft cap)."""
     logits = logits_f32(h, w.astype(h.dtype))
+    if soft_cap is not None:
+        logits = soft_cap * jnp.tanh(logits / soft_cap)
     lse = jax.nn.logsumexp(logits, axis=-1)
     vocab = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
     target_logit = jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)
     return lse - target_logit
 
 
-def cross_entropy_sum(h: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array):
+def cross_entropy_sum(h: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array, *,
+                      soft_cap: float | None = None):
     """Plain loss: h [B, S, E], w [E, V], targets [B, S], mask [B, S] -> (loss_sum, tokens) f32."""
     mask = mask.astype(F32)
-    return jnp.sum(_token_losses(h, w, targets) * mask), jnp.sum(mask)
+    return jnp.sum(_token_losses(h, w, targets, soft_cap) * mask), jnp.sum(mask)
 
 
 def chunked_cross_entropy_sum(h: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array,
-                              chunk: int, *, mesh: Mesh | None = None):
+                              chunk: int, *, mesh: Mesh | None = None,
+                              soft_cap: float | None = None):
     """Same as :func:`cross_entropy_sum`, one ``chunk`` of every sp shard at a time.
 
     ``chunk`` is clamped to the largest divisor of the per-device shard length.
@@ -80,7 +85,7 @@ def chunked_cross_entropy_sum(h: jax.Array, w: jax.Array, targets: jax.Array, ma
     @jax.checkpoint
     def one(h_c, t_c, m_c):
         h_c = constrain(h_c, ("act_batch", "act_seq", None, "act_embed"), mesh)
-        return jnp.sum(_token_losses(h_c, w, t_c) * m_c)
+        return jnp.sum(_token_losses(h_c, w, t_c, soft_cap) * m_c)
 
     def body(total, xs):
         return total + one(*xs), None

@@ -41,6 +41,7 @@ RULES: dict[str, tuple[str, ...] | None] = {
     "mlp": ("tp",),
     "norm": None,
     "layers": None,
+    "experts": None,  # gpt-oss MoE experts (replicated; computed densely)
     # activations
     "act_batch": BATCH,
     "act_seq": SEQ,

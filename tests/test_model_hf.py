@@ -195,5 +195,5 @@ def test_config_json_transformers_4_and_5(checkpoint):
     plain = config_from_hf({**hf, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
     assert plain.rope_scaling is None and plain.rope_theta == 1e4
     with pytest.raises(ValueError, match="rope scaling type"):
-        config_from_hf({**hf, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4,
+        config_from_hf({**hf, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4,
                                                   "factor": 2.0}})
