@@ -103,7 +103,10 @@ def check(opts: dict, args, mesh) -> float:
 def run(args) -> list[dict]:
     mesh = Mesh(np.array(jax.devices()[:1]), ("sp",))
     rows = []
-    for name, opts in variants(args.seq).items():
+    chosen = variants(args.seq)
+    if args.variants:
+        chosen = {n: chosen[n] for n in ["plain", *args.variants.split(",")] if n in chosen}
+    for name, opts in chosen.items():
         q, k, v, do = _inputs(args, args.seq, opts.get("qk_dim", args.head_dim))
         fn, _ = make_fns(opts, args.seq, args.heads, mesh)
         f = jax.jit(fn)
@@ -144,6 +147,8 @@ def main(argv=None) -> dict:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--check_len", type=int, default=2048)
+    p.add_argument("--variants", default="", help="comma-separated names (default: all); plain "
+                   "always runs first")
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: 256 tokens, 4:2 heads, 32")
     p.add_argument("--out", default=None, help="prefix of the .json/.md to write")
     args = p.parse_args(argv)
