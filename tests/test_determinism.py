@@ -21,7 +21,6 @@ from models import llama
 from ringattention import implementations, ring_attention
 from ringattention.kernels import hopper_backward as hb
 from ringattention.kernels import hopper_cta_dq_bwd as hcb
-from ringattention.kernels import hopper_fused_bwd as hfb
 from ringattention.kernels import pallas_hopper as ph
 from tests.test_train import small
 from train import config as config_lib
@@ -63,7 +62,7 @@ def test_hopper_deterministic_block_sizes():
 def backward_calls(monkeypatch):
     """Records which pallas_hopper backward runs ("mosaic" / "fused") while tracing."""
     calls = []
-    for name, module in (("mosaic", hb), ("fused", hfb), ("fused", hcb)):
+    for name, module in (("mosaic", hb), ("fused", hcb)):
         original = module.backward
         monkeypatch.setattr(module, "backward", lambda *a, _o=original, _n=name, **k: (
             calls.append(_n), _o(*a, **k))[1])

@@ -8,8 +8,8 @@ device; ring steps with other offsets are covered at the kernel level (query blo
 and before the key block). All backwards are checked: the two-kernel Mosaic GPU one (what
 ``deterministic=True`` runs), the fused Mosaic GPU one (``BlockSizes(backward="fused")``, the
 default at head dims 64 and 128; its TMA reduce-add of dq becomes a read-modify-write in
-interpret mode, see ``hopper_fused_bwd``; above head dim 128 the head-dim-split one,
-``hopper_split_bwd``, whose atomic adds do the same) and the Triton step's kernels
+interpret mode, see ``hopper_fused_bwd``; above head dim 128 "mosaic" is the head-dim-split
+pair, ``hopper_split_bwd``) and the Triton step's kernels
 (``BlockSizes(backward="triton")``). ``test_kernels_lower_for_cuda`` also lowers every Mosaic GPU
 kernel for CUDA (wgmma, layouts, TMA, ``setmaxnreg``), which needs no GPU, so lowering errors show
 up here rather than on the device.
@@ -39,12 +39,6 @@ needs_interpret = pytest.mark.skipif(
            "tools/hopper_check.py")
 RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL, "float16": BF16_RTOL}
 LSE_ATOL = 1e-4  # natural-log units: lse is computed in float32 from exact half-precision products
-
-# BlockSizes for the backward-parametrized tests: at head dims <= 128 "fused" names the kernel with
-# one dq tile per warpgroup (``hopper_fused_bwd``), which these tests cover; the defaults' one dq
-# tile per CTA ("cta", the dataclass default) is named explicitly where a test runs it.
-_bs = functools.partial(ph.BlockSizes, dq_tile="warpgroup")
-
 
 def _inputs(rng, *, sq, sk, heads, kv_heads, dim, dtype, where, segments, stride=1, batch=2):
     f = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)  # noqa: E731
@@ -170,7 +164,7 @@ def test_backward_step_matches_reference(backward):
     rng = np.random.default_rng(5)
     inputs = _inputs(rng, sq=72, sk=80, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
                      where="overlap", segments=True)
-    _check_backward(inputs, True, _bs(backward=backward))
+    _check_backward(inputs, True, ph.BlockSizes(backward=backward))
 
 
 # Sliding windows: queries from 128 on, keys at 0..255 (128-row CTAs). Forward, non-causal, W = 200:
@@ -192,7 +186,7 @@ def test_backward_step_with_window(backward):
     rng = np.random.default_rng(13)
     inputs = _inputs(rng, sq=256, sk=256, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
                      where="overlap", segments=False, batch=1)
-    _check_backward(inputs, True, _bs(backward=backward), window=300)
+    _check_backward(inputs, True, ph.BlockSizes(backward=backward), window=300)
 
 
 @pytest.mark.slow
@@ -204,13 +198,13 @@ def test_window_steps_both_ways(backward):
     inputs = _inputs(rng, sq=256, sk=256, heads=4, kv_heads=2, dim=64, dtype="bfloat16",
                      where="overlap", segments=True, batch=1)
     _check_forward(inputs, True, window=300)
-    _check_backward(inputs, False, _bs(backward=backward), window=200)
+    _check_backward(inputs, False, ph.BlockSizes(backward=backward), window=200)
 
 
 # Windows for the head-dim-split backwards (64-key CTAs, 64-query blocks) and the forward at head
 # dim 256 (block_k=64): causal, W = 200, queries at 96..223, keys at 0..191. The dq kernel meets a
 # window-edge (masked), a fully visible and diagonal blocks; key CTA 0 runs its edge block, then a
-# fully visible one, key CTA 1 a fully visible one, then the diagonal. ``dq_tile="cta"`` (128-key
+# fully visible one, key CTA 1 a fully visible one, then the diagonal. The fused backward (128-key
 # CTAs): queries at 128..255, keys at 0..255, key CTA 0 starts at the window's edge, key CTA 1 runs
 # two diagonal blocks.
 @needs_interpret
@@ -227,26 +221,24 @@ def test_cta_dq_backward_with_window():
     rng = np.random.default_rng(16)
     inputs = _inputs(rng, sq=128, sk=256, heads=2, kv_heads=1, dim=128, dtype="bfloat16",
                      where="overlap", segments=False, batch=1)
-    _check_backward(inputs, True, ph.BlockSizes(backward="fused", dq_tile="cta", registers=240),
-                    window=200)
+    _check_backward(inputs, True, ph.BlockSizes(backward="fused", registers=240), window=200)
 
 
 @needs_interpret
 def test_alternating_dq_with_an_odd_number_of_pairs():
-    """Head dim 64, ``dq_tile="cta"``: three query heads per kv head and one query block, so a key
+    """Head dim 64, the fused backward: three query heads per kv head and one query block, so a key
     CTA has three pairs (or fewer where causal hides some): the last parity's barrier phase is
     observed at the end and the first warpgroup adds two of the three dq tiles."""
     rng = np.random.default_rng(17)
     inputs = _inputs(rng, sq=64, sk=200, heads=3, kv_heads=1, dim=64, dtype="bfloat16",
                      where="overlap", segments=False, batch=1)
-    _check_backward(inputs, True, ph.BlockSizes(backward="fused", dq_tile="cta"))
+    _check_backward(inputs, True, ph.BlockSizes(backward="fused"))
 
 
-WINDOW_SLOW_CASES = [  # (dim, BlockSizes): the head-dim-split backwards, dq_tile="cta"
-    (256, ph.BlockSizes(backward="fused", block_k=64, registers=240)),
+WINDOW_SLOW_CASES = [  # (dim, BlockSizes): the head-dim-split pair, the fused backward
     (200, ph.BlockSizes(backward="mosaic", block_k=64, registers=240)),
-    (128, ph.BlockSizes(backward="fused", dq_tile="cta", bwd_stages=3)),
-    (64, ph.BlockSizes(backward="fused", dq_tile="cta")),
+    (128, ph.BlockSizes(backward="fused", bwd_stages=3)),
+    (64, ph.BlockSizes(backward="fused")),
 ]
 
 
@@ -273,7 +265,7 @@ def test_key_ctas_rotate_their_query_blocks(backward):
     rng = np.random.default_rng(8)
     inputs = _inputs(rng, sq=256, sk=384, heads=2, kv_heads=2, dim=64, dtype="bfloat16",
                      where="after", segments=False, batch=1)
-    _check_backward(inputs, False, _bs(backward=backward))
+    _check_backward(inputs, False, ph.BlockSizes(backward=backward))
 
 
 @needs_interpret
@@ -305,23 +297,16 @@ def test_head_dim_256_forward_and_split_backward():
     _check_backward(inputs, True, None)
 
 
-@pytest.mark.slow
-@needs_interpret
-def test_head_dim_256_fused_split_backward():
-    """The same step with the fused split kernel ("fused": one kernel, dq by atomic adds)."""
-    _check_backward(_head_dim_256_inputs(), True, ph.BlockSizes(backward="fused", registers=240))
-
-
 @needs_interpret
 @pytest.mark.parametrize("dim", [128, 64])
 def test_fused_backward_with_one_dq_tile_per_cta(dim):
-    """``dq_tile="cta"`` (``hopper_cta_dq_bwd``): the two warpgroups of a key CTA add one dq tile,
+    """The fused backward (``hopper_cta_dq_bwd``): the two warpgroups of a key CTA add one dq tile,
     half its columns each (128) or taking turns by pair parity (64: four pairs per key CTA, so
     both parities' buffers are reused); causal, GQA, segment ids, ragged, two key CTAs."""
     rng = np.random.default_rng(13)
     inputs = _inputs(rng, sq=72, sk=200, heads=2, kv_heads=1, dim=dim, dtype="bfloat16",
                      where="overlap", segments=True, batch=1)
-    _check_backward(inputs, True, ph.BlockSizes(backward="fused", dq_tile="cta", registers=240))
+    _check_backward(inputs, True, ph.BlockSizes(backward="fused", registers=240))
 
 
 @needs_interpret
@@ -329,9 +314,9 @@ def test_fused_backward_with_one_dq_tile_per_cta(dim):
                                       pytest.param("fused", marks=pytest.mark.slow)])
 def test_ring_on_one_device(backward):
     """The float64 global reference through ring_attention: the default backward at head dim 32
-    (one dq tile per CTA, the alternating kernel), and (slow) the two-kernel and per-warpgroup
-    ones."""
-    bs = None if backward == "default" else _bs(backward=backward)
+    (one dq tile per CTA, the alternating kernel), and (slow) the two-kernel one and the fused one
+    with the dataclass's tiles."""
+    bs = None if backward == "default" else ph.BlockSizes(backward=backward)
     check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=4,
                        kv_heads=2, head_dim=32, dtype="bfloat16"),
                implementation="pallas_hopper", interpret=True, block_sizes=bs)
@@ -368,7 +353,7 @@ def test_unmasked_gqa_backward(dim, backward):
     rng = np.random.default_rng(11 + dim)
     inputs = _inputs(rng, sq=72, sk=136, heads=4, kv_heads=2, dim=dim, dtype="bfloat16",
                      where="overlap", segments=False, batch=1)
-    bs = None if backward is None else _bs(backward=backward)
+    bs = None if backward is None else ph.BlockSizes(backward=backward)
     _check_backward(inputs, False, bs)
 
 
@@ -376,13 +361,12 @@ SPLIT_GROUP_RTOL = 1e-5  # dk, dv summed over the group in another order: float3
 
 
 @needs_interpret
-@pytest.mark.parametrize("dim,causal,dq_tile", [
-    (64, False, "cta"), pytest.param(128, True, "warpgroup", marks=pytest.mark.slow)])
-def test_split_group_backward(dim, causal, dq_tile, monkeypatch):
+@pytest.mark.parametrize("dim,causal", [(64, False), pytest.param(128, True, marks=pytest.mark.slow)])
+def test_split_group_backward(dim, causal, monkeypatch):
     """``BlockSizes(split_group=...)``: one key CTA per query head (k, v repeated over the group,
     dk, dv summed over it afterwards) against the reference, and against the group loop of the same
     kernel: the same products, only dk/dv's sum over the group in another order. No mask (the
-    alternating dq kernel at 64) and causal with ids (the per-warpgroup kernel at 128); two query
+    alternating dq kernel at 64) and causal with ids (the column split at 128); two query
     heads on one kv head, two key CTAs, a ragged query shard. At 64 the split run is the default's
     rule (None) with its dq threshold lowered to these shapes: the rule is what the backward asks."""
     rng = np.random.default_rng(17 + dim)
@@ -394,7 +378,7 @@ def test_split_group_backward(dim, causal, dq_tile, monkeypatch):
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
     args = (q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg)
     want = pg.reference_backward_step(*args, **kw)
-    bs = dataclasses.replace(ph.default_block_sizes(dim, causal), dq_tile=dq_tile)
+    bs = ph.default_block_sizes(dim, causal)
     asked = []
     rule = hfb.use_split_group
     monkeypatch.setattr(hfb, "SPLIT_MIN_GROUP_DQ_BYTES", 0)
@@ -439,15 +423,13 @@ BWD_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, 
 
 @pytest.mark.slow
 @needs_interpret
-@pytest.mark.parametrize("backward", ["mosaic", "fused"])
 @pytest.mark.parametrize("case", BWD_SLOW_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_mosaic_backward_matrix(case, backward):
+def test_mosaic_backward_matrix(case):
     dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
     rng = np.random.default_rng(sq * sk + dim)
     inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
                      where=where, segments=segments)
-    stages = 2 if backward == "fused" and dim > 64 else 3  # fused, D=128: 3 slots exceed SMEM
-    _check_backward(inputs, causal, _bs(backward=backward, bwd_stages=stages))
+    _check_backward(inputs, causal, ph.BlockSizes(backward="mosaic", bwd_stages=3))
 
 
 SPLIT_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, dim)
@@ -460,15 +442,14 @@ SPLIT_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk
 
 @pytest.mark.slow
 @needs_interpret
-@pytest.mark.parametrize("backward", ["fused", "mosaic"])
 @pytest.mark.parametrize("case", SPLIT_SLOW_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_split_backward_matrix(case, backward):
-    """The head-dim-split backwards (head dims 129-256) over GQA groups, masks and shards."""
+def test_split_backward_matrix(case):
+    """The head-dim-split pair (head dims 129-256) over GQA groups, masks and shards."""
     dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
     rng = np.random.default_rng(sq * sk + dim)
     inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
                      where=where, segments=segments, batch=1)
-    _check_backward(inputs, causal, _bs(backward=backward, registers=240))
+    _check_backward(inputs, causal, ph.BlockSizes(backward="mosaic", registers=240))
 
 
 @pytest.mark.slow
@@ -476,13 +457,13 @@ def test_split_backward_matrix(case, backward):
 @pytest.mark.parametrize("case", BWD_SLOW_CASES[:2] + BWD_SLOW_CASES[3:],
                          ids=lambda c: "-".join(map(str, c)))
 def test_cta_dq_backward_matrix(case):
-    """``dq_tile="cta"`` over the fused backward's matrix (head dims padded to 128: 40 -> 64 is not
-    accepted, so those run at 80), with three stages, which only this variant fits at 128."""
+    """The fused backward over the two-kernel one's matrix (head dims padded to 128: 40 runs at 80),
+    with three stages."""
     dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
     rng = np.random.default_rng(sq * sk + dim)
     inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=max(dim, 80),
                      dtype=dtype, where=where, segments=segments)
-    _check_backward(inputs, causal, ph.BlockSizes(backward="fused", dq_tile="cta", bwd_stages=3))
+    _check_backward(inputs, causal, ph.BlockSizes(backward="fused", bwd_stages=3))
 
 
 @pytest.mark.slow
@@ -495,12 +476,12 @@ def test_ring_on_one_device_head_dim_256():
 
 @pytest.mark.slow
 @needs_interpret
-@pytest.mark.parametrize("dim, bs", [(256, None), (128, ph.BlockSizes(backward="fused", dq_tile="cta")),
-                                     (64, ph.BlockSizes(backward="fused", dq_tile="cta"))],
+@pytest.mark.parametrize("dim, bs", [(256, None), (128, ph.BlockSizes(backward="fused")),
+                                     (64, ph.BlockSizes(backward="fused"))],
                          ids=["split", "cta", "cta64"])
 def test_ring_on_one_device_with_window_wide_heads(dim, bs):
     """The float64 global reference through ring_attention(sliding_window=...) for the backwards
-    of wider heads (the head-dim-split default at 256, ``dq_tile="cta"`` at 128)."""
+    of wider heads (the head-dim-split default at 256, the fused backward at 128 and 64)."""
     check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=192, heads=2,
                        kv_heads=1, head_dim=dim, dtype="bfloat16", window=100),
                implementation="pallas_hopper", interpret=True, block_sizes=bs)
@@ -512,30 +493,29 @@ def test_ring_on_one_device_with_window_wide_heads(dim, bs):
 LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockSizes fields[, window])
     ("mosaic", 64, True, True, 2, dict(bwd_block_k=128, registers=232)),  # deterministic=True's at 64
     ("mosaic", 128, False, False, 4, dict(bwd_block_k=128, registers=240)),
-    ("fused", 128, True, False, 2, dict(registers=240)),
+    ("fused", 128, True, False, 2, dict(registers=240)),  # hopper_cta_dq_bwd
     ("fused", 80, False, True, 4, {}),
-    ("fused", 256, True, True, 2, dict(block_k=64, registers=240)),  # hopper_split_bwd
+    ("mosaic", 256, True, True, 2, dict(block_k=64, registers=240)),  # hopper_split_bwd
     ("mosaic", 256, False, True, 1, dict(block_k=64, registers=240)),  # its dq + dk/dv kernels
-    ("fused", 192, False, False, 4, dict(block_k=64)),  # padded to 256 in the backward
-    ("fused", 128, True, True, 2, dict(dq_tile="cta", bwd_stages=3)),  # hopper_cta_dq_bwd
+    ("mosaic", 192, False, False, 4, dict(block_k=64)),  # padded to 256 in the backward
+    ("fused", 128, True, True, 2, dict(bwd_stages=3)),
     ("mosaic", 64, False, True, 2, {}, 100),
     ("fused", 128, True, False, 2, dict(registers=240), 200),
-    ("fused", 256, True, True, 2, dict(block_k=64, registers=240), 200),
+    ("mosaic", 256, True, True, 2, dict(block_k=64, registers=240), 200),
     ("mosaic", 256, False, False, 1, dict(block_k=64, registers=240), 100),
-    ("fused", 128, False, True, 2, dict(dq_tile="cta", bwd_stages=3), 150),
-    ("fused", 64, True, True, 2, {}),  # hopper_fused_bwd at head dim 64 (the default there)
-    ("fused", 64, True, True, 2, dict(dq_tile="cta")),  # hopper_cta_dq_bwd.alternating_kernel
-    ("fused", 40, False, False, 4, dict(dq_tile="cta", bwd_stages=4), 100),
-    ("fused", 128, False, False, 2, dict(dq_tile="cta")),  # no mask, GQA: the flat group loop
-    ("fused", 64, False, False, 1, dict(dq_tile="cta")),
+    ("fused", 128, False, True, 2, dict(bwd_stages=3), 150),
+    ("fused", 64, True, True, 2, {}),  # hopper_cta_dq_bwd.alternating_kernel
+    ("fused", 40, False, False, 4, dict(bwd_stages=4), 100),
+    ("fused", 128, False, False, 2, {}),  # no mask, GQA: the flat group loop
+    ("fused", 64, False, False, 1, {}),
     ("mosaic", 256, False, False, 2, dict(block_k=64, registers=240)),  # the default at 256
-    ("fused", 128, False, False, 2, dict(dq_tile="cta", registers=240, schedule="overlap")),  # the
+    ("fused", 128, False, False, 2, dict(registers=240, schedule="overlap")),  # the
     # default at 128 without a mask
     ("fused", 64, True, True, 2, dict(schedule="overlap"), 100),  # overlap at head dim 64, window
-    ("fused", 64, True, True, 2, dict(dq_tile="cta", block_k=256, bwd_stages=3,
+    ("fused", 64, True, True, 2, dict(block_k=256, bwd_stages=3,
                                       registers=240)),  # the default at 64 with a causal mask
-    ("fused", 64, False, False, 2, dict(dq_tile="cta", block_k=256, bwd_stages=3), 100),
-    ("fused", 128, False, False, 2, dict(dq_tile="cta", split_group=True)),  # a CTA per query head
+    ("fused", 64, False, False, 2, dict(block_k=256, bwd_stages=3), 100),
+    ("fused", 128, False, False, 2, dict(split_group=True)),  # a CTA per query head
 ]
 
 
@@ -552,7 +532,7 @@ def test_kernels_lower_for_cuda(case, semantics, monkeypatch):
         monkeypatch.setattr(plgpu, "CompilerParams", functools.partial(
             plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
     backward, dim, causal, segments, kv_heads, fields, *window = case
-    bs = _bs(backward=backward, **fields)
+    bs = ph.BlockSizes(backward=backward, **fields)
     q = jax.ShapeDtypeStruct((1, 384, 4, dim), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((1, 384, kv_heads, dim), jnp.bfloat16)
     pos = jax.ShapeDtypeStruct((384,), jnp.int32)
@@ -662,8 +642,6 @@ def test_block_sizes_are_validated():
         ph.BlockSizes(bwd_block_k=96)
     with pytest.raises(ValueError, match="backward"):
         ph.BlockSizes(backward="cuda")
-    with pytest.raises(ValueError, match="dq_tile"):
-        ph.BlockSizes(dq_tile="block")
     with pytest.raises(TypeError, match="triton"):
         ph.BlockSizes(triton=ph.BlockSizes())
     with pytest.raises(ValueError, match="schedule"):
@@ -708,6 +686,25 @@ def test_default_backward_follows_the_mask(backward_used):
     assert [bs.registers for bs in backward_used.block_sizes] == [240, 232]
 
 
+def test_fused_backward_above_head_dim_128_is_refused(backward_used):
+    """``BlockSizes(backward="fused")`` above head dim 128 is a ValueError naming the head dim and
+    "mosaic" (the backward there), raised before any kernel is traced, whatever the dtype; at 128
+    it runs the fused kernel."""
+    for d, dtype in ((129, jnp.bfloat16), (256, jnp.float16), (256, jnp.float32), (128, jnp.bfloat16)):
+        q = jax.ShapeDtypeStruct((1, 128, 4, d), dtype)
+        k = jax.ShapeDtypeStruct((1, 128, 2, d), dtype)
+        pos = jax.ShapeDtypeStruct((128,), jnp.int32)
+        lse = jax.ShapeDtypeStruct((1, 4, 128), jnp.float32)
+        step = functools.partial(ph.backward_step, causal=True, softmax_scale=0.1, interpret=True,
+                                 block_sizes=ph.BlockSizes(backward="fused"))
+        if d == 128:
+            jax.eval_shape(step, q, k, k, q, lse, lse, pos, pos, None, None)
+            continue
+        with pytest.raises(ValueError, match=f"head dim {d} is above 128.*'mosaic'"):
+            jax.eval_shape(step, q, k, k, q, lse, lse, pos, pos, None, None)
+    assert backward_used == ["cta"]
+
+
 class _Calls(list):
     """The names of the backward modules called, and (``block_sizes``) the BlockSizes each got."""
 
@@ -729,7 +726,7 @@ def backward_used(monkeypatch):
                     jnp.zeros(k.shape, jnp.float32))
         return backward
 
-    for name, module in (("mosaic", hb), ("fused", hfb), ("cta", hcb), ("split", hsb)):
+    for name, module in (("mosaic", hb), ("cta", hcb), ("split", hsb)):
         monkeypatch.setattr(module, "backward", fake(name))
     return calls
 
@@ -760,22 +757,17 @@ def test_shared_memory_budget_is_checked():
         ph.forward_step(q, q, q, pos, pos, None, None,
                         block_sizes=ph.BlockSizes(block_k=128, stages=3), **kw)
     lse = jnp.zeros((1, 2, 128), jnp.float32)
-    for backward in ("mosaic", "fused"):  # the head-dim-split backwards: 2 stages at most
-        with pytest.raises(ValueError, match="shared memory"):
-            ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
-                             block_sizes=_bs(backward=backward, bwd_stages=3), **kw)
+    with pytest.raises(ValueError, match="shared memory"):  # the head-dim-split pair: 2 stages at most
+        ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
+                         block_sizes=ph.BlockSizes(backward="mosaic", bwd_stages=3), **kw)
     q = q[..., :128]
-    with pytest.raises(ValueError, match="shared memory"):
+    with pytest.raises(ValueError, match="shared memory"):  # the fused backward: 3 stages fit
         ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
-                         block_sizes=_bs(backward="fused", bwd_stages=3), **kw)
-    with pytest.raises(ValueError, match="shared memory"):  # one dq tile per CTA: 3 stages fit
-        ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
-                         block_sizes=ph.BlockSizes(backward="fused", dq_tile="cta", bwd_stages=4),
-                         **kw)
+                         block_sizes=ph.BlockSizes(backward="fused", bwd_stages=4), **kw)
     wide = jnp.zeros(q.shape[:3] + (192,), q.dtype)
     with pytest.raises(ValueError, match="must pad to 64 or 128"):
         hcb.backward(wide, wide, wide, wide, lse, lse, pos, pos, None, None, interpret=True,
-                     bs=ph.BlockSizes(backward="fused", dq_tile="cta"), causal=True,
+                     bs=ph.BlockSizes(backward="fused"), causal=True,
                      softmax_scale=0.1)
 
 

@@ -55,26 +55,25 @@ def test_hopper_check_variants_become_block_sizes(bench):
 
 
 def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
-    """``--backwards default,mosaic,fused``: at head dims 64 and 128 "default" is "fused" (with one
-    dq tile per CTA), at 256 "mosaic" (each timed once); dq_tile=warpgroup applies to the fused
-    backward at head dims <= 128 only: each skip is a note line."""
+    """``--backwards default,mosaic,fused``: at head dims 64 and 128 "default" is "fused", at 256
+    "mosaic" (each timed once); "fused" applies at head dims <= 128 only: each skip is a note
+    line."""
     hc = bench("hopper_check")
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused"])
     monkeypatch.setattr(hc, "write_out", lambda: None)
     assert [name for name, _ in hc.distinct_backwards(64)] == ["default", "mosaic"]
     assert [name for name, _ in hc.distinct_backwards(128)] == ["default", "mosaic"]
-    assert [bs.backward for _, bs in hc.distinct_backwards(256)] == ["mosaic", "fused"]
+    assert [(name, bs.backward) for name, bs in hc.distinct_backwards(256)] == [("default", "mosaic")]
     assert any("is backward=default" in line for line in hc.LINES)
-    assert hc.block_sizes("mosaic", 128).dq_tile == hc.block_sizes("default", 128).dq_tile == "cta"
+    assert any("applies at head dims <= 128 only" in line for line in hc.LINES)
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "default/schedule=overlap"])
     assert [n for n, _ in hc.distinct_backwards(128)] == hc.BACKWARDS  # causal: two forwards
     assert [n for n, _ in hc.distinct_backwards(128, causal=False)] == ["default"]  # the same
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused/dq_tile=warpgroup", "fused/dq_tile=cta",
-                                          "fused/bwd_stages=3", "mosaic/dq_tile=warpgroup"])
-    assert [n for n, _ in hc.distinct_backwards(128)] == ["default", "fused/dq_tile=warpgroup",
-                                                          "fused/bwd_stages=3"]
-    assert len(hc.distinct_backwards(256)) == 3  # default (mosaic), fused, fused/bwd_stages=3
-    assert any("applies to the fused backward at head dims <= 128 only" in line for line in hc.LINES)
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused", "fused/bwd_stages=3",
+                                          "mosaic/bwd_stages=3"])
+    assert [n for n, _ in hc.distinct_backwards(128)] == ["default", "fused/bwd_stages=3",
+                                                          "mosaic/bwd_stages=3"]
+    assert [n for n, _ in hc.distinct_backwards(256)] == ["default", "mosaic/bwd_stages=3"]
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "default/split_group=true"])
     fns = hc.timed_variants(128, False)  # split_group is the backward's: one forward timed
     assert [fwd is None for fwd, _ in fns.values()] == [False, True]
@@ -97,7 +96,8 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
 
     monkeypatch.setattr(hc, "cudnn_fns", xla_fns)
     monkeypatch.setattr(hc, "step_fns", xla_fns)
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused"])  # "mosaic" is "default"
+    # at 256 "mosaic" is "default" and "fused" does not apply
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused", "mosaic/bwd_stages=3"])
     monkeypatch.setattr(hc, "REPS", {"n": 1, "min_ms": 0.0})
     monkeypatch.setattr(hc, "RECORDS", [])
     monkeypatch.setattr(hc, "write_out", lambda: None)
@@ -105,7 +105,8 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
     times = [r for r in hc.RECORDS if r["kind"] == "time"]
     assert [(r["name"], r["mode"]) for r in times] == [
         ("cudnn", "fwd"), ("cudnn", "fwdbwd"), ("pallas_hopper backward=default", "fwd"),
-        ("pallas_hopper backward=default", "fwdbwd"), ("pallas_hopper backward=fused", "fwdbwd")]
+        ("pallas_hopper backward=default", "fwdbwd"),
+        ("pallas_hopper backward=mosaic/bwd_stages=3", "fwdbwd")]
     assert all((r["heads"], r["kv_heads"], r["head_dim"]) == (4, 2, 256) for r in times)
     assert times[0]["vs_cudnn"] == 1.0 and times[2]["vs_cudnn"] > 0
 
@@ -160,15 +161,15 @@ def test_hopper_check_repeat_counts_distinct_results(bench, monkeypatch):
         return None, fwdbwd
 
     monkeypatch.setattr(hc, "step_fns", step_fns)
-    monkeypatch.setattr(hc, "BACKWARDS", ["mosaic", "fused/dq_tile=cta"])
+    monkeypatch.setattr(hc, "BACKWARDS", ["mosaic", "fused"])
     monkeypatch.setattr(hc, "RECORDS", [])
     monkeypatch.setattr(hc, "write_out", lambda: None)
     for flaky in (False, True):
         calls.update(n=0, flaky=flaky)
         hc.repeat(64, True, 2, 1, 64)
     got = [(r["backward"], r["distinct"], r["passed"]) for r in hc.RECORDS if r["kind"] == "repeat"]
-    assert got == [("mosaic", 1, True), ("fused/dq_tile=cta", 2, None), ("mosaic", 2, False),
-                   ("fused/dq_tile=cta", 2, None)]
+    assert got == [("mosaic", 1, True), ("fused", 2, None), ("mosaic", 2, False),
+                   ("fused", 2, None)]
     assert hc.fixed_order(hc.block_sizes("deterministic", 128))
     assert not hc.fixed_order(hc.block_sizes("default", 128))
 

@@ -22,8 +22,8 @@ One run on an H100/H200 (no network needed), well under five minutes:
 5. a block-size sweep at 16K tokens (forward tiles, backward stages).
 
 A ``--backwards`` entry that resolves to the same BlockSizes as an earlier one at a head dim (e.g.
-"default" and "mosaic" at 256), or that does not apply there (``dq_tile=warpgroup`` outside
-the fused backward at head dims <= 128), is skipped with a "note" line.
+"default" and "mosaic" at 256), or that does not apply there ("fused" above head dim 128, where
+the Mosaic backward is "mosaic"), is skipped with a "note" line.
 
 Every case catches its own exception (printed, traceback cut short) so one failure hides nothing;
 the output files are rewritten after every line, and a watchdog writes them and exits if the run
@@ -170,7 +170,7 @@ CASES = [
          sq=136, sk=72),
     Case("ragged-causal-striped-seg-d80-bf16", segments=True, dim=80, sq=190, sk=190, stride=4),
     Case("long-causal-overlap-seg-gqa-d128-bf16", segments=True, dim=128, sq=1024, sk=1536),
-    # head dims 129-256: the head-dim-split fused backward (hopper_split_bwd), forward at block_k=64
+    # head dims 129-256: the head-dim-split pair (hopper_split_bwd), forward at block_k=64
     Case("causal-overlap-seg-gqa-d256-bf16", segments=True, dim=256),
     Case("noncausal-mha-d256-fp16", causal=False, kv_heads=4, dim=256, dtype="float16"),
     Case("causal-before-gqa-d256-bf16 (all hidden)", where="before", dim=256),
@@ -369,16 +369,15 @@ def distinct_backwards(d: int, label: str = "",
                        causal: bool = True) -> list[tuple[str, ph.BlockSizes]]:
     """The --backwards entries at head dim ``d`` (``causal`` or not) as (entry, BlockSizes); an
     entry that resolves to the BlockSizes of an earlier one, or that does not apply at this head
-    dim (``dq_tile="warpgroup"`` outside the fused backward at head dims <= 128), is left out with
-    a line saying so."""
+    dim ("fused" above head dim 128), is left out with a line saying so."""
     out, seen = [], {}
     for backward in BACKWARDS:
         bs = block_sizes(backward, d, causal)
         if bs in seen:
             log(f"note {label}D={d}: backward={backward} is backward={seen[bs]} (same BlockSizes)")
-        elif bs.dq_tile == "warpgroup" and (bs.backward != "fused" or d > 128):
-            log(f"note {label}D={d}: backward={backward} (dq_tile=warpgroup) applies to the fused "
-                "backward at head dims <= 128 only")
+        elif bs.backward == "fused" and d > 128:
+            log(f"note {label}D={d}: backward={backward}: the fused backward applies at head dims "
+                "<= 128 only (above, 'mosaic')")
         else:
             seen[bs] = backward
             out.append((backward, bs))
@@ -391,7 +390,7 @@ def timed_variants(d: int, causal: bool) -> dict:
     for backward, bs in distinct_backwards(d, "bench ", causal):
         f, fb = step_fns(ph, causal, bs)
         fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64,
-                                      dq_tile="cta", split_group=False)
+                                      split_group=False)
         fns[f"pallas_hopper backward={backward}"] = (None if fwd_key in timed_fwd else f, fb)
         timed_fwd.add(fwd_key)  # a forward is timed once per distinct forward configuration
     return fns

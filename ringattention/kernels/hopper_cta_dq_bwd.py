@@ -1,12 +1,13 @@
 """Fused Pallas Mosaic GPU (Hopper) ring-step backward with one dq tile per CTA (head dims <= 128).
 
-A variant of ``hopper_fused_bwd.py`` (FlashAttention-3 backward, Shah et al. 2024, for one step of
-Ring Attention, Liu, Zaharia & Abbeel 2023), selected by ``pallas_hopper.BlockSizes(backward="fused",
-dq_tile="cta")``. There each compute warpgroup reduce-adds its own dq contribution ``ds_w @ k_w``
-([64 queries, D] float32) for every query block it visits: two tiles per CTA and pair. Here the two
-warpgroups of a CTA (which visit the same query blocks in the same order) share one, so the
-reduce-add traffic (what limits the fused backward: removing it makes the step 1.22-1.25x faster on
-an H200) and the float32 dq accumulator halve, and the accumulator is one [B, Sq, H, D] buffer
+The kernel of ``pallas_hopper.BlockSizes(backward="fused")`` (FlashAttention-3 backward, Shah et
+al. 2024, for one step of Ring Attention, Liu, Zaharia & Abbeel 2023; the default at head dims 64
+and 128), in the key-CTA frame of ``hopper_fused_bwd.py``. The two compute warpgroups of a CTA
+(which visit the same query blocks in the same order) share one dq tile per pair rather than each
+reduce-adding its own ``ds_w @ k_w`` ([64 queries, D] float32; that variant, ``dq_tile=
+"warpgroup"``, lost and was deleted: docs/kernels.md), so the reduce-add traffic (what limits the
+fused backward: removing it makes the step 1.22-1.25x faster on an H200) and the float32 dq
+accumulator are half of that variant's, and the accumulator is one [B, Sq, H, D] buffer
 in the step's layout (head-major plus one transpose ran no faster at 16K-128K tokens on an H200:
 docs/kernels.md). The tiles are added unscaled and dq is scaled once
 after the kernel. At head dim 128 dk, dv are written head-major ([B, K, Sk, D], one transpose each
@@ -28,16 +29,16 @@ layout there (0.3-2% faster than head-major at 128K tokens):
   double-buffered by the pair's parity so that the other one runs on.
 
 Everything else (dk/dv of the own keys, the visiting order, the GQA group loop, the producer, the
-masks and a sliding window's ``edge`` bound) is the fused kernel's, through the same
-``hopper_bwd_kernels`` helpers. dq sums in a run-dependent order
-(TMA reduce-adds), as in the fused kernel. Interpret mode: the reduce-add is a read-modify-write
+masks and a sliding window's ``edge`` bound) is the key-CTA frame's (``hopper_fused_bwd``), through
+the ``hopper_bwd_kernels`` helpers. dq sums in a run-dependent order (TMA reduce-adds). Interpret
+mode: the reduce-add is a read-modify-write
 (``hopper_fused_bwd.FusedOps``), exact because grid points run one after another and the two
 warpgroups own disjoint columns.
 
 Shared memory at D = 128, bf16 (``smem_bytes``): own k, v 2 x 2 x 16 KB; per stage q, do 2 x 16 KB;
 ds^T 2 x 8 KB; dq staging 2 x 16 KB: 176 KB with 2 stages, 208 KB with 3 (182 / 214 KB as Mosaic
-GPU allocates them; the fused kernel's two [64, 128] float32 staging tiles leave no room for a third
-stage).
+GPU allocates them; the deleted per-warpgroup variant's two [64, 128] float32 staging tiles left
+no room for a third stage).
 """
 
 from __future__ import annotations
@@ -213,11 +214,11 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
 
     def check(D: int, d: int):
         if d not in (64, 128):  # 128: halves of whole 64-column tiles; 64: alternating_kernel
-            raise ValueError(f"pallas_hopper dq_tile='cta': head dim {D} (padded {d}) must pad to "
-                             "64 or 128")
+            raise ValueError(f"pallas_hopper backward='fused': head dim {D} (padded {d}) must pad "
+                             "to 64 or 128")
         smem = smem_bytes(d, q.dtype, bs.bwd_stages)
         if smem > hb.SMEM_LIMIT - 4096:
-            raise ValueError(f"pallas_hopper backward='fused', dq_tile='cta': head dim {D} with "
+            raise ValueError(f"pallas_hopper backward='fused': head dim {D} with "
                              f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
                              f"{hb.SMEM_LIMIT}); use fewer bwd_stages")
 

@@ -1,39 +1,40 @@
-"""Fused Pallas Mosaic GPU (Hopper) ring-step backward: one kernel for dq, dk and dv.
+"""The frame of the fused Pallas Mosaic GPU (Hopper) ring-step backward: one kernel for dq, dk, dv.
 
 The FlashAttention-3 backward (Shah et al. 2024) for one step of Ring Attention (Liu, Zaharia &
-Abbeel 2023), selected by ``pallas_hopper.BlockSizes(backward="fused", dq_tile="warpgroup")``
-(the defaults at head dims <= 128 use ``dq_tile="cta"``, ``hopper_cta_dq_bwd.py``). Where the
-"mosaic" backward (``hopper_backward.py``) runs a dq kernel and a dk/dv kernel that both recompute
-the probabilities (7 tile matmuls per query block x key block pair), this one runs only the key-CTA
-kernel (grid: kv head, key CTA, batch): each compute warpgroup keeps dk/dv of its
-64 keys in float32 registers, loops over the G query heads of the kv group and their visible query
-blocks (the same lo/mid/hi bounds and visiting order as the dk/dv kernel,
-``hopper_bwd_kernels.visit``) and sends its dq contribution ``ds @ k`` (float32) to global memory
-with a TMA reduce-add: 5 tile matmuls per pair. The reduce-adds arrive in a run-dependent order, so
-dq is not bitwise reproducible.
+Abbeel 2023), ``pallas_hopper.BlockSizes(backward="fused")`` at head dims <= 128 (the default at 64
+and 128). This module holds what its kernel (``hopper_cta_dq_bwd.py``, where the two compute
+warpgroups of a CTA share one dq tile) is built in. Where the "mosaic" backward
+(``hopper_backward.py``) runs a dq kernel and a dk/dv kernel that both recompute the probabilities
+(7 tile matmuls per query block x key block pair), the fused one runs only a key-CTA kernel (grid:
+kv head, key CTA, batch; ``key_cta_kernel``): each compute warpgroup keeps dk/dv of its 64 keys in
+float32 registers, loops over the G query heads of the kv group and their visible query blocks (the
+same lo/mid/hi bounds and visiting order as the dk/dv kernel, ``hopper_bwd_kernels.visit``) and dq
+contributions ``ds @ k`` (float32) go to global memory by TMA reduce-adds
+(``FusedOps.reduce_add``): 5 tile matmuls per pair. The reduce-adds arrive in a run-dependent
+order, so dq is not bitwise reproducible.
 
-dq accumulates in a zero-initialised float32 buffer ``[2, B, Sq, H, D]`` (one slice per compute
-warpgroup; tiles scaled by the softmax scale before they are added), passed to the kernel as a JAX
-``Ref`` (read and written in place, i.e. aliased in and out) and summed by the wrapper. dq is in the
-step's layout ([B, S, heads, D]); dk and dv are too at head dim 64 and head-major ([B, K, Sk, D],
-transposed after the kernel) above it (``dkv_head_major``, where the measurements behind the
-choice are: at head dim 128 and 128K tokens the step's layout ran 0.9-6% slower in
-``hopper_cta_dq_bwd.py``, which shares this frame; docs/kernels.md).
-Per-warpgroup slices keep the two warpgroups of a CTA off each other's rows. ``ds^T`` goes through
-shared memory so that wgmma can read it transposed.
+dq accumulates in a zero-initialised float32 buffer, passed to the kernel as a JAX ``Ref`` (read
+and written in place, i.e. aliased in and out; ``_launch``). dk and dv are in the step's layout at
+head dim 64 and head-major ([B, K, Sk, D], transposed after the kernel) above it
+(``dkv_head_major``, where the measurements behind the choice are: at head dim 128 and 128K tokens
+the step's layout ran 0.9-6% slower; docs/kernels.md). ``ds^T`` goes through shared memory so that
+wgmma can read it transposed.
 
 With grouped heads the grid's first axis is the kv head and each key CTA loops over the group's
 query heads, unless ``use_split_group`` (the default's measured rule, or ``BlockSizes.split_group``
 forced) runs one key CTA per query head: k, v repeated over the group, dk, dv per query head summed
-afterwards. The CTAs running side by side then reduce-add into one query head's dq, not the
-group's, which at long lengths outgrows the L2 (results: ``pallas_hopper_h200.md``, 2026-12-02).
+afterwards (``key_cta_backward``). The CTAs running side by side then reduce-add into one query
+head's dq, not the group's, which at long lengths outgrows the L2 (results: docs/kernels.md,
+2026-12-02).
+
+A variant with one dq tile per compute warpgroup (``dq_tile="warpgroup"``) lost to the shared tile
+and was deleted (docs/kernels.md, "Tried and lost").
 
 Interpret mode (CPU): Mosaic GPU's interpreter implements neither TMA reductions nor atomics, so
-``FusedOps.reduce_add`` becomes a read-modify-write of the warpgroup's own dq slice. That is exact
-there because the interpreter runs grid points one after another and each slice has one writer per
-CTA; the device's TMA reduce-add (and the ``wait_smem_to_gmem`` / ``commit_smem`` ordering around
-its staging buffer) is checked on the device only (``tools/hopper_check.py``; results in
-docs/kernels.md).
+``FusedOps.reduce_add`` becomes a read-modify-write of the dq tile. That is exact there because the
+interpreter runs grid points one after another and each tile has one writer at a time; the device's
+TMA reduce-add (and the ``wait_smem_to_gmem`` / ``commit_smem`` ordering around its staging buffer)
+is checked on the device only (``tools/hopper_check.py``; results in docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
-from ringattention._vma import full_like, typed_by_args
+from ringattention._vma import typed_by_args
 from ringattention.kernels import hopper_backward as hb
 from ringattention.kernels import hopper_bwd_kernels as hbk
 from ringattention.kernels import hopper_kernels as hk
@@ -185,48 +186,6 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
                        tuple(outs), tuple(scratch[13:]), n))
 
 
-def fused_kernel(*refs, cfg: hbk.BwdConfig):
-    """``key_cta_kernel`` with the dq accumulator f32 [2, B, Sq, H, D] (one slice per compute
-    warpgroup) and per warpgroup a ds^T tile and a dq staging tile. Out: dk, dv f32 (``dkv_out``)."""
-    key_cta_kernel(refs, cfg, _fused_compute)
-
-
-def _fused_compute(c: KeyCta):
-    cfg, ops, wg = c.cfg, c.ops, c.wg
-    k_s, _, q_s, do_s = c.smem[:4]
-    ds_s, dq_s = c.scratch
-    lo, d = c.bounds[0], k_s.shape[2]
-
-    def body(j, carry, g, masked: bool):
-        slot, p_t, ds_t = c.probs(g * c.n + j - lo, masked)  # [r, c]
-        ops.stage(ds_s.at[wg], ds_t)  # for dq, which reads it transposed
-        carry = hbk.kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
-        plgpu.barrier_arrive(c.free.at[slot])  # dq needs only ds and the own keys
-        (dq,) = ops.mma(((cfg.block, d), hk.Smem(ds_s.at[wg], transposed=True),
-                         hk.Smem(k_s.at[wg])))  # [c, D] = ds @ k
-        h, rows_q = c.dq_rows(j, g)
-        ops.reduce_add(dq_s.at[wg], dq * cfg.scale, c.outs[0].at[wg, c.b, rows_q, h])
-        return carry
-
-    c.loop(body)
-    ops.flush()
-
-
-def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool):
-    """The dk/dv kernel's buffers, then ds^T (16-bit) and the dq staging tile per warpgroup."""
-    tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # 16-bit, 128 bytes
-    f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
-    return [*hb._scratch(ROWS, ROWS, d, dtype, stages, 0, 2, positions, segments),
-            plgpu.SMEM((WGS, ROWS, ROWS), dtype, transforms=tiles),  # ds^T [r keys, c queries]
-            plgpu.SMEM((WGS, ROWS, d), F32, transforms=f32_tiles)]  # dq tile for the reduce-add
-
-
-def smem_bytes(d: int, dtype, stages: int) -> int:
-    """Shared memory of the tiles (k, v own; q, do streamed; ds^T; dq staging), ints excluded."""
-    tiles = 2 * (WGS + stages) * ROWS * d * jnp.dtype(dtype).itemsize
-    return tiles + WGS * ROWS * (ROWS * jnp.dtype(dtype).itemsize + d * 4)
-
-
 def _launch(body, out_type, scratch, *, grid, interpret: bool):
     """Like ``hk.launch`` but through ``pl.kernel``, which accepts Ref arguments (aliased in and
     out); ``plgpu.kernel`` does not in this jax."""
@@ -243,21 +202,6 @@ def _launch(body, out_type, scratch, *, grid, interpret: bool):
     return typed_by_args(lambda out: pl.kernel(
         scoped, out_type=out, mesh=mesh, interpret=params,
         compiler_params=plgpu.CompilerParams(approx_math=True)), out_type)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
-    """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk, dv f32 [B, Sk, K, D] (written
-    as ``dkv_out`` says). Under jit because a Ref in GMEM can only be made there."""
-    B, sq, H, d = q.shape
-    sk, K = k.shape[1], k.shape[2]
-    dq_acc = jax.new_ref(full_like(q, (WGS, B, sq, H, d), 0.0), memory_space=plgpu.GMEM)
-    out = dkv_out(B, sk, K, d)
-    dk, dv = _launch(functools.partial(fused_kernel, cfg=cfg), (out, out),
-                     _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),
-                     grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
-                                                                       lse2, delta, *extra, dq_acc)
-    return (dq_acc[...].sum(axis=0), *dkv_to_step(dk, dv))
 
 
 # ``BlockSizes(split_group=None)`` (the default): when the fused backward runs one key CTA per query
@@ -294,7 +238,7 @@ def use_split_group(split_group: bool | None, q_shape: tuple, k_shape: tuple, d:
 
 def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs,
                      causal: bool, softmax_scale: float, interpret: bool, window: int | None):
-    """What the fused backward and ``hopper_cta_dq_bwd`` share around their kernels: pads, calls
+    """What runs around the fused backward's kernel (``hopper_cta_dq_bwd``): pads, calls
     ``check(D, padded D)`` (raises for shapes the kernel cannot take), builds the config, the
     key-CTA bounds and the extra inputs, runs ``run`` (-> dq f32 [B, Sq, H, D], already scaled,
     dk, dv f32 [B, Sk, K, D]) and cuts the padding: float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D].
@@ -328,18 +272,3 @@ def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k
     cut = lambda x, n: x[:, :n, :, :D]  # noqa: E731
     return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)
 
-
-def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool, window: int | None = None):
-    """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``)."""
-
-    def check(D: int, d: int):
-        smem = smem_bytes(d, q.dtype, bs.bwd_stages)
-        if smem > hb.SMEM_LIMIT - 4096:
-            raise ValueError(f"pallas_hopper backward='fused': head dim {D} (padded {d}) with "
-                             f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
-                             f"{hb.SMEM_LIMIT}); use fewer bwd_stages or backward='mosaic'/'triton'")
-
-    return key_cta_backward(_run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, bs=bs,
-                            causal=causal, softmax_scale=softmax_scale, interpret=interpret,
-                            window=window)

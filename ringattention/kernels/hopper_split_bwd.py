@@ -1,33 +1,29 @@
-"""Fused Pallas Mosaic GPU (Hopper) ring-step backward for head dim 256: the head dim split in two.
+"""Pallas Mosaic GPU (Hopper) ring-step backward for head dim 256: the head dim split in two.
 
 The FlashAttention-3 backward (Shah et al. 2024; its head-dim-256 configuration) for one step of
 Ring Attention (Liu, Zaharia & Abbeel 2023), for head dims that pad to more than 128
-(``hopper_fused_bwd.py`` does not fit there: each warpgroup would hold dk and dv of its 64 keys,
+(``hopper_cta_dq_bwd.py`` does not fit there: each warpgroup would hold dk and dv of its 64 keys,
 [64, 256] float32 each, 256 registers per thread): ``pallas_hopper.BlockSizes(backward="mosaic")``,
-the default, runs the deterministic pair below; ``backward="fused"`` the one kernel whose atomics
-make it 2.2x slower on an H200 (docs/kernels.md).
+the default and the only Mosaic backward there, runs two deterministic kernels.
 
-Here the two compute warpgroups of a CTA *share* its 64 keys (grid: kv head, key CTA, batch) and
-split the work of every (key block, query block) pair without doing any of it twice:
+``split_kernel`` (dk, dv): the two compute warpgroups of a CTA *share* its 64 keys (grid: kv head,
+key CTA, batch) and split the work of every (key block, query block) pair without doing any of it
+twice:
 
 * s^T = k q^T and dp^T = v do^T: warpgroup w takes the 32 queries [32w, 32w + 32) of the streamed
   64-query block (wgmma [64 keys, 32 queries], contracting the whole head dim), and writes its half
   of p^T and ds^T (16-bit) to one shared [64 keys, 64 queries] tile each;
 * after a barrier, dv[:, Dw] += p^T do[:, Dw] and dk[:, Dw] += ds^T q[:, Dw] over its 128 head-dim
-  columns Dw = [128w, 128w + 128), and dq[:, Dw] = ds k[:, Dw], which it adds to a float32 [B, H,
-  Sq, 256] buffer with per-element atomic adds from registers (FA3 at head dim 256 does the same:
-  there is no shared memory left to stage a TMA reduce-add).
+  columns Dw = [128w, 128w + 128).
 
-Per pair that is the fused count of 5 tile products (2.5 per warpgroup). The query blocks are visited
-in the order of the other key-CTA kernels (``hopper_bwd_kernels.visit``: reversed, rotated by the
-CTA index) and the GQA group loop is theirs (``group_loop``). The atomic adds arrive in a
-run-dependent order: dq is not bitwise reproducible.
-
-``BlockSizes(backward="mosaic")`` at these head dims selects the deterministic variant: the same
-kernel without dq (``with_dq=False``), and ``dq_kernel``, whose CTAs own 64 query rows shared by the
-two warpgroups the same way (s and dp split by keys, ds through shared memory, dq[:, Dw] kept in
-registers and written once): 7 tile products per pair instead of 5, no atomics, every output
-element written by one warpgroup after a loop in a fixed order.
+The query blocks are visited in the order of the key-CTA kernels (``hopper_bwd_kernels.visit``:
+reversed, rotated by the CTA index) and the GQA group loop is theirs (``group_loop``).
+``dq_kernel``'s CTAs own 64 query rows shared by the two warpgroups the same way (s and dp split by
+keys, ds through shared memory, dq[:, Dw] kept in registers and written once): 7 tile products per
+pair, no atomics, every output element written by one warpgroup after a loop in a fixed order.
+(A fused variant, ``split_kernel`` also adding dq[:, Dw] = ds k[:, Dw] by per-element atomics, 5
+tile products per pair, ran 2.2x slower on an H200 and was deleted: docs/kernels.md, "Tried and
+lost".)
 
 Masks as in ``hopper_bwd_kernels``: blocks outside the causal mask, the segments or a sliding window
 are never loaded; with a window (``window=W``) both kernels take the ``edge`` bound as their last
@@ -40,13 +36,10 @@ Budgets (bf16/fp16, D = 256, per CTA of 2 compute warpgroups + 1 producer):
   per stage q, do 2 x 32 KB (+ 1 KB of lse,
   delta, positions, ids); p^T, ds^T 2 x 8 KB; with 2 stages 210.5 KB of the 227 KB (214 KB as Mosaic
   GPU allocates it, with barriers and alignment; 3 stages: 274 KB, rejected by the wrapper);
-* registers per compute thread (128 threads, float32 [64, n] = n / 2 registers): dk, dv [64, 128]
-  64 + 64; s^T, dp^T [64, 32] 16 + 16 while p^T / ds^T are formed; dq [64, 128] 64 while dk, dv
-  and dq are in flight together: 192 at the peak, plus column vectors (lse, delta, positions, ids:
-  8 each) and addresses, within the 240 of ``BlockSizes.registers``.
-
-Interpret mode (CPU): the interpreter has no atomics, so the add is a read-modify-write; exact there,
-because it runs grid points one after another and the two warpgroups own disjoint columns.
+* registers per compute thread of ``split_kernel`` (128 threads, float32 [64, n] = n / 2
+  registers): dk, dv [64, 128] 64 + 64; s^T, dp^T [64, 32] 16 + 16 while p^T / ds^T are formed,
+  plus column vectors (lse, delta, positions, ids: 8 each) and addresses, within the 240 of
+  ``BlockSizes.registers``.
 """
 
 from __future__ import annotations
@@ -61,7 +54,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
-from ringattention._vma import full_like
 from ringattention.kernels import hopper_backward as hb
 from ringattention.kernels import hopper_bwd_kernels as hbk
 from ringattention.kernels import hopper_fused_bwd as hfb
@@ -97,13 +89,11 @@ def _probs(cfg: hbk.BwdConfig, ops: hk.Ops, w, slot, own, smem, masked: bool):
     return p_t, ds_t
 
 
-def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
+def split_kernel(*refs, cfg: hbk.BwdConfig):
     """Grid ("h", "i", "b") over kv heads and key CTAs of 64 keys, warpgroups "wg". GMEM inputs as
-    ``hbk.dkv_kernel``, then (``with_dq``) the dq accumulator f32 [B, H, Sq, 256] (a Ref, added
-    to). Out: dk, dv f32 [B, K, Sk, 256]."""
+    ``hbk.dkv_kernel``. Out: dk, dv f32 [B, K, Sk, 256]."""
     bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
-        outs, scratch = hbk._split(refs, cfg, 2 + with_dq)
-    dq_ref, dk_ref, dv_ref = outs if with_dq else (None, *outs)
+        (dk_ref, dv_ref), scratch = hbk._split(refs, cfg, 2)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, pt_s, dst_s, own_bar, loaded, free,
      pds_ready, pds_free) = scratch
     b, i, bounds = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
@@ -140,16 +130,10 @@ def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
             plgpu.barrier_arrive(pds_ready)
             plgpu.barrier_wait(pds_ready)  # both halves of p^T, ds^T written
             dk, dv = carry
-            terms = [(dv, hk.Smem(pt_s), hk.Smem(do_s.at[slot, :, dw])),
-                     (dk, hk.Smem(dst_s), hk.Smem(q_s.at[slot, :, dw]))]
-            if with_dq:  # dq [64 queries, Dw] = ds k[:, Dw], issued with dk and dv
-                terms.append(((ROWS, DW), hk.Smem(dst_s, transposed=True), hk.Smem(k_s.at[:, dw])))
-            dv, dk, *dq = ops.mma(*terms)
+            dv, dk = ops.mma((dv, hk.Smem(pt_s), hk.Smem(do_s.at[slot, :, dw])),
+                             (dk, hk.Smem(dst_s), hk.Smem(q_s.at[slot, :, dw])))
             plgpu.barrier_arrive(free.at[slot])
             plgpu.barrier_arrive(pds_free)
-            if with_dq:
-                blk = hbk.visit(j, bounds, i, q_ref.shape[1] // ROWS)
-                _add(cfg, dq[0], dq_ref.at[b, kvh * cfg.groups + g, pl.ds(blk * ROWS, ROWS), dw])
             return dk, dv
 
         hbk.group_loop(cfg, ops, body, bounds, cfg.masked, DW,
@@ -158,7 +142,7 @@ def split_kernel(*refs, cfg: hbk.BwdConfig, with_dq: bool = True):
 
 
 def dq_kernel(*refs, cfg: hbk.BwdConfig):
-    """The deterministic variant's dq: grid ("h", "i", "b") over query heads and CTAs of 64 query
+    """dq (deterministic): grid ("h", "i", "b") over query heads and CTAs of 64 query
     rows shared by both warpgroups; key blocks of 64 streamed. Warpgroup w computes s, dp for the
     keys [32w, 32w + 32) ([64 queries, 32 keys]), writes its half of ds (16-bit) to a shared
     [64, 64] tile, and after a barrier accumulates dq[:, Dw] += ds k[:, Dw] in registers (64 per
@@ -267,15 +251,6 @@ def _load_own_keys(cfg, ops, b, kvh, wg, keys, gmem, smem, bar):
     return (ops.rows(kp_s) if cfg.positions else None), (ops.rows(ks_s) if cfg.segments else None)
 
 
-def _add(cfg: hbk.BwdConfig, x, gmem):
-    """gmem += x (float32 [64, 128]): atomic adds on the device; a read-modify-write when
-    interpreting (see the module docstring)."""
-    if cfg.interpret:
-        gmem[...] = gmem[...] + x
-    else:
-        plgpu.atomic_add(gmem, x)
-
-
 def _scratch(dtype, stages: int, positions: bool, segments: bool):
     """Own k, v (+ positions, ids); per stage q, do, lse2, delta (+ positions, ids); p^T, ds^T;
     barriers: own keys loaded, slot loaded, slot free, p^T/ds^T written, p^T/ds^T read. The dk/dv
@@ -328,23 +303,9 @@ def smem_bytes(dtype, stages: int, positions: bool = True, segments: bool = True
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
-    """Padded inputs -> unscaled dq f32 [B, H, Sq, 256], dk, dv f32 [B, K, Sk, 256]."""
-    B, sq, H, d = q.shape
-    sk, K = k.shape[1], k.shape[2]
-    dq_acc = jax.new_ref(full_like(q, (B, H, sq, d), 0.0), memory_space=plgpu.GMEM)
-    out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
-    dk, dv = hfb._launch(functools.partial(split_kernel, cfg=cfg), (out, out),
-                         _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments),
-                         grid=(K, sk // ROWS, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
-                                                                          lse2, delta, *extra, dq_acc)
-    return dq_acc[...], dk, dv
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
 def _run_two(q_bounds, k_bounds, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
-    """The deterministic variant: dq f32 [B, H, Sq, 256] (scaled) from ``dq_kernel``, then dk, dv
-    f32 [B, K, Sk, 256] from ``split_kernel`` without its dq. q_bounds / k_bounds: lo, mid, hi (and
+    """dq f32 [B, H, Sq, 256] (scaled) from ``dq_kernel``, then dk, dv f32 [B, K, Sk, 256] from
+    ``split_kernel``. q_bounds / k_bounds: lo, mid, hi (and
     a window's edge, each kernel's last input) over the key blocks / the reversed query blocks."""
     B, sq, H, d = q.shape
     sk, K = k.shape[1], k.shape[2]
@@ -355,7 +316,7 @@ def _run_two(q_bounds, k_bounds, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdC
                    grid=(H, sq // ROWS, B), interpret=cfg.interpret)(*q_bounds[:3], *args,
                                                                         *q_bounds[3:])
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
-    dk, dv = hk.launch(functools.partial(split_kernel, cfg=cfg, with_dq=False), (out, out),
+    dk, dv = hk.launch(functools.partial(split_kernel, cfg=cfg), (out, out),
                        _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments),
                        grid=(K, sk // ROWS, B), interpret=cfg.interpret)(*k_bounds[:3], *args,
                                                                         *k_bounds[3:])
@@ -363,11 +324,9 @@ def _run_two(q_bounds, k_bounds, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdC
 
 
 def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool, deterministic: bool = False,
-             window: int | None = None):
+             softmax_scale: float, interpret: bool, window: int | None = None):
     """float32 dq [B, Sq, H, Dh], dk, dv [B, Sk, K, Dh] for head dims 129-256 (padded to 256;
-    contract in ``implementations.py``). ``deterministic``: a dq kernel and the dk/dv kernel
-    without atomics (``BlockSizes(backward="mosaic")``) instead of the fused kernel."""
+    contract in ``implementations.py``): ``dq_kernel`` and ``split_kernel``."""
     B, Sq, H, Dh = q.shape
     Sk, K = k.shape[1], k.shape[2]
     if not 128 < Dh <= D:
@@ -392,11 +351,7 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
                         window=window)
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, ROWS, window)
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
-    if deterministic:  # the dq kernel's bounds are over the key blocks
-        q_bounds = pg._bounds(table, B) if window is None else pg._edge_bounds(table, B)
-        dq, dk, dv = _run_two(q_bounds, bounds, q, k, v, do, lse2, delta, *extra, cfg=cfg)
-    else:  # a window's edge bound is the last input
-        dq, dk, dv = _run(*bounds[:3], q, k, v, do, lse2, delta, *extra, *bounds[3:], cfg=cfg)
-        dq = dq * softmax_scale
+    q_bounds = pg._bounds(table, B) if window is None else pg._edge_bounds(table, B)  # key blocks
+    dq, dk, dv = _run_two(q_bounds, bounds, q, k, v, do, lse2, delta, *extra, cfg=cfg)
     cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :Dh]  # noqa: E731
     return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)

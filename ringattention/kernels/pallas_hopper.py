@@ -18,17 +18,15 @@ What runs where (stated plainly):
 * forward, float32: delegated to the Triton step (wgmma would compute in tf32).
 * backward, 16-bit, head dims <= 128 (default; ``BlockSizes(backward="fused")``): one
   FlashAttention-3 style kernel over key CTAs with TMA reduce-adds of dq (``hopper_cta_dq_bwd.py``,
-  the two compute warpgroups sharing a dq tile; with ``dq_tile="warpgroup"`` one tile each,
-  ``hopper_fused_bwd.py``, whose float32 dq accumulator is twice as large); dq sums in a
-  run-dependent order, so it is not bitwise deterministic.
+  the two compute warpgroups sharing a dq tile); dq sums in a run-dependent order, so it is not
+  bitwise deterministic.
 * ``BlockSizes(backward="mosaic")``: Mosaic GPU dq and dk/dv kernels (``hopper_backward.py``,
   ``hopper_bwd_kernels.py``), deterministic; ``ring_attention(..., deterministic=True)`` picks it
   through :func:`deterministic_block_sizes`.
-* backward, 16-bit, head dims 129-256 (default; ``BlockSizes(backward="mosaic")``): the dq and
-  dk/dv kernels with the head dim split across the two compute warpgroups
-  (``hopper_split_bwd.py``; FA3's head-dim-256 scheme, 64 rows per CTA, no atomics).
-  ``BlockSizes(backward="fused")`` there: one kernel adding dq by per-element atomics (not
-  deterministic, and 2.2x slower on an H200).
+* backward, 16-bit, head dims 129-256 (default; ``BlockSizes(backward="mosaic")``, the only Mosaic
+  backward there: "fused" is a ValueError): the dq and dk/dv kernels with the head dim split across
+  the two compute warpgroups (``hopper_split_bwd.py``; FA3's head-dim-256 scheme, 64 rows per CTA,
+  no atomics).
   Every Mosaic backward is checked on an H200 against the float32 step reference
   (docs/kernels.md).
 * backward, float32, or ``BlockSizes(backward="triton")``: the Triton step
@@ -54,7 +52,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ringattention import masks
 from ringattention.kernels import hopper_backward as hb
 from ringattention.kernels import hopper_cta_dq_bwd as hcb
-from ringattention.kernels import hopper_fused_bwd as hfb
 from ringattention.kernels import hopper_kernels as hk
 from ringattention.kernels import hopper_split_bwd as hsb
 from ringattention.kernels import pallas_gpu as pg
@@ -65,7 +62,6 @@ BLOCK_Q = ROWS  # query rows per compute warpgroup: one wgmma tile (a CTA holds 
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 BACKWARDS = ("triton", "mosaic", "fused")  # BlockSizes.backward: the Triton step's kernels, or our own
-DQ_TILES = ("warpgroup", "cta")  # BlockSizes.dq_tile: the fused backward's dq reduce-add tiles
 REGISTERS = hk.REGISTER_CHOICES  # BlockSizes.registers: per compute-warpgroup thread
 # BlockSizes.schedule of the forward's two compute warpgroups: "pingpong" (they alternate on the
 # tensor cores) or "overlap" (each overlaps block j's softmax with block j-1's P.V, FA3's
@@ -86,19 +82,15 @@ class BlockSizes:
     kernel, 64-row tiles, ``bwd_stages`` slots, the dq kernel streaming ``bwd_block_k`` keys per
     block; deterministic; above 128 ``hopper_split_bwd``'s
     deterministic dq and dk/dv kernels, which split the head dim: the default for head dim 256),
-    "fused" (one kernel, dq added to a float32 buffer in a run-dependent order:
-    ``hopper_fused_bwd`` / ``hopper_cta_dq_bwd`` with TMA reduce-adds, the default for head dims
-    64 and 128; above 128 ``hopper_split_bwd``, whose warpgroups split the head dim and add dq with
-    per-element atomics, 2.2x slower than "mosaic" there) or "triton" (``pallas_gpu``'s kernels,
+    "fused" (head dims <= 128: one kernel, ``hopper_cta_dq_bwd``, whose two compute warpgroups
+    reduce-add dq into a float32 buffer in a run-dependent order, sharing one dq tile, each adding
+    half its columns, or at head dims <= 64 taking turns; the default for head dims 64 and 128;
+    above 128 a ValueError: "mosaic" is the backward there) or "triton" (``pallas_gpu``'s kernels,
     any head dim).
     ``registers``: per thread of a compute warpgroup in every Mosaic kernel (232 or 240; the
-    producer keeps the rest of the launch allocation: 40 or 24). ``dq_tile`` (fused backward, head
-    dims <= 128; the other backwards ignore it): "cta" (the default, ``hopper_cta_dq_bwd``: the two
-    compute warpgroups share one dq tile, each adding half its columns, or at head dims <= 64
-    taking turns) or "warpgroup" (each reduce-adds its own [64, D] tile: twice the reduce-add
-    traffic and a float32 dq accumulator twice as large). ``split_group`` (the fused backward at
-    head dims <= 128 with GQA; the other backwards ignore it): True runs one key CTA per *query*
-    head instead of per kv head (k and v repeated over the group, dk/dv per query head summed over
+    producer keeps the rest of the launch allocation: 40 or 24). ``split_group`` (the fused
+    backward with GQA; the other backwards ignore it): True runs one key CTA per *query* head
+    instead of per kv head (k and v repeated over the group, dk/dv per query head summed over
     the group afterwards), so that the CTAs running side by side reduce-add into one query head's
     dq instead of the whole group's (on an H200 the group's float32 dq outgrows the L2 at long
     lengths: docs/kernels.md); it costs k, v per query head (16-bit) and dk, dv per query head
@@ -116,7 +108,6 @@ class BlockSizes:
     bwd_block_k: int = 64
     registers: int = 232
     triton: pg.BlockSizes | None = None
-    dq_tile: str = "cta"
     split_group: bool | None = None
 
     def __post_init__(self):
@@ -131,8 +122,6 @@ class BlockSizes:
             raise ValueError(f"BlockSizes.registers={self.registers!r} must be one of {REGISTERS}")
         if self.backward not in BACKWARDS:
             raise ValueError(f"BlockSizes.backward={self.backward!r} must be one of {BACKWARDS}")
-        if self.dq_tile not in DQ_TILES:
-            raise ValueError(f"BlockSizes.dq_tile={self.dq_tile!r} must be one of {DQ_TILES}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"BlockSizes.schedule={self.schedule!r} must be one of {SCHEDULES}")
         if self.split_group is not None and not isinstance(self.split_group, bool):
@@ -147,13 +136,13 @@ _DEFAULTS = {  # H200, docs/kernels.md
     # warpgroups take turns; 0.89-1.01x against 0.86-1.01x with one tile per warpgroup, 0.88-0.95x
     # for the two-kernel one, 2026-12-01) through 3 stages and, causal, 240 registers
     # (_FULL_DEFAULTS: 232 without a causal mask).
-    64: BlockSizes(block_k=256, stages=2, backward="fused", dq_tile="cta", bwd_stages=3,
-                   registers=240),
+    64: BlockSizes(block_k=256, stages=2, backward="fused", bwd_stages=3, registers=240),
     # D=128: the fused backward with one dq tile per CTA and 240 registers per compute thread
     # (64K fwd+bwd 0.95-0.99x cuDNN against 0.91-0.94x for one dq tile per warpgroup, 2026-12-01).
-    128: BlockSizes(block_k=128, stages=2, backward="fused", registers=240, dq_tile="cta"),
+    128: BlockSizes(block_k=128, stages=2, backward="fused", registers=240),
     # D=256: the deterministic head-dim-split pair (hopper_split_bwd, no atomics): 64K fwd+bwd
-    # 0.92-0.93x cuDNN; the fused split kernel's per-element float32 atomics run it at 0.37-0.43x.
+    # 0.92-0.93x cuDNN; a fused split kernel adding dq by per-element float32 atomics ran
+    # 0.37-0.43x (deleted: docs/kernels.md).
     256: BlockSizes(block_k=64, stages=2, backward="mosaic", registers=240),
 }
 
@@ -202,7 +191,7 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
     64 keys and adds over the group's query heads and the query blocks in an order fixed by the
     CTA's index (``visit``), then writes once. The forward is ordered the same way (each CTA owns
     its query rows), and so are the Triton backward (float32) and, above head dim 128, the "mosaic"
-    pair of ``hopper_split_bwd`` (the fused one there adds dq with atomics).
+    pair of ``hopper_split_bwd``.
     """
     if block_sizes is None:
         bs = default_block_sizes(head_dim, causal)
@@ -337,7 +326,8 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv.
 
     Runs the Triton step's kernels unless ``block_sizes.backward`` is "mosaic" or "fused" (and q is
-    16-bit). Every Mosaic backward takes a sliding window (``window``).
+    16-bit). Every Mosaic backward takes a sliding window (``window``). "fused" above head dim 128
+    is a ValueError (whatever the dtype).
     """
     _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale)
     if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
@@ -346,19 +336,20 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     bs = block_sizes or default_block_sizes(q.shape[3], causal)
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
+    if bs.backward == "fused" and q.shape[3] > 128:
+        raise ValueError(f"pallas_hopper BlockSizes(backward='fused'): head dim {q.shape[3]} is above "
+                         "128, where the Mosaic backward is 'mosaic' (the head-dim-split dq and dk/dv "
+                         "kernels); use backward='mosaic' or 'triton', or block_sizes=None")
     kw = dict(causal=causal, softmax_scale=softmax_scale, interpret=interpret)
     if window is not None:
         kw["window"] = window
     if bs.backward == "triton" or jnp.dtype(q.dtype) not in HALF_DTYPES:
         return pg.backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
                                 block_sizes=bs.triton, **kw)
-    mosaic = hb.backward
-    if bs.backward == "fused":  # head dims above 128: the warpgroups split the head dim
-        mosaic = hsb.backward if q.shape[3] > 128 else hfb.backward
-        if q.shape[3] <= 128 and bs.dq_tile == "cta":
-            mosaic = hcb.backward
-    elif q.shape[3] > 128:  # "mosaic": the head-dim-split dq and dk/dv kernels, no atomics
-        mosaic = functools.partial(hsb.backward, deterministic=True)
+    if q.shape[3] > 128:  # "mosaic": the head-dim-split dq and dk/dv kernels, no atomics
+        mosaic = hsb.backward
+    else:
+        mosaic = hcb.backward if bs.backward == "fused" else hb.backward
     return mosaic(q, k, v, do.astype(q.dtype), lse, delta, q_pos, k_pos, q_seg, k_seg, bs=bs, **kw)
 
 
