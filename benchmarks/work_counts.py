@@ -4,8 +4,22 @@
 """
 
 import argparse
+import datetime
+import importlib.metadata
+import subprocess
 
 from ringattention import layouts
+
+
+def provenance() -> str:
+    """The line every result file starts with: date, commit, device, jax version."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return (f"Date {datetime.date.today().isoformat()} · commit `{commit}` · CPU (counted, not "
+            f"timed) · jax {importlib.metadata.version('jax')}")
 
 
 def main():
@@ -14,6 +28,7 @@ def main():
     ap.add_argument("--shard", type=int, default=8192)
     ap.add_argument("--block", type=int, default=512)
     a = ap.parse_args()
+    print(provenance() + "\n")
     print(f"# Causal work per device, N={a.ring}, shard={a.shard}, block={a.block}\n")
     print("Unmasked (query block, key block) pairs each device computes in each ring step "
           "(`ringattention.layouts.causal_work`). A ring step lasts as long as its busiest device.\n")
