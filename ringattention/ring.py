@@ -31,6 +31,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ringattention import _validate as _checks
 from ringattention import implementations, layouts, masks, ulysses
+from ringattention import strategy as strategies
 from ringattention._vma import _vma, full_like
 from ringattention.remat import LSE_NAME, OUT_NAME
 
@@ -49,6 +50,8 @@ class _Config:
     ring_size: int
     window: int | None = None  # sliding window (None: none)
     hops: tuple[int, int] | None = None  # (forward, backward) hops of a short lap; None: a full lap
+    strategy: str = "ring"  # or "all_gather" (ringattention/all_gather.py)
+    gather_chunks: int = 1  # all_gather: pieces of the shard gathered one by one
 
 
 def merge(o1, lse1, o2, lse2):
@@ -72,7 +75,8 @@ def _step_visible(cfg, q_pos, k_pos, q_seg, k_seg):
         vis = vis & (k_pos[0] <= q_pos[-1])  # positions increase within a shard
     if cfg.window is not None:  # per run of consecutive positions (zigzag: two per shard)
         run = q_pos.shape[0] // _runs(cfg.layout)
-        table = masks.block_table(q_pos, k_pos, None, None, cfg.causal, run, run, cfg.window)
+        k_run = math.gcd(k_pos.shape[0], run)  # all_gather: k may be a piece of a shard
+        table = masks.block_table(q_pos, k_pos, None, None, cfg.causal, run, k_run, cfg.window)
         vis = vis & jnp.any(table != masks.SKIP)
     if q_seg is not None:
         lo = jnp.maximum(q_seg.min(-1), k_seg.min(-1))
@@ -237,16 +241,24 @@ def _backward_hops(cfg, compute, dq, kv, acc, d: int, m: int):
     return dq + dq_s, home
 
 
+def _laps(cfg):
+    """(forward, backward) lap of the config's strategy: the ring's, or all_gather.py's."""
+    if cfg.strategy == "all_gather" and cfg.ring_size > 1:
+        from ringattention import all_gather
+        return all_gather.forward, all_gather.backward
+    return _forward_lap, _backward_lap
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _ring(q, k, v, segment_ids, cfg):
-    o, _ = _forward_lap(cfg, q, k, v, segment_ids, segment_ids)
+    o, _ = _laps(cfg)[0](cfg, q, k, v, segment_ids, segment_ids)
     return o.astype(q.dtype)
 
 
 def _ring_fwd(q, k, v, segment_ids, cfg):
     # o and lse carry names so that a remat policy (ringattention.remat) can keep them and the
     # backward pass of a rematerialised block need not run the forward lap again.
-    o, lse = _forward_lap(cfg, q, k, v, segment_ids, segment_ids)
+    o, lse = _laps(cfg)[0](cfg, q, k, v, segment_ids, segment_ids)
     o = checkpoint_name(o.astype(q.dtype), OUT_NAME)
     lse = checkpoint_name(lse, LSE_NAME)
     return o, (q, k, v, segment_ids, o, lse)
@@ -255,7 +267,8 @@ def _ring_fwd(q, k, v, segment_ids, cfg):
 def _ring_bwd(cfg, res, do):
     q, k, v, segment_ids, o, lse = res
     delta = jnp.einsum("bshd,bshd->bhs", o.astype(F32), do.astype(F32))  # [B, H, S]
-    dq, dk, dv = _backward_lap(cfg, q, k, v, segment_ids, segment_ids, do.astype(q.dtype), lse, delta)
+    dq, dk, dv = _laps(cfg)[1](cfg, q, k, v, segment_ids, segment_ids, do.astype(q.dtype), lse,
+                               delta)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
@@ -315,7 +328,8 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
                    softmax_scale: float | None = None, implementation: str = "auto",
                    block_sizes=None, interpret: bool = False,
                    deterministic: bool = False, ulysses_axis=None,
-                   sliding_window: int | None = None) -> jax.Array:
+                   sliding_window: int | None = None, strategy: str = "ring",
+                   gather_chunks: int | None = None) -> jax.Array:
     """Exact attention over a sequence sharded along mesh axis ``axis_name`` (inside ``shard_map``).
 
     Args:
@@ -347,6 +361,14 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         i (query) and j (key), on top of ``causal`` and ``segment_ids`` (Mistral: causal, W).
         Steps and blocks outside the window are skipped; contiguous (and zigzag / symmetric) rings
         visit only the shards the window reaches (see the module docstring).
+      strategy: how k/v reach the queries over ``axis_name`` (``ringattention.strategy``): "ring"
+        (ppermute around the ring), "all_gather" (gather all k/v, attend, reduce-scatter dk/dv;
+        ``ringattention.all_gather``), "ulysses" (all-to-all of heads, whole-sequence attention on
+        heads / N heads; needs ``heads % N == 0``) or "auto" (the cost model's choice for these
+        shapes on the mesh's platform). All are exact and take every mask; with ``ulysses_axis``
+        only "ring", "all_gather" and "auto" (which then picks between those two).
+      gather_chunks: "all_gather": the shard is gathered in this many pieces, each gather issued
+        before the compute on the previous piece (None: 2 where the shard halves, else 1).
 
     Returns:
       [batch, q_shard, heads, head_dim] in ``q.dtype``.
@@ -354,9 +376,13 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     causal = _checks.causal(causal)
     _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window)
     ring_size = _axis_size(axis_name)
+    strategy = strategies.resolve(strategy, q.shape, k.shape, q.dtype.itemsize, axis_name,
+                                  ring_size, ulysses_axis is not None, causal,
+                                  implementations.mesh_device())
     # the ring's shard: with Ulysses, the U pieces of a ring shard held by the Ulysses group
     shard = q.shape[1] * (1 if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis"))
-    impl = implementations.resolve(implementation, checked_vma=bool(_vma(q)), shard=shard)
+    step = shard * ring_size if strategy == "ulysses" else shard  # keys a step attends to
+    impl = implementations.resolve(implementation, checked_vma=bool(_vma(q)), shard=step)
     _check_platform(impl, interpret, q)
     if deterministic:
         block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1],
@@ -369,6 +395,14 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
                   ring_size, *_window_plan(sliding_window, layout, ring_size, shard, bool(causal)))
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
+    if strategy == "ulysses":  # one step over the whole sequence, in natural order
+        whole = dataclasses.replace(cfg, layout="contiguous", ring_size=1, **dict(zip(
+            ("window", "hops"), _window_plan(sliding_window, "contiguous", 1, step, cfg.causal))))
+        attend = lambda q, k, v, seg: _ring(q, k, v, seg, whole)  # noqa: E731
+        return ulysses.whole_sequence_attention(attend, q, k, v, segment_ids, axis_name, layout)
+    if strategy == "all_gather":
+        cfg = dataclasses.replace(cfg, strategy=strategy, gather_chunks=strategies.gather_chunks(
+            gather_chunks, shard, impl.takes_shard))
     if ulysses_axis is not None:  # 2-D context parallelism (ringattention/ulysses.py)
         ring = lambda q, k, v, seg: _ring(q, k, v, seg, cfg)  # noqa: E731
         return ulysses.ulysses_attention(ring, q, k, v, segment_ids, ulysses_axis, axis_name)

@@ -92,6 +92,7 @@ class Problem:
     seed: int = 0
     ulysses: int | None = None  # Ulysses group size U (``shard``: each device's piece of a ring shard)
     window: int | None = None  # sliding window (None: none)
+    strategy: str = "ring"  # ring_attention's strategy over "sp" (ringattention.strategy)
 
 
 def make_inputs(pb: Problem):
@@ -124,7 +125,8 @@ def run_ring(pb: Problem, q, k, v, do, seg, check_vma: bool | None = None, **kwa
 
     def local(q, k, v, do, seg):
         f = lambda q, k, v: ring_attention(q, k, v, "sp", causal=pb.causal, segment_ids=seg,
-                                           layout=pb.layout, sliding_window=pb.window, **kwargs)
+                                           layout=pb.layout, sliding_window=pb.window,
+                                           strategy=pb.strategy, **kwargs)
         o, vjp = jax.vjp(f, q, k, v)
         return (o, *vjp(do))
 
