@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from ringattention import _validate as checks
 from ringattention import implementations, layouts
+from ringattention import strategy as strategies
 from ringattention.ring import ring_attention
 
 
@@ -30,7 +31,8 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
                       head_axis: str | None = None, segment_ids: jax.Array | None = None,
                       causal: bool = False, layout: str = "contiguous", reorder: bool = True,
                       deterministic: bool = False, ulysses_axis: str | None = None,
-                      sliding_window: int | None = None, **kwargs) -> jax.Array:
+                      sliding_window: int | None = None, strategy: str = "ring",
+                      **kwargs) -> jax.Array:
     """Ring attention over global arrays. q [B, L, H, D], k/v [B, L, K, D] -> [B, L, H, D].
 
     ``seq_axis`` is the ring; ``batch_axis`` / ``head_axis`` optionally shard batch and heads (both H
@@ -40,7 +42,8 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     ``ulysses_axis`` (size U) adds an all-to-all over heads around the ring: the sequence is
     split over ``(seq_axis, ulysses_axis)`` and the local heads H / ``head_axis`` must divide by U.
     ``sliding_window`` W: key j is visible to query i only if ``|i - j| < W`` (global
-    positions). Other keyword arguments go to :func:`ring_attention`.
+    positions). ``strategy``: "ring", "all_gather", "ulysses" or "auto" over ``seq_axis``
+    (``ringattention.strategy``). Other keyword arguments go to :func:`ring_attention`.
     """
     n = _check_axis(mesh, seq_axis, "seq_axis")
     nu = _check_axis(mesh, ulysses_axis, "ulysses_axis")
@@ -71,13 +74,15 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     seq = seq_axis if ulysses_axis is None else (seq_axis, ulysses_axis)  # ring axis major
     spec = P(batch_axis, seq, head_axis, None)
     seg_spec = P(batch_axis, seq)
-    impl = implementations.resolve(kwargs.pop("implementation", "auto"), mesh,
-                                   shard=q.shape[1] // n).name
+    strategies.check(strategy)
+    step = q.shape[1] if strategy == "ulysses" else q.shape[1] // n  # keys one step attends to
+    impl = implementations.resolve(kwargs.pop("implementation", "auto"), mesh, shard=step).name
 
     def local(q, k, v, seg):
         return ring_attention(q, k, v, seq_axis, causal=causal, segment_ids=seg, layout=layout,
                               implementation=impl, deterministic=deterministic,
-                              ulysses_axis=ulysses_axis, sliding_window=sliding_window, **kwargs)
+                              ulysses_axis=ulysses_axis, sliding_window=sliding_window,
+                              strategy=strategy, **kwargs)
 
     out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
                         check_vma=implementations.checks_vma(impl, kwargs.get("interpret", False)),

@@ -240,3 +240,33 @@ def gather_chunks(requested, shard: int, takes_shard=lambda n: True) -> int:
         raise ValueError(f"gather_chunks={requested!r} must be a positive int dividing the shard "
                          f"length {shard}")
     return requested
+
+
+# ---- the documented table ---------------------------------------------------------------------
+# (heads, kv heads, head dim) of Llama 3.2 1B and Llama 3.1 8B attention (models/config.py presets)
+REPRESENTATIVE = {"1b": (32, 8, 64), "8b": (32, 8, 128)}
+DOC_SEQS = (32768, 131072, 1048576)
+DOC_DEVICES = (8, 64)
+
+
+def markdown(platform: str = "h100", seqs=DOC_SEQS, devices=DOC_DEVICES, shapes=None) -> str:
+    """The choice and its numbers for representative shapes (batch 1, bfloat16, causal): the
+    table of docs/api.md's "Strategies" section, one per platform."""
+    p = PLATFORMS[platform]
+    lines = [f"| {platform} model | tokens | N | shard | ring step compute / transfer (us) | "
+             "fwd+bwd MiB ring / all_gather / ulysses | all_gather k/v GiB | choice |",
+             "|---" * 8 + "|"]
+    for model, (h, k, d) in (shapes or REPRESENTATIVE).items():
+        for seq in seqs:
+            for n in devices:
+                dec = choose(Shape(1, seq, h, k, d, n), p)
+                by = {r["strategy"]: r for r in dec.rows}
+                mib = [f"{by[s]['bytes_fwd_bwd'] / 2**20:,.0f}" if s != "ulysses" or
+                       by[s]["feasible"] else "n/a" for s in STRATEGIES]
+                ring = by["ring"]
+                lines.append(
+                    f"| {model} | {seq // 1024}K | {n} | {seq // n:,} | "
+                    f"{ring['step_compute_s'] * 1e6:,.1f} / {ring['step_transfer_s'] * 1e6:,.1f} | "
+                    f"{' / '.join(mib)} | {by['all_gather']['kv_bytes'] / GIB:.2f} | "
+                    f"{dec.strategy} |")
+    return "\n".join(lines) + "\n"
