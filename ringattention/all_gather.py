@@ -14,15 +14,19 @@ all-gathered ([N, B, S / c, K, D]) before the compute on piece j - 1 is issued (
 device's own shard, which needs no collective), so XLA can run each gather behind the previous
 piece's attention. Peak gathered k/v: two pieces, ``2 L / c`` tokens of k and v.
 
-Backward: k/v are gathered again (the forward's gathered copies are not kept as residuals, so
-residuals stay O(S) whatever the remat policy; the gathers are tied to the output gradient so XLA
-cannot merge them with the forward's). dq accumulates locally; dk/dv of every gathered shard of a
-piece are computed in float32 ([N, B, S / c, K, D]) and ``lax.psum_scatter`` returns each shard's
-sum to its owner, issued before the next piece's compute.
+Backward: k/v are gathered again: the gathered copies are not residuals of the custom VJP, which
+saves only q, k, v, segment ids, o and lse (O(S), whatever the remat policy). Where the forward and
+the backward compile into one computation (a layer outside a ``lax.scan``, or one recomputed by
+``jax.checkpoint`` inside the backward), XLA's CSE merges the backward's gathers with the forward's,
+so the gathered k/v are sent once and stay alive from the forward to the backward; under a scanned
+layer stack with ``ringattention.remat``'s policy they are sent again. dq accumulates locally;
+dk/dv of every gathered shard of a piece are computed in float32 ([N, B, S / c, K, D]) and
+``lax.psum_scatter`` returns each shard's sum to its owner, issued before the next piece's compute.
 
 Bytes sent per device (elements of one k or v shard ``S K D``, times the dtype size b): forward
-``(N - 1) 2 S K D b`` (an all-gather sends (N - 1) / N of its output); backward the same again plus
-``(N - 1) 2 S K D 4`` for the float32 reduce-scatter of dk/dv. ``ringattention.strategy`` has the
+``(N - 1) 2 S K D b`` (an all-gather sends (N - 1) / N of its output); backward ``(N - 1) 2 S K D 4``
+for the float32 reduce-scatter of dk/dv, plus the forward's bytes again where the gathers are not
+merged (above). ``ringattention.strategy`` has the
 cost model; ``benchmarks/cp_bytes.py`` checks these bytes against the compiled HLO.
 """
 
@@ -118,8 +122,6 @@ def backward(cfg, q, k, v, q_seg, k_seg, do, lse, delta):
     from ringattention import ring
 
     impl = implementations.resolve(cfg.implementation).load()
-    # gather again, after the output gradient exists: not merged with the forward's gathers
-    (k_t, v_t, ks_t), _ = lax.optimization_barrier(((k, v, k_seg), do))
 
     def compute(kv, src, j, c):
         k_, v_, ks = kv
@@ -146,7 +148,7 @@ def backward(cfg, q, k, v, q_seg, k_seg, do, lse, delta):
         # each shard's piece sums to its owner: [B, S / c, K, D]
         return dq, tuple(lax.psum_scatter(g, cfg.axis_name, scatter_dimension=0) for g in dkv)
 
-    dq, outs = _schedule(cfg, (k_t, v_t, ks_t), own, piece, None)
+    dq, outs = _schedule(cfg, (k, v, k_seg), own, piece, None)
     dk_own, dv_own = own_grads[0]
     dk = dk_own + jnp.concatenate([d for d, _ in outs], axis=1)  # [B, S, K, D]
     dv = dv_own + jnp.concatenate([d for _, d in outs], axis=1)

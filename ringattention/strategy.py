@@ -15,13 +15,16 @@ Three exact ways to attend over a sequence split into N shards of S tokens (``ri
   ``ulysses.kv_repeats`` says. USP (Fang & Zhao 2024) combines it with the ring (``ulysses_axis``).
 
 Bytes sent per device for one layer (elements times the dtype size b; dk/dv travel in float32),
-as ``ulysses.py``'s docstring derives and ``benchmarks/cp_bytes.py`` checks against compiled HLO:
+as ``ulysses.py``'s docstring derives and ``benchmarks/cp_bytes.py`` checks against the HLO of one
+layer compiled forward + backward, where XLA merges the backward's first ring hop, and the
+backward's all-gathers, with the forward's (a scanned layer stack sends them again: ring
+``+ 2 S K D b``, all_gather ``+ (N - 1) 2 S K D b``):
 
 ====================  =====================================  =========================================
 strategy              forward                                backward (after the forward)
 ====================  =====================================  =========================================
 ring                  (N - 1) 2 S K D b                      (N - 2) 2 S K D b + N 2 S K D 4
-all_gather            (N - 1) 2 S K D b                      (N - 1) 2 S K D b + (N - 1) 2 S K D 4
+all_gather            (N - 1) 2 S K D b                      (N - 1) 2 S K D 4
 ulysses               (N - 1) / N S D (2 H + 2 K') b         the same (do in; dq, dk, dv out)
 ====================  =====================================  =========================================
 
@@ -125,7 +128,7 @@ def bytes_sent(s: Shape, strategy: str) -> tuple[float, float]:
         return fwd, fwd + (n - 2) * shard_kv * b + n * shard_kv * ACC_BYTES
     if strategy == "all_gather":
         fwd = (n - 1) * shard_kv * b
-        return fwd, 2 * fwd + (n - 1) * shard_kv * ACC_BYTES
+        return fwd, fwd + (n - 1) * shard_kv * ACC_BYTES
     if strategy == "ulysses":
         fwd = (n - 1) / n * s.batch * s.shard * s.head_dim * (2 * s.heads
                                                               + 2 * _kv_heads_exchanged(s)) * b

@@ -29,9 +29,9 @@ WINDOW = 20  # a sliding window shorter than the sequence of every case below (s
 # (ring, layout, causal, segment ids, kv heads, window)
 GATHER_FULL = list(itertools.product(RINGS, LAYOUTS, (True, False), (True, False), (1, 2, 4),
                                      (None, WINDOW)))
-GATHER_DEFAULT = [(1, "contiguous", True, True, 2, None), (2, "striped", False, False, 4, None),
+GATHER_DEFAULT = [(1, "contiguous", True, True, 2, None), (2, "striped", False, False, 4, WINDOW),
                   (3, "contiguous", True, True, 1, WINDOW), (4, "zigzag", True, True, 2, None),
-                  (8, "striped", True, False, 1, WINDOW), (4, "zigzag", False, True, 4, WINDOW)]
+                  (8, "striped", True, False, 1, WINDOW)]
 # ulysses: heads 8, so rings 1, 2, 4 and 8 divide them (3 is an error, tested below)
 ULYSSES_FULL = [c for c in GATHER_FULL if 8 % c[0] == 0]
 ULYSSES_DEFAULT = [(2, "zigzag", True, True, 1, None), (4, "striped", True, False, 2, WINDOW),
@@ -165,7 +165,8 @@ def test_bytes_match_the_ulysses_docstring():
     assert st.bytes_sent(s, "ulysses")[0] == 3 / 4 * 16 * 16 * (2 * 8 + 2 * 4) * 4
     hop = 16 * 2 * 2 * 16  # one k, v shard
     assert st.bytes_sent(s, "ring") == (3 * hop * 4, 3 * hop * 4 + 2 * hop * 4 + 4 * hop * 4)
-    assert st.bytes_sent(s, "all_gather") == (3 * hop * 4, 2 * 3 * hop * 4 + 3 * hop * 4)
+    # one layer compiled alone: XLA merges the backward's gathers with the forward's
+    assert st.bytes_sent(s, "all_gather") == (3 * hop * 4, 3 * hop * 4 + 3 * hop * 4)
 
 
 # (heads, kv heads, shard, ring) on the CPU constants -> the strategy auto must pick
@@ -231,9 +232,9 @@ def test_sharded_attention_strategy():
     q, k, v, _, seg = make_inputs(Problem(n=4, segments=True, heads=4, kv_heads=2))
     want = reference64(q, k, v, np.zeros_like(q), causal=True, seg=seg)[0]
     for strategy in ("all_gather", "ulysses"):
-        out = ringattention.sharded_attention(q, k, v, mesh, segment_ids=seg, causal=True,
-                                              layout="striped", implementation="xla",
-                                              block_sizes=BS, strategy=strategy)
+        out = jax.jit(lambda q, k, v, seg, strategy=strategy: ringattention.sharded_attention(
+            q, k, v, mesh, segment_ids=seg, causal=True, layout="striped", implementation="xla",
+            block_sizes=BS, strategy=strategy))(q, k, v, seg)
         assert rel_err(out, want) <= F32_RTOL, strategy
     with pytest.raises(ValueError, match="choose one of"):
         ringattention.sharded_attention(q, k, v, mesh, strategy="tree")
