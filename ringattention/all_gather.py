@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ringattention import implementations
+from ringattention import implementations, ring
 from ringattention._vma import full_like
 
 
@@ -54,8 +54,6 @@ def _gather(cfg, piece):
 
 def _step_inputs(cfg, q, q_seg, k_seg, src, j: int, c: int):
     """Global positions (and tied segment ids) of this shard and of piece j (of c) of shard ``src``."""
-    from ringattention import ring
-
     r = lax.axis_index(cfg.axis_name)
     size = q.shape[1] // c
     q_pos, k_pos, qs, ks = ring._step_args(cfg, q, q_seg, k_seg, (r - src) % cfg.ring_size)
@@ -65,8 +63,6 @@ def _step_inputs(cfg, q, q_seg, k_seg, src, j: int, c: int):
 
 def _visible(cfg, q_pos, k_pos, qs, ks, src):
     """The ring's skip test, and never the own shard (computed first, from the local k/v)."""
-    from ringattention import ring
-
     return ring._step_visible(cfg, q_pos, k_pos, qs, ks) & (src != lax.axis_index(cfg.axis_name))
 
 
@@ -90,17 +86,15 @@ def _schedule(cfg, kv, own, piece, acc):
 
 def forward(cfg, q, k, v, q_seg, k_seg):
     """o float32 [B, S, H, D] and lse float32 [B, H, S] of q against every device's k/v."""
-    from ringattention import ring
-
     impl = implementations.resolve(cfg.implementation).load()
     B, S, H, _ = q.shape
     empty = lambda: (full_like(q, q.shape, 0.0), full_like(q, (B, H, S), -jnp.inf))  # noqa: E731
 
-    def compute(kv, src, j, c):
+    def compute(kv, src, j, c):  # (the step as a thunk, whether it is needed)
         k_, v_, ks = kv
         q_pos, k_pos, qs, ks = _step_inputs(cfg, q, q_seg, ks, src, j, c)
-        return lambda: impl.forward_step(q, k_, v_, q_pos, k_pos, qs, ks, **ring._kw(cfg)), \
-            _visible(cfg, q_pos, k_pos, qs, ks, src)
+        run = lambda: impl.forward_step(q, k_, v_, q_pos, k_pos, qs, ks, **ring._kw(cfg))  # noqa: E731
+        return run, _visible(cfg, q_pos, k_pos, qs, ks, src)
 
     def own(_):
         return compute((k, v, k_seg), lax.axis_index(cfg.axis_name), 0, 1)[0]()
@@ -119,8 +113,6 @@ def forward(cfg, q, k, v, q_seg, k_seg):
 
 def backward(cfg, q, k, v, q_seg, k_seg, do, lse, delta):
     """float32 dq [B, S, H, D], dk, dv [B, S, K, D]: dk/dv of every shard reduce-scattered home."""
-    from ringattention import ring
-
     impl = implementations.resolve(cfg.implementation).load()
 
     def compute(kv, src, j, c):
@@ -131,25 +123,21 @@ def backward(cfg, q, k, v, q_seg, k_seg, do, lse, delta):
         empty = lambda: tuple(full_like(q, x.shape, 0.0) for x in (q, k_, v_))  # noqa: E731
         return run, empty, _visible(cfg, q_pos, k_pos, qs, ks, src)
 
-    own_grads = []
+    def own(_):  # -> (dq, dk, dv) of the own shard
+        return compute((k, v, k_seg), lax.axis_index(cfg.axis_name), 0, 1)[0]()
 
-    def own(_):
-        dq, dk, dv = compute((k, v, k_seg), lax.axis_index(cfg.axis_name), 0, 1)[0]()
-        own_grads.append((dk, dv))
-        return dq
-
-    def piece(dq, gathered, j):
+    def piece(acc, gathered, j):
         def body(dq, x):
             run, empty, vis = compute(x[:3], x[3], j, cfg.gather_chunks)
             dq_s, dk_s, dv_s = lax.cond(vis, run, empty)
             return dq + dq_s, (dk_s, dv_s)  # [N, B, S / c, K, D] each, stacked by the scan
 
-        dq, dkv = lax.scan(body, dq, (*gathered, jnp.arange(cfg.ring_size)))
+        dq, dkv = lax.scan(body, acc[0], (*gathered, jnp.arange(cfg.ring_size)))
         # each shard's piece sums to its owner: [B, S / c, K, D]
-        return dq, tuple(lax.psum_scatter(g, cfg.axis_name, scatter_dimension=0) for g in dkv)
+        return (dq, *acc[1:]), tuple(lax.psum_scatter(g, cfg.axis_name, scatter_dimension=0)
+                                     for g in dkv)
 
-    dq, outs = _schedule(cfg, (k, v, k_seg), own, piece, None)
-    dk_own, dv_own = own_grads[0]
+    (dq, dk_own, dv_own), outs = _schedule(cfg, (k, v, k_seg), own, piece, None)
     dk = dk_own + jnp.concatenate([d for d, _ in outs], axis=1)  # [B, S, K, D]
     dv = dv_own + jnp.concatenate([d for _, d in outs], axis=1)
     return dq, dk, dv
