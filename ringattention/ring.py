@@ -376,11 +376,10 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     causal = _checks.causal(causal)
     _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window)
     ring_size = _axis_size(axis_name)
+    u = None if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis")
     strategy = strategies.resolve(strategy, q.shape, k.shape, q.dtype.itemsize, axis_name,
-                                  ring_size, ulysses_axis is not None, causal,
-                                  implementations.mesh_device())
-    # the ring's shard: with Ulysses, the U pieces of a ring shard held by the Ulysses group
-    shard = q.shape[1] * (1 if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis"))
+                                  ring_size, u, causal, implementations.mesh_device())
+    shard = q.shape[1] * (u or 1)  # the ring's: with Ulysses, the U pieces of the Ulysses group
     step = shard * ring_size if strategy == "ulysses" else shard  # keys a step attends to
     impl = implementations.resolve(implementation, checked_vma=bool(_vma(q)), shard=step)
     _check_platform(impl, interpret, q)

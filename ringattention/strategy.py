@@ -39,6 +39,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ringattention import ulysses
+
 STRATEGIES = ("ring", "all_gather", "ulysses")
 CHOICES = (*STRATEGIES, "auto")
 ACC_BYTES = 4  # dk/dv accumulators are float32
@@ -213,14 +215,17 @@ def check(strategy) -> str:
 
 
 def resolve(strategy, q_shape, k_shape, dtype_bytes: int, axis_name, ring_size: int,
-            with_ulysses_axis: bool, causal: bool, device=None) -> str:
+            ulysses_size: int | None, causal: bool, device=None) -> str:
     """The strategy ``ring_attention`` runs: ``strategy`` checked, "auto" decided by :func:`choose`
-    on this call's shapes and the platform of ``device`` (the mesh's). ValueError for an unknown
-    strategy, and for "ulysses" where the heads do not divide by the axis size."""
+    on this call's shapes and the platform of ``device`` (the mesh's). ``ulysses_size``: U of a
+    ``ulysses_axis`` (None: none); the choice is then between "ring" and "all_gather" on what the
+    ring axis sees (U pieces per shard, H / U heads). ValueError for an unknown strategy, and for
+    "ulysses" where the heads do not divide by the axis size."""
     check(strategy)
-    B, S, H, _ = q_shape
+    B, S, H, D = q_shape
+    K = k_shape[2]
     if strategy == "ulysses":
-        if with_ulysses_axis:
+        if ulysses_size is not None:
             raise ValueError("strategy='ulysses' exchanges heads over axis_name itself; with "
                              "ulysses_axis set use strategy='ring' or 'all_gather' (Ulysses x ring)")
         if H % ring_size:
@@ -228,8 +233,12 @@ def resolve(strategy, q_shape, k_shape, dtype_bytes: int, axis_name, ring_size: 
                              f"axis_name={axis_name!r}; got heads={H}, axis size {ring_size}")
     if strategy != "auto":
         return strategy
-    shape = Shape(B, S * ring_size, H, k_shape[2], q_shape[3], ring_size, dtype_bytes, causal)
-    allowed = ("ring", "all_gather") if with_ulysses_axis else STRATEGIES
+    allowed = STRATEGIES
+    if ulysses_size is not None:  # the ring's view after the Ulysses exchange
+        u = ulysses_size
+        K = K * (ulysses.kv_repeats(H, K, u) if u > 1 else 1) // u
+        S, H, allowed = S * u, H // u, ("ring", "all_gather")
+    shape = Shape(B, S * ring_size, H, K, D, ring_size, dtype_bytes, causal)
     return choose(shape, platform_of(device), allowed=allowed).strategy
 
 

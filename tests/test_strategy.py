@@ -95,6 +95,19 @@ def _per_device_grads(pb, strategy):
     return fn(*(to(x) for x in (q, k, v, do, seg))), (q, k, v, do, seg)
 
 
+def test_all_gather_inside_ulysses_groups():
+    # USP with the all-gather on the ring axis: 2 Ulysses groups of 2, the exchange then a gather
+    check_ring(Problem(n=2, ulysses=2, shard=8, layout="zigzag", causal=True, segments=True,
+                       kv_heads=1, strategy="all_gather"), implementation="xla", block_sizes=BS)
+    cpu = jax.devices()[0]
+    # auto with a Ulysses axis decides on the ring's view: 16-token shards, 2 heads, 1 kv head
+    want = st.choose(st.Shape(2, 32, 2, 1, 16, 2, 4), st.platform_of(cpu)).strategy
+    got = st.resolve("auto", (2, 8, 4, 16), (2, 8, 1, 16), 4, "sp", 2, 2, True, cpu)
+    assert got == want and got in ("ring", "all_gather")
+    with pytest.raises(ValueError, match="ulysses_axis set"):
+        st.resolve("ulysses", (2, 8, 4, 16), (2, 8, 1, 16), 4, "sp", 2, 2, True, cpu)
+
+
 def test_all_gather_dk_dv_land_on_their_owners():
     pb = Problem(n=4, layout="zigzag", causal=True, segments=True, kv_heads=2, shard=8)
     (dk, dv), (q, k, v, do, seg) = _per_device_grads(pb, "all_gather")
