@@ -65,6 +65,13 @@ def test_ulysses_matches_reference(case):
     check_ring(_problem(case, "ulysses", heads=8), implementation="xla", block_sizes=BS)
 
 
+@pytest.mark.parametrize("strategy", ["all_gather", pytest.param("ulysses", marks=pytest.mark.slow)])
+def test_bfloat16(strategy):
+    # bfloat16 inputs, float32 accumulators: within ringcheck.BF16_RTOL of the float64 reference
+    check_ring(Problem(n=4, layout="zigzag", causal=True, segments=True, kv_heads=2, shard=8,
+                       dtype="bfloat16", strategy=strategy), implementation="xla", block_sizes=BS)
+
+
 @pytest.mark.parametrize("chunks,layout", [(4, "zigzag"),
                                            pytest.param(1, "zigzag", marks=pytest.mark.slow),
                                            pytest.param(3, "contiguous", marks=pytest.mark.slow)])
