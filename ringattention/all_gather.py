@@ -7,7 +7,9 @@ shards), sent by one collective that need not hide behind a ring step's compute,
 k/v for the whole sequence resident per device. This module is the ``strategy="all_gather"`` of
 :func:`ringattention.ring_attention`; it reuses the ring's step implementations, global positions
 per layout (``ring._step_args``), per-shard skip test (``ring._step_visible``) and ``ring.merge``,
-so causal masks, layouts, segment ids and sliding windows behave exactly as in the ring.
+so causal masks, layouts, segment ids and sliding windows behave exactly as in the ring, and the
+optional step features (soft-capping, prefix masks, bidirectional segments, v's own head dim) reach
+every step as the ring passes them (``ring._kw``); sinks are merged once after the lap (``ring._lap``).
 
 Overlap. The shard is cut into ``cfg.gather_chunks`` pieces along the sequence; piece j is
 all-gathered ([N, B, S / c, K, D]) before the compute on piece j - 1 is issued (piece 0 before the
@@ -61,9 +63,10 @@ def _step_inputs(cfg, q, q_seg, k_seg, src, j: int, c: int):
     return q_pos, k_pos, qs, ks
 
 
-def _visible(cfg, q_pos, k_pos, qs, ks, src):
+def _visible(cfg, q_pos, k_pos, qs, ks, src, prefix):
     """The ring's skip test, and never the own shard (computed first, from the local k/v)."""
-    return ring._step_visible(cfg, q_pos, k_pos, qs, ks) & (src != lax.axis_index(cfg.axis_name))
+    own = src == lax.axis_index(cfg.axis_name)
+    return ring._step_visible(cfg, q_pos, k_pos, qs, ks, prefix) & ~own
 
 
 def _schedule(cfg, kv, own, piece, acc):
@@ -84,17 +87,20 @@ def _schedule(cfg, kv, own, piece, acc):
     return acc, outs
 
 
-def forward(cfg, q, k, v, q_seg, k_seg):
-    """o float32 [B, S, H, D] and lse float32 [B, H, S] of q against every device's k/v."""
+def forward(cfg, q, k, v, q_seg, k_seg, prefix=None):
+    """o float32 [B, S, H, Dv] and lse float32 [B, H, S] of q against every device's k/v.
+    ``prefix``: None or int32 [B], the ring's prefix_length (a step feature, as in ring.py)."""
     impl = implementations.resolve(cfg.implementation).load()
     B, S, H, _ = q.shape
-    empty = lambda: (full_like(q, q.shape, 0.0), full_like(q, (B, H, S), -jnp.inf))  # noqa: E731
+    kw = ring._kw(cfg, prefix)
+    empty = lambda: (full_like(q, (B, S, H, v.shape[-1]), 0.0),  # noqa: E731
+                     full_like(q, (B, H, S), -jnp.inf))
 
     def compute(kv, src, j, c):  # (the step as a thunk, whether it is needed)
         k_, v_, ks = kv
         q_pos, k_pos, qs, ks = _step_inputs(cfg, q, q_seg, ks, src, j, c)
-        run = lambda: impl.forward_step(q, k_, v_, q_pos, k_pos, qs, ks, **ring._kw(cfg))  # noqa: E731
-        return run, _visible(cfg, q_pos, k_pos, qs, ks, src)
+        run = lambda: impl.forward_step(q, k_, v_, q_pos, k_pos, qs, ks, **kw)  # noqa: E731
+        return run, _visible(cfg, q_pos, k_pos, qs, ks, src, prefix)
 
     def own(_):
         return compute((k, v, k_seg), lax.axis_index(cfg.axis_name), 0, 1)[0]()
@@ -111,17 +117,19 @@ def forward(cfg, q, k, v, q_seg, k_seg):
     return o, lse
 
 
-def backward(cfg, q, k, v, q_seg, k_seg, do, lse, delta):
-    """float32 dq [B, S, H, D], dk, dv [B, S, K, D]: dk/dv of every shard reduce-scattered home."""
+def backward(cfg, q, k, v, q_seg, k_seg, do, lse, delta, prefix=None):
+    """float32 dq [B, S, H, D], dk [B, S, K, D], dv [B, S, K, Dv]: dk/dv of every shard
+    reduce-scattered home."""
     impl = implementations.resolve(cfg.implementation).load()
+    kw = ring._kw(cfg, prefix)
 
     def compute(kv, src, j, c):
         k_, v_, ks = kv
         q_pos, k_pos, qs, ks = _step_inputs(cfg, q, q_seg, ks, src, j, c)
         run = lambda: impl.backward_step(q, k_, v_, do, lse, delta, q_pos, k_pos, qs, ks,  # noqa: E731
-                                         **ring._kw(cfg))
+                                         **kw)
         empty = lambda: tuple(full_like(q, x.shape, 0.0) for x in (q, k_, v_))  # noqa: E731
-        return run, empty, _visible(cfg, q_pos, k_pos, qs, ks, src)
+        return run, empty, _visible(cfg, q_pos, k_pos, qs, ks, src, prefix)
 
     def own(_):  # -> (dq, dk, dv) of the own shard
         return compute((k, v, k_seg), lax.axis_index(cfg.axis_name), 0, 1)[0]()

@@ -83,27 +83,39 @@ def heads_to_seq(x: jax.Array, axis_name) -> jax.Array:
 
 
 def ulysses_attention(ring: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
-                      segment_ids: jax.Array | None, ulysses_axis, seq_axis) -> jax.Array:
+                      segment_ids: jax.Array | None, ulysses_axis, seq_axis,
+                      sinks: jax.Array | None = None) -> jax.Array:
     """Runs ``ring(q, k, v, segment_ids)`` over ``seq_axis`` on heads exchanged over ``ulysses_axis``.
 
-    q [B, S, H, D], k/v [B, S, K, D], segment_ids int [B, S] | None: this device's piece of the
-    sequence (see the module docstring for the order). ``ring`` takes the exchanged
-    [B, U S, H / U, D], [B, U S, K' / U, D], [B, U S] and returns [B, U S, H / U, D].
-    Returns [B, S, H, D].
+    q [B, S, H, D], k [B, S, K, D], v [B, S, K, Dv], segment_ids int [B, S] | None: this device's
+    piece of the sequence (see the module docstring for the order). ``ring`` takes the exchanged
+    [B, U S, H / U, D], [B, U S, K' / U, D], [B, U S, K' / U, Dv], [B, U S] and returns
+    [B, U S, H / U, Dv]. ``sinks``: None or [H], one logit per query head: rank u's slice
+    ``[u H / U, (u + 1) H / U)`` goes to ``ring`` as a fifth argument (its gradient flows back).
+    Returns [B, S, H, Dv].
     """
     if ulysses_axis == seq_axis:
         raise ValueError(f"ulysses_axis={ulysses_axis!r} must differ from the ring's axis "
                          f"{seq_axis!r}")
     u = axis_size(ulysses_axis)
     if u == 1:
-        return ring(q, k, v, segment_ids)
+        return ring(q, k, v, segment_ids) if sinks is None else ring(q, k, v, segment_ids, sinks)
     reps = kv_repeats(q.shape[2], k.shape[2], u)
     if reps > 1:  # [B, S, K * reps, D]: kv head j's copies next to each other
         k, v = jnp.repeat(k, reps, axis=2), jnp.repeat(v, reps, axis=2)
     if segment_ids is not None:  # [B, U S]: ids of the whole ring shard, in rank order
         segment_ids = lax.all_gather(segment_ids, ulysses_axis, axis=1, tiled=True)
     q, k, v = (seq_to_heads(x, ulysses_axis) for x in (q, k, v))
-    return heads_to_seq(ring(q, k, v, segment_ids), ulysses_axis)
+    if sinks is None:
+        return heads_to_seq(ring(q, k, v, segment_ids), ulysses_axis)
+    return heads_to_seq(ring(q, k, v, segment_ids, _local_sinks(sinks, ulysses_axis, u)),
+                        ulysses_axis)
+
+
+def _local_sinks(sinks: jax.Array, axis_name, n: int) -> jax.Array:
+    """This rank's slice [H / n] of the sinks [H]: the heads it holds after the exchange."""
+    per = sinks.shape[0] // n
+    return lax.dynamic_slice_in_dim(sinks, lax.axis_index(axis_name) * per, per)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
@@ -125,13 +137,15 @@ _reorder.defvjp(_reorder_fwd, _reorder_bwd)
 
 
 def whole_sequence_attention(attend: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
-                             segment_ids: jax.Array | None, axis_name, layout: str) -> jax.Array:
+                             segment_ids: jax.Array | None, axis_name, layout: str,
+                             sinks: jax.Array | None = None) -> jax.Array:
     """Pure Ulysses over ``axis_name`` (N devices): ``attend`` sees the whole sequence.
 
-    q [B, S, H, D], k/v [B, S, K, D], segment_ids int [B, S] | None: this device's shard, in
-    ``layout`` order for a ring of N. ``attend(q, k, v, seg)`` takes [B, N S, H / N, D],
-    [B, N S, K' / N, D], [B, N S] in natural order and returns [B, N S, H / N, D]. Returns
-    [B, S, H, D]. ValueError unless N divides H.
+    q [B, S, H, D], k [B, S, K, D], v [B, S, K, Dv], segment_ids int [B, S] | None: this device's
+    shard, in ``layout`` order for a ring of N. ``attend(q, k, v, seg, sinks)`` takes
+    [B, N S, H / N, D], [B, N S, K' / N, D], [B, N S, K' / N, Dv], [B, N S] in natural order and
+    this rank's sinks [H / N] (None without ``sinks`` [H]), and returns [B, N S, H / N, Dv].
+    Returns [B, S, H, Dv]. ValueError unless N divides H.
     """
     n = axis_size(axis_name, "axis_name")
     reps = kv_repeats(q.shape[2], k.shape[2], n)
@@ -142,6 +156,7 @@ def whole_sequence_attention(attend: Callable, q: jax.Array, k: jax.Array, v: ja
         segment_ids = lax.all_gather(segment_ids, axis_name, axis=1, tiled=True)
         segment_ids = jnp.take(segment_ids, jnp.asarray(
             np.argsort(layouts.permutation(segment_ids.shape[1], layout, n))), axis=1)
-    q, k, v = (natural(seq_to_heads(x, axis_name)) for x in (q, k, v))  # [B, N S, heads / N, D]
-    o = _reorder(attend(q, k, v, segment_ids), layout, n, False)  # [B, N S, H / N, D] layout order
+    q, k, v = (natural(seq_to_heads(x, axis_name)) for x in (q, k, v))  # [B, N S, heads / N, .]
+    local = None if sinks is None else _local_sinks(sinks, axis_name, n)
+    o = _reorder(attend(q, k, v, segment_ids, local), layout, n, False)  # layout order
     return heads_to_seq(o, axis_name)

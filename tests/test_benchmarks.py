@@ -229,3 +229,15 @@ def test_determinism_gpu_ring_command(bench):
     assert "--mesh.sp=1" in det.train_args(det.parse_args(["--out", "/tmp/x"]), "/tmp/run")
     with pytest.raises(SystemExit):
         det.parse_args(["--gpus", "3", "--seq", "8192", "--out", "/tmp/x"])
+
+
+def test_options_every_variant_is_exact_and_timed(bench, tmp_path):
+    """``options.py --tiny``: each attention option against the plain ring, on CPU ("auto" is xla)."""
+    out = str(tmp_path / "opt")
+    result = bench("options").main(["--tiny", "--out", out])
+    names = [r["variant"] for r in result["rows"]]
+    assert names[0] == "plain" and {"sinks", "softcap 50", "check_vma=False"} <= set(names)
+    assert all(r["max_abs_err"] < 1e-5 and r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0
+               for r in result["rows"])
+    assert json.load(open(out + ".json"))["rows"][0]["fwd_vs_plain"] == 1.0
+    assert "| sinks | xla |" in open(out + ".md").read()

@@ -260,3 +260,25 @@ def test_sharded_attention_strategy():
         assert rel_err(out, want) <= F32_RTOL, strategy
     with pytest.raises(ValueError, match="choose one of"):
         ringattention.sharded_attention(q, k, v, mesh, strategy="tree")
+
+
+# ---- the optional step features (sinks, softcap, prefix, bidirectional segments, MLA shapes) ---
+
+# (strategy, ring, layout, Problem keywords): every feature reaches the all-gather's steps and the
+# Ulysses step; sinks are merged once after either
+SINKS_ETC = dict(sinks=True, softcap=2.0, logit_scale=3.0, prefix=True, batch=3, window=5)
+BIDIR_MLA = dict(bidirectional=True, segments=True, v_head_dim=8)
+FEATURE_CASES = [
+    pytest.param("all_gather", 4, "contiguous", SINKS_ETC, id="all_gather-n4-sinks-etc"),
+    pytest.param("ulysses", 4, "striped", BIDIR_MLA, id="ulysses-n4-bidir-mla"),
+    pytest.param("all_gather", 2, "zigzag", BIDIR_MLA, id="all_gather-n2-bidir-mla",
+                 marks=pytest.mark.slow),
+    pytest.param("ulysses", 2, "zigzag", {**SINKS_ETC, "segments": True},
+                 id="ulysses-n2-sinks-etc", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("strategy,n,layout,kw", FEATURE_CASES)
+def test_features_in_every_strategy(strategy, n, layout, kw):
+    check_ring(Problem(n=n, layout=layout, causal=True, strategy=strategy, **kw),
+               implementation="xla", block_sizes=BS)
