@@ -153,7 +153,8 @@ register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu
                         features=frozenset(FEATURES)))
 # TPU tiles: sequence blocks are multiples of 128 lanes (kernels/tpu_blocks.py)
 register(Implementation("pallas_tpu", "ringattention.kernels.pallas_tpu", platforms=("tpu",),
-                        takes_shard=lambda shard: shard % 128 == 0))
+                        takes_shard=lambda shard: shard % 128 == 0,
+                        features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))
 def _cuda_mesh(mesh=None) -> bool:
     """True where the mesh's devices are NVIDIA GPUs (Triton and Mosaic GPU kernels)."""
     return platform(mesh) == "gpu" and "nvidia" in str(mesh_device(mesh).device_kind).lower()

@@ -5,10 +5,11 @@ The inner loop of Ring Attention (Liu, Zaharia & Abbeel 2023) as FlashAttention-
 running max / denominator / output in VMEM scratch, a dq kernel over the same grid, and a dk/dv
 kernel over (batch, kv head, kv block, group, q block) that sums the query heads of a GQA group into
 one kv head's float32 dk/dv without repeating k/v. Causal, sliding-window and segment masks come from
-global positions and ids (any layout); per-block SKIP/PARTIAL/FULL kinds (``masks.block_table``) and the
-block to hold at each grid step reach the kernels by scalar prefetch, so SKIP blocks are neither
-computed nor copied to VMEM and FULL blocks skip the elementwise mask. Contract:
-``ringattention/implementations.py``.
+global positions and ids (any layout); per-block SKIP/PARTIAL/FULL kinds (``masks.block_table``) and
+the block to hold at each grid step reach the kernels by scalar prefetch, so SKIP blocks are neither
+computed nor copied to VMEM and FULL blocks skip the elementwise mask. The optional features (soft
+cap, bidirectional prefix per row, bidirectional segments, v head dim) are in ``tpu_features.py``.
+Contract: ``ringattention/implementations.py``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ from ringattention.kernels.tpu_blocks import (
     sublane_row,
     tables,
 )
+from ringattention.kernels.tpu_features import (
+    cap_grad,
+    feature_cfg,
+    logits,
+    prefix_aux,
+    visible,
+)
 
 __all__ = ["BlockSizes", "forward_step", "backward_step"]
 
@@ -54,6 +62,9 @@ class _Cfg:
     groups: int  # query heads per kv head
     f32_inputs: bool
     window: int | None = None  # sliding window: |q_pos - k_pos| >= window is hidden
+    softcap: float | None = None  # logits C * tanh(s / C)
+    prefix: bool = False  # a prefix block [8, 128] per batch row follows the segment ids
+    bidirectional: bool = False  # negative segment ids: bidirectional segments
     # False: the kinds are read from scalar prefetch and SKIP blocks hold the last fetched buffer
     # (no DMA). True in Pallas' generic interpreter, which indexes with grid indices that do not vary
     # over the ring's manual axes while the tables do (shard_map's check_vma rejects the mix): there
@@ -112,33 +123,16 @@ def _dot(a, b, dims, cfg: _Cfg):
     return lax.dot_general(a, b, dims, precision=prec, preferred_element_type=F32)
 
 
-def _visible(pos_refs, seg_refs, cfg: _Cfg, rows_are_queries: bool):
-    """bool [rows, cols]. Refs come (query, key); the rows' one is lane-broadcast, the other not."""
-    order = (0, 1) if rows_are_queries else (1, 0)
-    col = lambda refs: refs[order[0]][...][:, :1]  # noqa: E731  [rows, 1]
-    row = lambda refs: refs[order[1]][...][:1, :]  # noqa: E731  [1, cols]
-    vis = None
-    if cfg.causal:
-        vis = (row(pos_refs) <= col(pos_refs)) if rows_are_queries else (
-            col(pos_refs) <= row(pos_refs))
-    if cfg.window is not None:
-        d = col(pos_refs) - row(pos_refs) if rows_are_queries else row(pos_refs) - col(pos_refs)
-        near = d < cfg.window if cfg.causal else (d < cfg.window) & (-d < cfg.window)
-        vis = near if vis is None else vis & near
-    if cfg.has_seg:
-        same = col(seg_refs) == row(seg_refs)
-        vis = same if vis is None else vis & same
-    return vis
-
-
 def _split_refs(refs, cfg: _Cfg, n_main: int):
     main, rest = refs[:n_main], refs[n_main:]
     pos = rest[:2] if cfg.positions else ()
     rest = rest[2:] if cfg.positions else rest
     seg = rest[:2] if cfg.has_seg else ()
     rest = rest[2:] if cfg.has_seg else rest
+    prefix = rest[0] if cfg.prefix else None
+    rest = rest[1:] if cfg.prefix else rest
     kind_blocks = rest[:2] if cfg.blocked_kinds else None
-    return main, pos, seg, kind_blocks, rest[2:] if cfg.blocked_kinds else rest
+    return main, (pos, seg, prefix), kind_blocks, rest[2:] if cfg.blocked_kinds else rest
 
 
 def _when_computed(cfg: _Cfg, body, kind_ref, kind_blocks, b, outer, inner):
@@ -153,7 +147,7 @@ def _when_computed(cfg: _Cfg, body, kind_ref, kind_blocks, b, outer, inner):
 
 
 def _fwd_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
-    (q_ref, k_ref, v_ref), pos, seg, kb, rest = _split_refs(refs, cfg, 3)
+    (q_ref, k_ref, v_ref), aux, kb, rest = _split_refs(refs, cfg, 3)
     o_ref, lse_ref, m_sc, l_sc, acc_sc = rest
     b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
@@ -164,9 +158,9 @@ def _fwd_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
         acc_sc[...] = jnp.zeros(acc_sc.shape, F32)
 
     def update(masked: bool):
-        s = _dot(q_ref[...], k_ref[...], NT, cfg) * cfg.scale  # [bq, bk]
+        s = logits(_dot(q_ref[...], k_ref[...], NT, cfg), cfg)  # [bq, bk]
         if masked:
-            s = jnp.where(_visible(pos, seg, cfg, True), s, -jnp.inf)
+            s = jnp.where(visible(*aux, cfg, True), s, -jnp.inf)
         m_prev, l_prev = m_sc[...][:, :1], l_sc[...][:, :1]  # [bq, 1]
         m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -191,35 +185,38 @@ def _fwd_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
 
 def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
                  block_sizes: BlockSizes | None = None, interpret: bool = False,
-                 window: int | None = None):
+                 window: int | None = None, softcap: float | None = None, prefix=None,
+                 bidirectional: bool = False):
     """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
     check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg)
+    feats = feature_cfg(causal, q_seg, q.shape[0], softcap, prefix, bidirectional)
     B, Sq, H, D = q.shape  # [batch, q_shard, heads, head_dim]
-    Sk, K = k.shape[1], k.shape[2]  # k, v: [batch, kv_shard, kv_heads, head_dim]
+    Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]  # k [B, Sk, K, D], v [B, Sk, K, Dv]
     G = H // K
     bq, bk = resolve_blocks(block_sizes, Sq, Sk, backward=False)
     nq, nk = Sq // bq, Sk // bk
-    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window)  # [Bt, nq, nk]
+    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window, prefix,
+                         bidirectional)  # [Bt, nq, nk]
     cfg = _Cfg(bool(causal), float(softmax_scale), q_seg is not None, kind.shape[0] > 1, nq, nk, G,
-               q.dtype == jnp.float32, window, blocked_kinds=interpret is True)
-    hv = HeadView.for_dim(D)
+               q.dtype == jnp.float32, window, blocked_kinds=interpret is True, **feats)
+    hv, hv_v = HeadView.for_dim(D), HeadView.for_dim(Dv)
     kv_blk = lambda b, h, i, j, kr, fr: cfg.fetched(fr, b, i, j)  # noqa: E731
-
-    kv_spec = hv.spec(bk, lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr),
-                                                       lax.div(h, G)))  # GQA: kv head h // G
-    in_specs = [hv.spec(bq, lambda b, h, i, j, kr, fr: (b, i, h)), kv_spec, kv_spec]
-    args = [hv.view(q), hv.view(k), hv.view(v)]
-    aux_specs, aux_args = _aux(cfg, q_pos, k_pos, q_seg, k_seg, bq, bk,
+    q_idx = lambda b, h, i, j, kr, fr: (b, i, h)  # noqa: E731
+    kv_idx = lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr),  # noqa: E731
+                                         lax.div(h, G))  # GQA: kv head h // G
+    in_specs = [hv.spec(bq, q_idx), hv.spec(bk, kv_idx), hv_v.spec(bk, kv_idx)]
+    args = [hv.view(q), hv.view(k), hv_v.view(v)]
+    aux_specs, aux_args = _aux(cfg, q_pos, k_pos, q_seg, k_seg, prefix, bq, bk,
                                lambda b, h, i, j, kr, fr: (b, i),
                                lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr)), True)
     kind_specs, kind_args = cfg.kind_blocks(kind, lambda b, h, i, j, kr, fr: (b, i, j))
     in_specs, args = in_specs + aux_specs + kind_specs, args + aux_args + kind_args
-    out_specs = [hv.spec(bq, lambda b, h, i, j, kr, fr: (b, i, h)),
+    out_specs = [hv_v.spec(bq, q_idx),
                  pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, kr, fr: (b, h, 0, i))]
     # outputs vary over the manual axes the inputs vary over (shard_map's check_vma)
-    out_shape = [struct(hv.shape(B, Sq, H), F32, *args), struct((B, H, 1, Sq), F32, *args)]
+    out_shape = [struct(hv_v.shape(B, Sq, H), F32, *args), struct((B, H, 1, Sq), F32, *args)]
     scratch = [pltpu.VMEM((bq, LANES), F32), pltpu.VMEM((bq, LANES), F32),
-               pltpu.VMEM((bq, D), F32)]
+               pltpu.VMEM((bq, Dv), F32)]
     grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=(B, H, nq, nk),
                                              in_specs=in_specs, out_specs=out_specs,
                                              scratch_shapes=scratch)
@@ -229,14 +226,14 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
         interpret=_interpret(interpret), name="ring_flash_fwd",
     )(kind.reshape(-1), fetch.reshape(-1), *args)
-    return hv.unview(o, H), lse.reshape(B, H, Sq)
+    return hv_v.unview(o, H), lse.reshape(B, H, Sq)
 
 
 # ---------------------------------------------------------------------------------------- backward
 
 
 def _dq_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
-    (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), pos, seg, kb, rest = _split_refs(refs, cfg, 6)
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), aux, kb, rest = _split_refs(refs, cfg, 6)
     dq_ref, dq_sc, lse_sc, dl_sc = rest
     b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
@@ -249,12 +246,12 @@ def _dq_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
 
     def update(masked: bool):
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        s = _dot(q, k, NT, cfg) * cfg.scale  # [bq, bk]
+        s = logits(_dot(q, k, NT, cfg), cfg)  # [bq, bk]
         p = jnp.exp(s - lse_sc[...][:, :1])
         if masked:
-            p = jnp.where(_visible(pos, seg, cfg, True), p, 0.0)
+            p = jnp.where(visible(*aux, cfg, True), p, 0.0)
         dp = _dot(do, v, NT, cfg)  # [bq, bk]
-        ds = p * (dp - dl_sc[...][:, :1]) * cfg.scale
+        ds = cap_grad(p * (dp - dl_sc[...][:, :1]), s, cfg) * cfg.scale
         dq_sc[...] += _dot(ds.astype(k.dtype), k, NN, cfg)
 
     _when_computed(cfg, update, kind_ref, kb, b, i, j)
@@ -265,7 +262,7 @@ def _dq_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
 
 
 def _dkv_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
-    (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), pos, seg, kb, rest = _split_refs(refs, cfg, 6)
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), aux, kb, rest = _split_refs(refs, cfg, 6)
     dk_ref, dv_ref, dk_sc, dv_sc = rest
     b, j, g, i = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
 
@@ -277,13 +274,13 @@ def _dkv_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
     def update(masked: bool):
         # kv-major: scores transposed [bk, bq], so the per-query lse / delta are lane-dense rows
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        st = _dot(k, q, NT, cfg) * cfg.scale  # [bk, bq]
+        st = logits(_dot(k, q, NT, cfg), cfg)  # [bk, bq]
         pt = jnp.exp(st - lse_ref[...])
         if masked:
-            pt = jnp.where(_visible(pos, seg, cfg, False), pt, 0.0)
+            pt = jnp.where(visible(*aux, cfg, False), pt, 0.0)
         dv_sc[...] += _dot(pt.astype(do.dtype), do, NN, cfg)
         dpt = _dot(v, do, NT, cfg)  # [bk, bq]
-        dst = pt * (dpt - dl_ref[...]) * cfg.scale
+        dst = cap_grad(pt * (dpt - dl_ref[...]), st, cfg) * cfg.scale
         dk_sc[...] += _dot(dst.astype(q.dtype), q, NN, cfg)
 
     _when_computed(cfg, update, kind_ref, kb, b, j, i)
@@ -295,21 +292,21 @@ def _dkv_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
 
 
 def _bwd_common(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, causal, block_sizes,
-                window=None):
+                window=None, prefix=None, bidirectional=False):
     check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg)
-    if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
-                                                                           q.shape[1]):
-        raise ValueError(f"expected do like q and lse/delta [B, H, Sq]; got {do.shape=} {q.shape=} "
-                         f"{lse.shape=} {delta.shape=}")
     B, Sq, H, D = q.shape
-    Sk, K = k.shape[1], k.shape[2]
+    Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
+    if do.shape != (B, Sq, H, Dv) or lse.shape != delta.shape or lse.shape != (B, H, Sq):
+        raise ValueError(f"expected do [B, Sq, H, Dv] and lse/delta [B, H, Sq]; got {do.shape=} "
+                         f"{q.shape=} {v.shape=} {lse.shape=} {delta.shape=}")
     bq, bk = resolve_blocks(block_sizes, Sq, Sk, backward=True)
-    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window)  # [Bt, nq, nk]
-    hv = HeadView.for_dim(D)
+    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window, prefix,
+                         bidirectional)  # [Bt, nq, nk]
+    hvs = HeadView.for_dim(D), HeadView.for_dim(Dv)  # q/k/dq/dk; v/do/dv
     lse_safe = jnp.where(jnp.isneginf(lse), 0.0, lse).astype(F32)
-    rows = (hv.view(q), hv.view(k), hv.view(v), hv.view(do.astype(q.dtype)),
+    rows = (hvs[0].view(q), hvs[0].view(k), hvs[1].view(v), hvs[1].view(do.astype(q.dtype)),
             lse_safe.reshape(B, H, 1, Sq), delta.astype(F32).reshape(B, H, 1, Sq))
-    return (B, Sq, H, D, Sk, K, bq, bk), kind, fetch, hv, rows
+    return (B, Sq, H, D, Sk, K, bq, bk), kind, fetch, hvs, rows
 
 
 def _aux_spec(block: int, col: bool, batched: bool, index):
@@ -327,8 +324,10 @@ def _aux_spec(block: int, col: bool, batched: bool, index):
     return pl.BlockSpec(((None,) if batched else ()) + shape, idx)
 
 
-def _aux(cfg: _Cfg, q_pos, k_pos, q_seg, k_seg, bq: int, bk: int, q_index, k_index, q_rows: bool):
-    """Specs and args of positions / segment ids; ``q_rows``: queries index the score rows."""
+def _aux(cfg: _Cfg, q_pos, k_pos, q_seg, k_seg, prefix, bq: int, bk: int, q_index, k_index,
+         q_rows: bool):
+    """Specs and args of positions / segment ids / the prefix block; ``q_rows``: queries index the
+    score rows."""
     specs, args = [], []
     pairs = [(q_pos, k_pos, False)] if cfg.positions else []
     pairs += [(q_seg, k_seg, True)] if cfg.has_seg else []
@@ -336,16 +335,20 @@ def _aux(cfg: _Cfg, q_pos, k_pos, q_seg, k_seg, bq: int, bk: int, q_index, k_ind
         for x, block, index, col in ((qx, bq, q_index, q_rows), (kx, bk, k_index, not q_rows)):
             specs.append(_aux_spec(block, col, batched, index))
             args.append((lane_col if col else sublane_row)(x.astype(jnp.int32)))
+    if cfg.prefix:
+        spec, arg = prefix_aux(prefix)
+        specs, args = specs + [spec], args + [arg]
     return specs, args
 
 
-def _dq_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
+def _dq_call(cfg, dims, kind, fetch, hvs, rows, aux, interpret):
     B, Sq, H, D, Sk, K, bq, bk = dims
-    G = cfg.groups
+    G, (hv, hv_v) = cfg.groups, hvs
     kv_blk = lambda b, h, i, j, kr, fr: cfg.fetched(fr, b, i, j)  # noqa: E731
-    q_spec = hv.spec(bq, lambda b, h, i, j, kr, fr: (b, i, h))
-    kv_spec = hv.spec(bk, lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr),
-                                                       lax.div(h, G)))  # GQA: kv head h // G
+    q_idx = lambda b, h, i, j, kr, fr: (b, i, h)  # noqa: E731
+    kv_idx = lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr),  # noqa: E731
+                                         lax.div(h, G))  # GQA: kv head h // G
+    q_spec, kv_spec = hv.spec(bq, q_idx), hv.spec(bk, kv_idx)
     row_spec = pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, kr, fr: (b, h, 0, i))
     aux_specs, aux_args = aux(lambda b, h, i, j, kr, fr: (b, i),
                               lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr)), True)
@@ -353,7 +356,8 @@ def _dq_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
     aux_specs, aux_args = aux_specs + kind_specs, aux_args + kind_args
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2, grid=(B, H, Sq // bq, Sk // bk),
-        in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec, *aux_specs],
+        in_specs=[q_spec, kv_spec, hv_v.spec(bk, kv_idx), hv_v.spec(bq, q_idx), row_spec, row_spec,
+                  *aux_specs],
         out_specs=q_spec,
         scratch_shapes=[pltpu.VMEM((bq, D), F32), pltpu.VMEM((bq, LANES), F32),
                         pltpu.VMEM((bq, LANES), F32)])
@@ -366,13 +370,14 @@ def _dq_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
     )(kind.reshape(-1), fetch.reshape(-1), *rows, *aux_args)
 
 
-def _dkv_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
+def _dkv_call(cfg, dims, kind, fetch, hvs, rows, aux, interpret):
     B, Sq, H, D, Sk, K, bq, bk = dims
-    G = cfg.groups
+    G, (hv, hv_v) = cfg.groups, hvs
     q_blk = lambda b, kh, j, g, i, kr, fr: cfg.fetched(fr, b, j, i)  # noqa: E731
-    q_spec = hv.spec(bq, lambda b, kh, j, g, i, kr, fr: (b, q_blk(b, kh, j, g, i, kr, fr),
-                                                          kh * G + g))
-    kv_spec = hv.spec(bk, lambda b, kh, j, g, i, kr, fr: (b, j, kh))
+    q_idx = lambda b, kh, j, g, i, kr, fr: (b, q_blk(b, kh, j, g, i, kr, fr),  # noqa: E731
+                                            kh * G + g)
+    kv_idx = lambda b, kh, j, g, i, kr, fr: (b, j, kh)  # noqa: E731
+    q_spec, k_spec, v_spec = hv.spec(bq, q_idx), hv.spec(bk, kv_idx), hv_v.spec(bk, kv_idx)
     row_spec = pl.BlockSpec((None, None, 1, bq), lambda b, kh, j, g, i, kr, fr: (
         b, kh * G + g, 0, q_blk(b, kh, j, g, i, kr, fr)))
     aux_specs, aux_args = aux(lambda b, kh, j, g, i, kr, fr: (b, q_blk(b, kh, j, g, i, kr, fr)),
@@ -381,12 +386,12 @@ def _dkv_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
     aux_specs, aux_args = aux_specs + kind_specs, aux_args + kind_args
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2, grid=(B, K, Sk // bk, G, Sq // bq),
-        in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec, *aux_specs],
-        out_specs=[kv_spec, kv_spec],
-        scratch_shapes=[pltpu.VMEM((bk, D), F32), pltpu.VMEM((bk, D), F32)])
+        in_specs=[q_spec, k_spec, v_spec, hv_v.spec(bq, q_idx), row_spec, row_spec, *aux_specs],
+        out_specs=[k_spec, v_spec],
+        scratch_shapes=[pltpu.VMEM((bk, D), F32), pltpu.VMEM((bk, hv_v.head_dim), F32)])
     return pl.pallas_call(
         functools.partial(_dkv_kernel, cfg=cfg), grid_spec=grid_spec,
-        out_shape=[struct(hv.shape(B, Sk, K), F32, *rows, *aux_args)] * 2,
+        out_shape=[struct(x.shape(B, Sk, K), F32, *rows, *aux_args) for x in hvs],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary")),
         interpret=_interpret(interpret), name="ring_flash_dkv",
@@ -395,19 +400,22 @@ def _dkv_call(cfg, dims, kind, fetch, hv, rows, aux, interpret):
 
 def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
                   block_sizes: BlockSizes | None = None, interpret: bool = False,
-                  window: int | None = None):
+                  window: int | None = None, softcap: float | None = None, prefix=None,
+                  bidirectional: bool = False):
     """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv."""
-    dims, kind, fetch, hv, rows = _bwd_common(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
-                                              causal, block_sizes, window)
+    feats = feature_cfg(causal, q_seg, q.shape[0], softcap, prefix, bidirectional)
+    dims, kind, fetch, hvs, rows = _bwd_common(q, k, v, do, lse, delta, q_pos, k_pos, q_seg,
+                                               k_seg, causal, block_sizes, window, prefix,
+                                               bidirectional)
     B, Sq, H, D, Sk, K, bq, bk = dims
     nq, nk = Sq // bq, Sk // bk
     base = dict(causal=bool(causal), scale=float(softmax_scale), has_seg=q_seg is not None,
                 batch_table=kind.shape[0] > 1, groups=H // K, f32_inputs=q.dtype == jnp.float32,
-                window=window, blocked_kinds=interpret is True)
+                window=window, blocked_kinds=interpret is True, **feats)
     cfg_q = _Cfg(n_outer=nq, n_inner=nk, **base)
-    aux = functools.partial(_aux, cfg_q, q_pos, k_pos, q_seg, k_seg, bq, bk)
-    dq = _dq_call(cfg_q, dims, kind, fetch, hv, rows, aux, interpret)
+    aux = functools.partial(_aux, cfg_q, q_pos, k_pos, q_seg, k_seg, prefix, bq, bk)
+    dq = _dq_call(cfg_q, dims, kind, fetch, hvs, rows, aux, interpret)
     kind_t = jnp.swapaxes(kind, 1, 2)  # [Bt, nk, nq]
     cfg_k = _Cfg(n_outer=nk, n_inner=nq, **base)
-    dk, dv = _dkv_call(cfg_k, dims, kind_t, fetch_index(kind_t), hv, rows, aux, interpret)
-    return hv.unview(dq, H), hv.unview(dk, K), hv.unview(dv, K)
+    dk, dv = _dkv_call(cfg_k, dims, kind_t, fetch_index(kind_t), hvs, rows, aux, interpret)
+    return hvs[0].unview(dq, H), hvs[0].unview(dk, K), hvs[1].unview(dv, K)

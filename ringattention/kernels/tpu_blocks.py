@@ -101,9 +101,9 @@ def resolve_blocks(block_sizes, sq: int, sk: int, backward: bool) -> tuple[int, 
 
 def check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg) -> None:
     """Raises ValueError/TypeError for inputs that break the ring-step contract."""
-    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
-        raise ValueError(f"expected q [B, Sq, H, D], k/v [B, Sk, K, D]; got {q.shape=} {k.shape=} "
-                         f"{v.shape=}")
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"expected q [B, Sq, H, D], k [B, Sk, K, D], v [B, Sk, K, Dv]; got "
+                         f"{q.shape=} {k.shape=} {v.shape=}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype; got {q.dtype=} {k.dtype=} {v.dtype=}")
     (b, sq, h, d), (bk, sk, kh, dk) = q.shape, k.shape
@@ -119,13 +119,16 @@ def check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg) -> None:
         raise ValueError(f"segment ids must be [B, Sq], [B, Sk]; got {q_seg.shape=} {k_seg.shape=}")
 
 
-def tables(q_pos, k_pos, q_seg, k_seg, causal: bool, bq: int, bk: int, window: int | None = None):
+def tables(q_pos, k_pos, q_seg, k_seg, causal: bool, bq: int, bk: int, window: int | None = None,
+           prefix=None, bidirectional: bool = False):
     """Block kinds and the block to hold at each grid step, both int32 [Bt, nq, nk] (Bt = B or 1).
+    ``window``, ``prefix``, ``bidirectional``: as in ``masks.block_table``.
 
     ``fetch[.., i, j]`` is ``j`` for computed blocks and the last computed block before ``j`` (else
     the next one) for SKIP blocks, so the pipeline re-uses the buffer and issues no DMA for them.
     """
-    kind = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window)  # [Bt, nq, nk]
+    kind = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window, prefix=prefix,
+                             bidirectional=bidirectional)  # [Bt, nq, nk]
     return kind, fetch_index(kind)
 
 
