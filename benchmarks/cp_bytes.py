@@ -1,12 +1,15 @@
-"""Bytes sent per device per layer by ring, Ulysses and Ulysses x ring attention, from compiled HLO.
+"""Bytes sent per device per layer by ring, all-gather, Ulysses and Ulysses x ring attention, from HLO.
 
-Context parallelism over P devices three ways: a ring of P (Ring Attention, Liu et al. 2023), one
+Context parallelism over P devices: a ring of P (Ring Attention, Liu et al. 2023), one
 Ulysses group of P (DeepSpeed-Ulysses, Jacobs et al. 2023; needs heads % P == 0) and the 2-D hybrid,
-Ulysses groups of U inside a ring of P / U (USP, Fang & Zhao 2024; ``ringattention.ulysses``). For
-each, the attention of one layer (causal, batch 1) is compiled (never run) on P virtual CPU devices,
+Ulysses groups of U inside a ring of P / U (USP, Fang & Zhao 2024; ``ringattention.ulysses``), and
+(``--schemes all_gather``, in ``--tiny`` by default) the all-gather of k/v over P devices (Llama 3
+context parallelism, Dubey et al. 2024; ``ringattention.all_gather``). For each, the attention of
+one layer (causal, batch 1) is compiled (never run) on P virtual CPU devices,
 forward and forward+backward, and the optimized HLO's collectives are summed per device: every
 ``collective-permute`` sends its operand, every ``all-to-all`` over a group of g sends (g - 1) / g of
-it; ops inside loops count once per iteration (XLA's ``known_trip_count``). The same numbers follow
+it, every ``all-gather`` (g - 1) / g of its result, every ``reduce-scatter`` g - 1 times its result;
+ops inside loops count once per iteration (XLA's ``known_trip_count``). The same numbers follow
 from the algorithm (:func:`analytic`); the table shows both and whether they agree.
 
 XLA's CPU compiler widens bfloat16 collectives to float32, so the HLO is measured with float32
@@ -48,7 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--from-json", default=None, help="only re-render the markdown of a saved run")
     args = p.parse_args(argv)
     if args.tiny:  # smoke-test values for every option left at its default
-        tiny = dict(models="tiny", seqs="256,512", devices="4,8", node=4, measure="256", chunk=16)
+        tiny = dict(models="tiny", seqs="256,512", devices="4,8", node=4, measure="256", chunk=16,
+                    schemes="ring,all_gather,ulysses,hybrid")
         for k, v in tiny.items():
             if getattr(args, k) == p.get_default(k):
                 setattr(args, k, v)
@@ -92,7 +96,8 @@ DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16"
 
 # ---- the formula ---------------------------------------------------------------------------------
 
-def analytic(heads: int, kv_heads: int, dim: int, seq: int, u: int, n: int, dtype_bytes: int) -> dict:
+def analytic(heads: int, kv_heads: int, dim: int, seq: int, u: int, n: int, dtype_bytes: int,
+             gather: bool = False) -> dict:
     """Bytes one device sends for one layer's attention (see the module doc).
 
     Returns {"fwd": {kind: bytes}, "fwd_bwd": {kind: bytes}} with kinds "all-to-all" (the Ulysses
@@ -103,6 +108,9 @@ def analytic(heads: int, kv_heads: int, dim: int, seq: int, u: int, n: int, dtyp
     backward lap sends k, v n - 2 times (its first hop is the forward lap's first hop, the same op on
     the same shard, which XLA computes once) and the float32 dk, dv n times (the last hop takes them
     home). The output itself is not exchanged back in a program that only returns gradients.
+    ``gather`` (the all-gather strategy, u = 1): the forward gathers k, v ((n - 1) / n of the
+    gathered n shards); the backward's gathers of the same pieces are the same ops, which XLA
+    computes once, and it reduce-scatters the float32 dk, dv (``ringattention.strategy.bytes_sent``).
     """
     s = seq // (u * n)  # this device's piece
     kr = kv_heads * (ulysses.kv_repeats(heads, kv_heads, u) if u > 1 else 1)
@@ -110,6 +118,12 @@ def analytic(heads: int, kv_heads: int, dim: int, seq: int, u: int, n: int, dtyp
     hop = 2 * s * kr * dim  # elements of one k, v (or dk, dv) ring shard: u s tokens, kr / u heads
     qkv = a2a * s * dim * (heads + 2 * kr) * b
     o = a2a * s * dim * heads * b  # the output (forward) or its gradient (backward)
+    if gather:
+        if u != 1:
+            raise ValueError(f"the all-gather scheme runs without Ulysses; got {u=}")
+        return {"fwd": {"all-gather": (n - 1) * hop * b},
+                "fwd_bwd": {"all-gather": (n - 1) * hop * b,
+                            "reduce-scatter": (n - 1) * hop * ACC_BYTES}}
     fwd_lap = (n - 1) * hop * b
     bwd_lap = (max(n - 2, 0) * hop * b + n * hop * ACC_BYTES) if n > 1 else 0
     return {"fwd": {"all-to-all": qkv + o, "collective-permute": fwd_lap},
@@ -204,23 +218,26 @@ def hlo_collective_bytes(text: str) -> dict:
             if op not in COLLECTIVES:
                 continue
             sent = _bytes(type_str)
-            if op == "all-to-all":
+            if op in ("all-to-all", "all-gather"):  # of the (gathered) result
                 g = _group_size(rest)
                 sent = sent * (g - 1) / g
+            elif op == "reduce-scatter":  # every other member's share of the input
+                sent = sent * (_group_size(rest) - 1)
             out[op] += m * sent
     return out
 
 
 # ---- compiling one scheme -----------------------------------------------------------------------
 
-def compile_text(heads, kv_heads, dim, seq, u, n, grad: bool, chunk: int) -> str:
+def compile_text(heads, kv_heads, dim, seq, u, n, grad: bool, chunk: int,
+                 strategy: str = "ring") -> str:
     """Optimized HLO of one layer's causal attention on a (ring n) x (Ulysses u) mesh, float32."""
     mesh = Mesh(np.array(jax.devices()[: u * n]).reshape(n, u), ("sp", "usp"))
     spec = P(None, ("sp", "usp"))
     block = min(chunk, seq // n)
     attn = lambda q, k, v: ring_attention(  # noqa: E731
         q, k, v, "sp", causal=True, implementation="xla", block_sizes=BlockSizes(block, block),
-        ulysses_axis="usp" if u > 1 else None)
+        ulysses_axis="usp" if u > 1 else None, strategy=strategy)
     f = sharded = jax.shard_map(attn, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
     if grad:
         f = jax.grad(lambda q, k, v: sharded(q, k, v).sum(), argnums=(0, 1, 2))
@@ -232,7 +249,7 @@ def compile_text(heads, kv_heads, dim, seq, u, n, grad: bool, chunk: int) -> str
 def schemes(p: int, heads: int, node: int) -> list[tuple[str, int, int, str | None]]:
     """(name, ulysses u, ring n, why not) of the three schemes on p devices."""
     hu = min(node, p // 2)
-    return [("ring", 1, p, None),
+    return [("ring", 1, p, None), ("all_gather", 1, p, None),
             ("ulysses", p, 1, None if heads % p == 0 else f"{heads} heads < {p} devices"),
             (f"hybrid {hu}x{p // hu}", hu, p // hu, None if heads % hu == 0 else "heads")]
 
@@ -253,14 +270,15 @@ def measure_row(model, seq, p, scheme, args, measure: bool) -> dict:
            "devices": p, "scheme": name, "ulysses": u, "ring": n}
     if why:
         return {**row, "skipped": why}
-    row["bf16"] = analytic(heads, kv_heads, dim, seq, u, n, 2)
-    row["f32"] = analytic(heads, kv_heads, dim, seq, u, n, 4)
+    gather = name == "all_gather"
+    row["bf16"] = analytic(heads, kv_heads, dim, seq, u, n, 2, gather)
+    row["f32"] = analytic(heads, kv_heads, dim, seq, u, n, 4, gather)
     if measure:
         t = time.perf_counter()
         row["hlo_f32"] = {}
         for key, grad in (("fwd", False), ("fwd_bwd", True)):
             got = hlo_collective_bytes(compile_text(heads, kv_heads, dim, seq, u, n, grad,
-                                                    args.chunk))
+                                                    args.chunk, "all_gather" if gather else "ring"))
             row["hlo_f32"][key] = got
         row["compile_s"] = round(time.perf_counter() - t, 1)
         row["hlo_matches"] = all(  # each kind on its own; nothing else is sent
@@ -284,7 +302,12 @@ def _mib(x: float) -> str:
 
 def markdown(result: dict) -> str:
     rows = result["rows"]
-    names = ("ring", "ulysses", "hybrid")
+    present = {r["scheme"].split()[0] for r in rows}
+    names = [n for n in ("ring", "all_gather", "ulysses", "hybrid") if n in present or n != "all_gather"]
+    kinds = ["all-to-all", "collective-permute"] + (["all-gather", "reduce-scatter"]
+                                                    if "all_gather" in present else [])
+    short = {"all-to-all": "a2a", "collective-permute": "permute", "all-gather": "gather",
+             "reduce-scatter": "scatter"}
     cmd = " ".join(["python benchmarks/cp_bytes.py", result["argv"]]).strip()
     head = (f"Bytes sent per device for one layer's causal attention (MiB, batch 1, bfloat16 q/k/v), "
             f"ring vs Ulysses vs Ulysses x ring; {result['date']}, jax {result['jax']}, `{cmd}`. "
@@ -296,7 +319,7 @@ def markdown(result: dict) -> str:
             "the ring hides its permutes behind the compute of each step, the all-to-all runs "
             "between the layer's projections and attention.")
     lines = [head, "", "| model | tokens | P | " + " | ".join(f"fwd {n}" for n in names) + " | "
-             + " | ".join(f"fwd+bwd {n}" for n in names) + " |", "|---" * 9 + "|"]
+             + " | ".join(f"fwd+bwd {n}" for n in names) + " |", "|---" * (3 + 2 * len(names)) + "|"]
     keys = list(dict.fromkeys((r["model"], r["seq"], r["devices"]) for r in rows))
     for model, seq, p in keys:
         hit = {r["scheme"].split()[0]: r for r in rows if (r["model"], r["seq"], r["devices"])
@@ -309,27 +332,27 @@ def markdown(result: dict) -> str:
         lines.append(f"| {model} | {_tokens(seq)} | {p} | " + " | ".join(cells) + " |")
     lines += ["", "Split by kind at the largest length, bfloat16 (formula): the Ulysses all-to-all "
               "stays within a group (a host), the ring's collective-permutes cross groups.", "",
-              "| model | P | scheme | fwd all-to-all | fwd permute | fwd+bwd all-to-all | "
-              "fwd+bwd permute |", "|---" * 7 + "|"]
+              "| model | P | scheme | " + " | ".join(
+                  f"{k} {kind if kind == 'all-to-all' else short[kind]}" for k in ("fwd", "fwd+bwd")
+                  for kind in kinds) + " |", "|---" * (3 + 2 * len(kinds)) + "|"]
     longest = max(r["seq"] for r in rows)
     for r in rows:
         if r["seq"] == longest and "skipped" not in r:
-            f, fb = r["bf16"]["fwd"], r["bf16"]["fwd_bwd"]
+            cells = [_mib(r["bf16"][k].get(kind, 0.0)) for k in ("fwd", "fwd_bwd") for kind in kinds]
             lines.append(f"| {r['model']} | {r['devices']} | {r['scheme']} | "
-                         f"{_mib(f['all-to-all'])} | {_mib(f['collective-permute'])} | "
-                         f"{_mib(fb['all-to-all'])} | {_mib(fb['collective-permute'])} |")
+                         + " | ".join(cells) + " |")
     lines += ["", "HLO check (float32 inputs, the CPU compiler's dtype): bytes of the optimized HLO's "
               "collective-permute and all-to-all ops (loop bodies times their trip counts) against "
               "the formula at 4 bytes per element, each kind on its own; no other collective "
               "appears.", "",
-              "| model | tokens | P | scheme | fwd a2a HLO / formula | fwd permute HLO / formula | "
-              "fwd+bwd a2a HLO / formula | fwd+bwd permute HLO / formula | match | compile s |",
-              "|---" * 10 + "|"]
+              "| model | tokens | P | scheme | " + " | ".join(
+                  f"{k} {short[kind]} HLO / formula" for k in ("fwd", "fwd+bwd") for kind in kinds)
+              + " | match | compile s |", "|---" * (6 + 2 * len(kinds)) + "|"]
     for r in rows:
         if "hlo_f32" not in r:
             continue
-        cells = [f"{_mib(r['hlo_f32'][k][kind])} / {_mib(r['f32'][k][kind])}"
-                 for k in ("fwd", "fwd_bwd") for kind in ("all-to-all", "collective-permute")]
+        cells = [f"{_mib(r['hlo_f32'][k].get(kind, 0.0))} / {_mib(r['f32'][k].get(kind, 0.0))}"
+                 for k in ("fwd", "fwd_bwd") for kind in kinds]
         lines.append(f"| {r['model']} | {_tokens(r['seq'])} | {r['devices']} | {r['scheme']} | "
                      + " | ".join(cells)
                      + f" | {'yes' if r['hlo_matches'] else 'NO'} | {r['compile_s']} |")

@@ -38,6 +38,7 @@ from jax.ad_checkpoint import checkpoint_name
 from ringattention import _validate as _checks
 from ringattention import implementations, layouts, masks, ulysses
 from ringattention import sinks as _sinks
+from ringattention import strategy as strategies
 from ringattention._vma import full_like, vary_like
 from ringattention.remat import LSE_NAME, OUT_NAME
 
@@ -56,6 +57,8 @@ class _Config:
     ring_size: int
     window: int | None = None  # sliding window (None: none)
     hops: tuple[int, int] | None = None  # (forward, backward) hops of a short lap; None: a full lap
+    strategy: str = "ring"  # or "all_gather" (ringattention/all_gather.py)
+    gather_chunks: int = 1  # all_gather: pieces of the shard gathered one by one
     softcap: float | None = None  # logits_soft_cap (None: none)
     prefix: bool = False  # a prefix_length int32 [B] argument is passed to _ring
     bidirectional: bool = False  # negative segment ids are bidirectional segments
@@ -88,7 +91,8 @@ def _step_visible(cfg, q_pos, k_pos, q_seg, k_seg, prefix=None):
         vis = vis & before
     if cfg.window is not None:  # per run of consecutive positions (zigzag: two per shard)
         run = q_pos.shape[0] // _runs(cfg.layout)
-        table = masks.block_table(q_pos, k_pos, None, None, causal, run, run, cfg.window)
+        k_run = math.gcd(k_pos.shape[0], run)  # all_gather: k may be a piece of a shard
+        table = masks.block_table(q_pos, k_pos, None, None, causal, run, k_run, cfg.window)
         vis = vis & jnp.any(table != masks.SKIP)
     if q_seg is not None:
         lo = jnp.maximum(q_seg.min(-1), k_seg.min(-1))
@@ -269,8 +273,16 @@ def _backward_hops(cfg, compute, dq, kv, acc, d: int, m: int):
     return dq + dq_s, home
 
 
+def _laps(cfg):
+    """(forward, backward) lap of the config's strategy: the ring's, or all_gather.py's."""
+    if cfg.strategy == "all_gather" and cfg.ring_size > 1:
+        from ringattention import all_gather
+        return all_gather.forward, all_gather.backward
+    return _forward_lap, _backward_lap
+
+
 def _lap(cfg, q, k, v, segment_ids, prefix, sink_logits):
-    o, lse = _forward_lap(cfg, q, k, v, segment_ids, segment_ids, prefix)
+    o, lse = _laps(cfg)[0](cfg, q, k, v, segment_ids, segment_ids, prefix)
     if sink_logits is not None:  # once, into the float32 lse (sinks.py)
         o, lse = _sinks.merge(o, lse, sink_logits)
     return o, lse
@@ -294,8 +306,8 @@ def _ring_fwd(q, k, v, segment_ids, prefix, sink_logits, cfg):
 def _ring_bwd(cfg, res, do):
     q, k, v, segment_ids, prefix, sink_logits, o, lse = res  # lse: with the sinks merged in
     delta = jnp.einsum("bshd,bshd->bhs", o.astype(F32), do.astype(F32))  # [B, H, S]
-    dq, dk, dv = _backward_lap(cfg, q, k, v, segment_ids, segment_ids, do.astype(q.dtype), lse, delta,
-                               prefix)
+    dq, dk, dv = _laps(cfg)[1](cfg, q, k, v, segment_ids, segment_ids, do.astype(q.dtype), lse,
+                               delta, prefix)
     dsinks = None if sink_logits is None else _sinks.grad(sink_logits, lse, delta)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, dsinks
 
@@ -353,7 +365,8 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
                    sliding_window: int | None = None, sinks: jax.Array | None = None,
                    logits_soft_cap: float | None = None,
                    prefix_length: jax.Array | int | None = None,
-                   bidirectional_segments: bool = False) -> jax.Array:
+                   bidirectional_segments: bool = False, strategy: str = "ring",
+                   gather_chunks: int | None = None) -> jax.Array:
     """Exact attention over a sequence sharded along mesh axis ``axis_name`` (inside ``shard_map``).
 
     Args:
@@ -395,6 +408,14 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         keys at global positions < prefix_length[b] are visible to every query of row b (prefix LM).
       bidirectional_segments: with causal=True and segment_ids, segments with negative ids are
         bidirectional (their queries see every key of their segment).
+      strategy: how k/v reach the queries over ``axis_name`` (``ringattention.strategy``): "ring"
+        (ppermute around the ring), "all_gather" (gather all k/v, attend, reduce-scatter dk/dv;
+        ``ringattention.all_gather``), "ulysses" (all-to-all of heads, whole-sequence attention on
+        heads / N heads; needs ``heads % N == 0``) or "auto" (the cost model's choice for these
+        shapes on the mesh's platform). All are exact and take every mask; with ``ulysses_axis``
+        only "ring", "all_gather" and "auto" (which then picks between those two).
+      gather_chunks: "all_gather": the shard is gathered in this many pieces, each gather issued
+        before the compute on the previous piece (None: 2 where the shard halves, else 1).
 
     Returns:
       [batch, q_shard, heads, v_head_dim] in ``q.dtype``.
@@ -406,12 +427,15 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     prefix = _checks.prefix_length(prefix_length, q.shape[0], causal)
     bidirectional = _checks.bidirectional_segments(bidirectional_segments, causal, segment_ids)
     ring_size = _axis_size(axis_name)
-    # the ring's shard: with Ulysses, the U pieces of a ring shard held by the Ulysses group
-    shard = q.shape[1] * (1 if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis"))
+    u = None if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis")
+    strategy = strategies.resolve(strategy, q.shape, k.shape, q.dtype.itemsize, axis_name,
+                                  ring_size, u, causal, implementations.mesh_device())
+    shard = q.shape[1] * (u or 1)  # the ring's: with Ulysses, the U pieces of the Ulysses group
+    step = shard * ring_size if strategy == "ulysses" else shard  # keys a step attends to
     relaxed = prefix is not None or bidirectional  # causal, but some keys after a query visible
     cfg = _Config(axis_name, bool(causal), layout, 1.0, "", None, bool(interpret), ring_size,
                   softcap=softcap, prefix=prefix is not None, bidirectional=bidirectional)
-    impl = implementations.resolve(implementation, shard=shard, needs=_features(cfg, q, v))
+    impl = implementations.resolve(implementation, shard=step, needs=_features(cfg, q, v))
     _check_platform(impl, interpret)
     if deterministic:
         block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1],
@@ -427,6 +451,16 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         segment_ids = segment_ids.astype(jnp.int32)
     if sinks is not None:  # varying like q: its cotangent, per device, is summed by the transpose
         sinks = vary_like(sinks, q)
+    if strategy == "ulysses":  # one step over the whole sequence, in natural order
+        whole = dataclasses.replace(cfg, layout="contiguous", ring_size=1, **dict(zip(
+            ("window", "hops"), _window_plan(sliding_window, "contiguous", 1, step,
+                                             causal and not relaxed))))
+        attend = lambda q, k, v, seg, snk=None: _ring(q, k, v, seg, prefix, snk, whole)  # noqa: E731
+        return ulysses.whole_sequence_attention(attend, q, k, v, segment_ids, axis_name, layout,
+                                                sinks=sinks)
+    if strategy == "all_gather":
+        cfg = dataclasses.replace(cfg, strategy=strategy, gather_chunks=strategies.gather_chunks(
+            gather_chunks, shard, impl.takes_shard))
     ring = lambda q, k, v, seg, snk=sinks: _ring(q, k, v, seg, prefix, snk, cfg)  # noqa: E731
     if ulysses_axis is not None:  # 2-D context parallelism (ringattention/ulysses.py)
         return ulysses.ulysses_attention(ring, q, k, v, segment_ids, ulysses_axis, axis_name,

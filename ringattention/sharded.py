@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from ringattention import _validate as checks
 from ringattention import implementations, layouts
+from ringattention import strategy as strategies
 from ringattention.ring import ring_attention
 
 
@@ -33,7 +34,8 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
                       sliding_window: int | None = None, sinks: jax.Array | None = None,
                       logits_soft_cap: float | None = None,
                       prefix_length: jax.Array | int | None = None,
-                      bidirectional_segments: bool = False, **kwargs) -> jax.Array:
+                      bidirectional_segments: bool = False, strategy: str = "ring",
+                      **kwargs) -> jax.Array:
     """Ring attention over global arrays. q [B, L, H, D], k [B, L, K, D], v [B, L, K, Dv] ->
     [B, L, H, Dv] (Dv = D but for MLA shapes).
 
@@ -46,7 +48,9 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     ``sliding_window`` W: key j is visible to query i only if ``|i - j| < W`` (global
     positions). ``sinks`` [H] (sharded over ``head_axis``), ``logits_soft_cap``, ``prefix_length``
     (int or [B], sharded over ``batch_axis``) and ``bidirectional_segments`` as in
-    :func:`ring_attention`. Other keyword arguments go to :func:`ring_attention`.
+    :func:`ring_attention`. ``strategy``: "ring", "all_gather", "ulysses" or "auto" over
+    ``seq_axis`` (``ringattention.strategy``). Other keyword arguments go to
+    :func:`ring_attention`.
     """
     n = _check_axis(mesh, seq_axis, "seq_axis")
     nu = _check_axis(mesh, ulysses_axis, "ulysses_axis")
@@ -85,10 +89,11 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     seq = seq_axis if ulysses_axis is None else (seq_axis, ulysses_axis)  # ring axis major
     spec = P(batch_axis, seq, head_axis, None)
     seg_spec = P(batch_axis, seq)
+    strategies.check(strategy)
+    step = q.shape[1] if strategy == "ulysses" else q.shape[1] // n  # keys one step attends to
     used = {"softcap": softcap is not None, "prefix": prefix is not None,
             "bidirectional": bidirectional, "v_head_dim": v.shape[3] != q.shape[3]}
-    impl = implementations.resolve(kwargs.pop("implementation", "auto"), mesh,
-                                   shard=q.shape[1] // n,
+    impl = implementations.resolve(kwargs.pop("implementation", "auto"), mesh, shard=step,
                                    needs=frozenset(f for f, on in used.items() if on)).name
 
     def local(q, k, v, seg, snk, pre):
@@ -96,7 +101,7 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
                               implementation=impl, deterministic=deterministic,
                               ulysses_axis=ulysses_axis, sliding_window=sliding_window, sinks=snk,
                               logits_soft_cap=softcap, prefix_length=pre,
-                              bidirectional_segments=bidirectional, **kwargs)
+                              bidirectional_segments=bidirectional, strategy=strategy, **kwargs)
 
     specs = (spec, spec, spec, seg_spec, P(head_axis), P(batch_axis))
     out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec)(

@@ -29,16 +29,27 @@ times the dtype size): the exchange sends (U - 1) / U of q, k, v and o, i.e.
 ``(U - 1) / U * S * D * (2 H + 2 K')`` with K' = K repeated; the ring sends its k, v shard (now
 ``U S`` long with ``K' / U`` heads) N - 1 times: ``(N - 1) * U S * 2 (K' / U) D = (N - 1) S 2 K' D``.
 (``benchmarks/cp_bytes.py`` checks these against the compiled HLO.)
+
+Pure Ulysses (``ring_attention(..., strategy="ulysses")``, :func:`whole_sequence_attention`): the
+exchange runs over the context-parallel axis itself (N devices) and no ring follows. After it a
+device holds the whole sequence in layout order for H / N heads; it is put in natural order (a
+local permutation, whose transpose is the inverse permutation, so gradients take no scatter-add),
+attended with positions 0..L-1 in one step, and put back in layout order before the inverse
+exchange.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
+
+from ringattention import layouts
 
 
 def axis_size(axis_name, what: str = "ulysses_axis") -> int:
@@ -97,6 +108,55 @@ def ulysses_attention(ring: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
     q, k, v = (seq_to_heads(x, ulysses_axis) for x in (q, k, v))
     if sinks is None:
         return heads_to_seq(ring(q, k, v, segment_ids), ulysses_axis)
-    per = sinks.shape[0] // u  # this rank's query heads after the exchange
-    local = lax.dynamic_slice_in_dim(sinks, lax.axis_index(ulysses_axis) * per, per)  # [H / U]
-    return heads_to_seq(ring(q, k, v, segment_ids, local), ulysses_axis)
+    return heads_to_seq(ring(q, k, v, segment_ids, _local_sinks(sinks, ulysses_axis, u)),
+                        ulysses_axis)
+
+
+def _local_sinks(sinks: jax.Array, axis_name, n: int) -> jax.Array:
+    """This rank's slice [H / n] of the sinks [H]: the heads it holds after the exchange."""
+    per = sinks.shape[0] // n
+    return lax.dynamic_slice_in_dim(sinks, lax.axis_index(axis_name) * per, per)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _reorder(x, layout: str, n: int, to_natural: bool):
+    """[B, L, ...] layout order -> natural order (or back); the transpose is the inverse reorder."""
+    perm = layouts.permutation(x.shape[1], layout, n)
+    return jnp.take(x, jnp.asarray(np.argsort(perm) if to_natural else perm), axis=1)
+
+
+def _reorder_fwd(x, layout, n, to_natural):
+    return _reorder(x, layout, n, to_natural), None
+
+
+def _reorder_bwd(layout, n, to_natural, _, g):
+    return (_reorder(g, layout, n, not to_natural),)
+
+
+_reorder.defvjp(_reorder_fwd, _reorder_bwd)
+
+
+def whole_sequence_attention(attend: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
+                             segment_ids: jax.Array | None, axis_name, layout: str,
+                             sinks: jax.Array | None = None) -> jax.Array:
+    """Pure Ulysses over ``axis_name`` (N devices): ``attend`` sees the whole sequence.
+
+    q [B, S, H, D], k [B, S, K, D], v [B, S, K, Dv], segment_ids int [B, S] | None: this device's
+    shard, in ``layout`` order for a ring of N. ``attend(q, k, v, seg, sinks)`` takes
+    [B, N S, H / N, D], [B, N S, K' / N, D], [B, N S, K' / N, Dv], [B, N S] in natural order and
+    this rank's sinks [H / N] (None without ``sinks`` [H]), and returns [B, N S, H / N, Dv].
+    Returns [B, S, H, Dv]. ValueError unless N divides H.
+    """
+    n = axis_size(axis_name, "axis_name")
+    reps = kv_repeats(q.shape[2], k.shape[2], n)
+    if reps > 1:  # [B, S, K * reps, D]
+        k, v = jnp.repeat(k, reps, axis=2), jnp.repeat(v, reps, axis=2)
+    natural = lambda x: _reorder(x, layout, n, True)  # noqa: E731
+    if segment_ids is not None:  # [B, N S] natural order
+        segment_ids = lax.all_gather(segment_ids, axis_name, axis=1, tiled=True)
+        segment_ids = jnp.take(segment_ids, jnp.asarray(
+            np.argsort(layouts.permutation(segment_ids.shape[1], layout, n))), axis=1)
+    q, k, v = (natural(seq_to_heads(x, axis_name)) for x in (q, k, v))  # [B, N S, heads / N, .]
+    local = None if sinks is None else _local_sinks(sinks, axis_name, n)
+    o = _reorder(attend(q, k, v, segment_ids, local), layout, n, False)  # layout order
+    return heads_to_seq(o, axis_name)

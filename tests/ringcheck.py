@@ -119,6 +119,7 @@ class Problem:
     prefix: bool = False  # random prefix_length [batch] in [0, L] (needs causal)
     bidirectional: bool = False  # odd segment ids become negative: bidirectional (needs segments)
     v_head_dim: int | None = None  # v's head dim (None: head_dim)
+    strategy: str = "ring"  # ring_attention's strategy over "sp" (ringattention.strategy)
 
 
 def make_inputs(pb: Problem):
@@ -180,7 +181,8 @@ def run_ring(pb: Problem, q, k, v, do, seg, check_vma: bool | None = None, extra
     def local(q, k, v, do, seg, sinks, prefix):
         f = lambda q, k, v, snk: ring_attention(q, k, v, "sp", causal=pb.causal, segment_ids=seg,
                                                 layout=pb.layout, sliding_window=pb.window,
-                                                sinks=snk, prefix_length=prefix, **kwargs)
+                                                sinks=snk, prefix_length=prefix,
+                                                strategy=pb.strategy, **kwargs)
         o, vjp = jax.vjp(f, q, k, v, sinks)
         dq, dk, dv, ds = vjp(do)
         if ds is not None and not check_vma:  # per device: sum over the mesh (check_vma does it)

@@ -137,6 +137,28 @@ def test_cp_bytes_hlo_matches_the_formula(bench, tmp_path):
         "all-to-all": 3 / 4 * 16 * 16 * (2 * 8 + 2 * 8) * 2, "collective-permute": 0}
 
 
+def test_cp_bytes_all_gather_matches_the_formula(bench, tmp_path):
+    """The all-gather strategy: all-gathers forward, reduce-scatters of float32 dk/dv backward,
+    each kind as the formula says and as ``ringattention.strategy.bytes_sent`` counts."""
+    from ringattention import strategy
+
+    cb = bench("cp_bytes")
+    result = cb.main(["--tiny", "--devices", "4", "--seqs", "256", "--schemes", "all_gather",
+                      "--out", str(tmp_path / "ag")])
+    (row,) = result["rows"]
+    assert row["scheme"] == "all_gather" and row["hlo_matches"]
+    hlo = row["hlo_f32"]
+    assert hlo["fwd"]["all-gather"] > 0 and hlo["fwd"]["reduce-scatter"] == 0
+    assert hlo["fwd_bwd"]["reduce-scatter"] > 0
+    assert hlo["fwd_bwd"]["collective-permute"] == hlo["fwd_bwd"]["all-to-all"] == 0
+    heads, kv_heads, dim = cb.TINY
+    shape = strategy.Shape(1, 256, heads, kv_heads, dim, 4, dtype_bytes=4)
+    assert strategy.bytes_sent(shape, "all_gather") == (cb.total(row["f32"]["fwd"]),
+                                                        cb.total(row["f32"]["fwd_bwd"]))
+    ring = cb.analytic(heads, kv_heads, dim, 256, 1, 4, 4)
+    assert strategy.bytes_sent(shape, "ring") == (cb.total(ring["fwd"]), cb.total(ring["fwd_bwd"]))
+
+
 def test_cp_bytes_reads_every_replica_group_format(bench):
     """The group size of a collective in each form XLA prints it: explicit groups, iota groups
     (jax 0.10-0.11) and mesh axes (jax 0.12, which the CPU CI does not run)."""
