@@ -363,7 +363,7 @@ FEATURE_CASES = [
     FeatureCase(segments=True, softcap=2.0, window=20, offset=8, sk=64),  # ragged window edge
     FeatureCase(causal=False, kv_heads=4, softcap=3.0, window=24, sq=40),  # ragged query shard
     FeatureCase(prefix=(30, 0), stride=2),  # row 0 sees keys ahead of it, row 1 is plain causal
-    FeatureCase(dtype="bfloat16", segments=True, prefix=(70, 17), window=40, sq=64, sk=96),
+    FeatureCase(dtype="bfloat16", segments=True, prefix=(60, 17), window=30, sq=32, sk=80),
     FeatureCase(segments=True, bidirectional=True, sq=40),
     FeatureCase(dtype="bfloat16", segments=True, bidirectional=True, kv_heads=1, offset=16),
     FeatureCase(causal=False, dim=48, dim_v=32),  # head dims padded separately: 64 and 32
@@ -378,3 +378,49 @@ FEATURE_CASES = [
 @pytest.mark.parametrize("case", FEATURE_CASES, ids=str)
 def test_step_features_match_references(case):
     _check_features(case)
+
+
+def _lowered_triton_calls(fn, *args) -> int:
+    """Triton custom calls of ``fn`` lowered for CUDA (Pallas' Triton lowering; no GPU needed)."""
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return text.count("xla.gpu.triton")
+
+
+@pytest.mark.parametrize("causal", (True, False))
+def test_step_features_lower_for_cuda(causal):
+    """tanh, the scalar prefix per batch row and separate head dims (192 and 128, MLA's) go
+    through Triton's lowering: one kernel forward, two backward."""
+    q = jax.ShapeDtypeStruct((2, 256, 4, 192), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 256, 2, 192), jnp.bfloat16)
+    v = jax.ShapeDtypeStruct((2, 256, 2, 128), jnp.bfloat16)
+    do = jax.ShapeDtypeStruct((2, 256, 4, 128), jnp.bfloat16)
+    pos, seg = jax.ShapeDtypeStruct((256,), jnp.int32), jax.ShapeDtypeStruct((2, 256), jnp.int32)
+    lse = jax.ShapeDtypeStruct((2, 4, 256), jnp.float32)
+    kw = dict(causal=causal, softmax_scale=0.1, softcap=30.0, window=100)
+    if causal:
+        kw.update(bidirectional=True, prefix=jnp.asarray([64, 0], jnp.int32))
+
+    def fwd(q, k, v, p, s):
+        return pg.forward_step(q, k, v, p, p, s, s, **kw)
+
+    def bwd(q, k, v, do, lse, delta, p, s):
+        return pg.backward_step(q, k, v, do, lse, delta, p, p, s, s, **kw)
+
+    assert _lowered_triton_calls(fwd, q, k, v, pos, seg) == 1
+    assert _lowered_triton_calls(bwd, q, k, v, do, lse, lse, pos, seg) == 2
+
+
+def test_feature_keywords_are_checked():
+    q, k, v, _, q_pos, k_pos, q_seg, k_seg = _feature_inputs(FeatureCase(segments=True))
+    kw = dict(softmax_scale=0.1, interpret=True)
+    prefix = jnp.asarray([4, 0], jnp.int32)
+    with pytest.raises(ValueError, match="prefix needs causal"):
+        pg.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, causal=False, prefix=prefix, **kw)
+    with pytest.raises(ValueError, match="batch"):
+        pg.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, causal=True, prefix=prefix[:1], **kw)
+    with pytest.raises(ValueError, match="segment ids"):
+        pg.forward_step(q, k, v, q_pos, k_pos, None, None, causal=True, bidirectional=True, **kw)
+    with pytest.raises(ValueError, match="softcap"):
+        pg.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, causal=True, softcap=0.0, **kw)
+    with pytest.raises(ValueError, match="bad shapes"):  # v's own head dim, but not its own length
+        pg.forward_step(q, k, v[:, :8, :, :16], q_pos, k_pos, q_seg, k_seg, causal=True, **kw)
