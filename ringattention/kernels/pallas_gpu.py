@@ -13,8 +13,11 @@ the bounds of its fully visible and partially visible blocks; hidden blocks are 
 visible ones run without the elementwise mask. A sliding window (``|q_pos - k_pos| < window``) adds
 the blocks at the window's far edge as a masked range before the fully visible ones. Shards that
 are not a multiple of the block are padded with keys that no query sees (sentinel segment ids) and
-the padding is cut off again; head dims are padded to a power of two >= 16. Contract:
-``ringattention/implementations.py``. Kernel bodies: ``gpu_kernels.py``.
+the padding is cut off again; head dims are padded to a power of two >= 16 (q/k's and v's
+separately where v has its own). Contract: ``ringattention/implementations.py``, with its optional
+features softcap, prefix, bidirectional and v_head_dim (each off by default: the kernels are then
+lowered as without them). Kernel bodies: ``gpu_kernels.py``; the float32 reference steps they are
+tested against: ``gpu_reference.py``.
 """
 
 from __future__ import annotations
