@@ -241,10 +241,17 @@ class _Mask:
                                  prefix=prefix, bidirectional=self.bidirectional)
 
 
+def _positive(x) -> bool:
+    try:
+        return float(x) > 0
+    except TypeError:  # also a traced value: the cap is static
+        return False
+
+
 def _features(q, q_seg, causal: bool, softcap, prefix, bidirectional: bool):
     """Checks the optional features' keywords (``implementations.py``); returns the prefix as
     int32 [B] or None."""
-    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
+    if softcap is not None and (isinstance(softcap, bool) or not _positive(softcap)):
         raise ValueError(f"pallas_gpu: softcap={softcap!r} must be a positive float")
     if bidirectional and (not causal or q_seg is None):
         raise ValueError("pallas_gpu: bidirectional=True needs causal=True and segment ids")
