@@ -99,8 +99,8 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids):
         add = lambda x: None if x is None else x[None]
         return one(add(q), add(k), add(v), add(segment_ids))[0]
     spec, seg_spec = P(BATCH, seq, "tp", None), P(BATCH, seq)
-    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
-                         check_vma=ra_impl.checks_vma(impl, config.interpret))(q, k, v, segment_ids)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec),
+                         out_specs=spec)(q, k, v, segment_ids)
 
 
 def _cudnn_attention(q, k, v, segment_ids, mesh, window: int | None = None):

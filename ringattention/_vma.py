@@ -38,3 +38,17 @@ def struct(shape, dtype, *like) -> jax.ShapeDtypeStruct:
     mat = jax.typeof(arrays[0]).manual_axis_type.update(varying=vma)
     return jax.ShapeDtypeStruct(tuple(shape), dtype, manual_axis_type=mat)
 
+
+
+def typed_by_args(make_kernel, out_type):
+    """``make_kernel(out_type)(*args)`` with every output varying like ``args`` (a kernel launcher
+    whose output types are fixed before its arguments are known)."""
+
+    def call(*args):
+        arrays = [a for a in jax.tree.leaves(args) if isinstance(a, jax.Array)]
+        if not arrays:
+            return make_kernel(out_type)(*args)
+        typed = jax.tree.map(lambda s: struct(s.shape, s.dtype, *arrays), out_type)
+        return make_kernel(typed)(*args)
+
+    return call

@@ -110,11 +110,10 @@ def platform(mesh=None) -> str:
 FEATURES = ("softcap", "prefix", "bidirectional", "v_head_dim")
 
 
-def resolve(name: str, mesh=None, checked_vma: bool = False,
-            shard: int | None = None, needs: frozenset[str] = frozenset()) -> Implementation:
+def resolve(name: str, mesh=None, shard: int | None = None,
+            needs: frozenset[str] = frozenset()) -> Implementation:
     """Returns the implementation called ``name`` ("auto": the best for the platform of ``mesh``,
-    or of the mesh being traced; see :func:`mesh_device`). ``checked_vma``: the call sits in a
-    ``shard_map(check_vma=True)``, so "auto" takes only kernels that type-check there. ``shard``:
+    or of the mesh being traced; see :func:`mesh_device`). ``shard``:
     the ring's shard length, so "auto" takes only kernels that take it (pallas_tpu: multiples of
     128 tokens; a decoder's short prefill falls back to "xla"). ``needs``: the optional features
     (module docstring) the call uses; "auto" takes only kernels that have them all, a named one
@@ -124,7 +123,7 @@ def resolve(name: str, mesh=None, checked_vma: bool = False,
         where = platform(mesh)
         for candidate in AUTO_ORDER:
             impl = _REGISTRY.get(candidate)
-            if impl is None or (checked_vma and not checks_vma(impl.name, False)):
+            if impl is None:
                 continue
             if shard is not None and not impl.takes_shard(shard):
                 continue
@@ -141,13 +140,6 @@ def resolve(name: str, mesh=None, checked_vma: bool = False,
         raise ValueError(f"implementation={name!r} does not support {sorted(needs - impl.features)}"
                          f"; these do: {have} (or 'auto')")
     return impl
-
-
-def checks_vma(name: str, interpret) -> bool:
-    """The ``check_vma`` a ``shard_map`` around the ring can use: True, except for pallas_hopper,
-    whose Mosaic GPU kernel bodies do not type-check varying axes in this jax."""
-    del interpret  # interpreted or compiled alike
-    return name != "pallas_hopper"
 
 
 def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int,

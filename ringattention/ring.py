@@ -31,7 +31,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ringattention import _validate as _checks
 from ringattention import implementations, layouts, masks, ulysses
-from ringattention._vma import _vma, full_like
+from ringattention._vma import full_like
 from ringattention.remat import LSE_NAME, OUT_NAME
 
 F32 = jnp.float32
@@ -285,20 +285,13 @@ def _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window=None):
     _checks.sliding_window(sliding_window)
 
 
-def _check_platform(impl, interpret: bool, q) -> None:
+def _check_platform(impl, interpret: bool) -> None:
     """The kernel must run on the platform of the mesh being traced (not the host's backend)."""
     mesh_platform = implementations.platform()
     if not interpret and mesh_platform not in impl.platforms:
         raise ValueError(f"implementation={impl.name!r} runs on {impl.platforms}, not on this "
                          f"mesh's platform={mesh_platform!r}; pass interpret=True to emulate it, "
                          "or use 'auto'/'xla'")
-    if impl.name == "pallas_hopper" and _vma(q):
-        # Mosaic GPU's kernel tracing (jax 0.10-0.12) carries the inputs' varying axes into the
-        # kernel body, whose loops then fail to type-check (scalar bounds vary, loop counters not).
-        raise ValueError("implementation='pallas_hopper' needs jax.shard_map(..., check_vma=False) "
-                         "in this jax: Mosaic GPU kernels do not yet type-check varying axes "
-                         f"(q varies over {sorted(_vma(q), key=str)}); sharded_attention and the "
-                         "models pass it for you, or use implementation='pallas_gpu'")
 
 
 def _axis_size(axis_name, argument: str = "axis_name") -> int:
@@ -356,8 +349,8 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     ring_size = _axis_size(axis_name)
     # the ring's shard: with Ulysses, the U pieces of a ring shard held by the Ulysses group
     shard = q.shape[1] * (1 if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis"))
-    impl = implementations.resolve(implementation, checked_vma=bool(_vma(q)), shard=shard)
-    _check_platform(impl, interpret, q)
+    impl = implementations.resolve(implementation, shard=shard)
+    _check_platform(impl, interpret)
     if deterministic:
         block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1],
                                                                 causal)

@@ -79,7 +79,6 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
                               implementation=impl, deterministic=deterministic,
                               ulysses_axis=ulysses_axis, sliding_window=sliding_window, **kwargs)
 
-    out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
-                        check_vma=implementations.checks_vma(impl, kwargs.get("interpret", False)),
-                        )(q, k, v, segment_ids)
+    out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec),
+                        out_specs=spec)(q, k, v, segment_ids)
     return layouts.from_layout(out, layout, n) if reorder else out

@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention.kernels import pallas_gpu as pg
-from ringattention.kernels.hopper_kernels import COMPUTE_WGS, Ops, Smem, set_registers, window_mask
+from ringattention.kernels.hopper_kernels import COMPUTE_WGS, Ops, Smem, bound, set_registers, window_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +79,7 @@ def _cta(cfg: BwdConfig, bounds, reverse: bool):
     b, i = lax.axis_index("b"), lax.axis_index("i")
     if reverse:  # causal dq: the latest query blocks see the most keys; start them first
         i = cfg.n_cta - 1 - i
-    return b, i, tuple(ref[b, i] for ref in bounds)
+    return b, i, tuple(bound(ref[b, i]) for ref in bounds)
 
 
 def _stream(cfg: BwdConfig, n, issue, loaded, free):

@@ -50,6 +50,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ringattention._vma import full_like
 from ringattention.kernels import hopper_backward as hb
 from ringattention.kernels import hopper_bwd_kernels as hbk
 from ringattention.kernels import hopper_fused_bwd as hfb
@@ -195,7 +196,7 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     ``hfb.dkv_out`` says)."""
     B, sq, H, d = q.shape
     sk, K = k.shape[1], k.shape[2]
-    dq_acc = jax.new_ref(jnp.zeros((B, sq, H, d), F32), memory_space=plgpu.GMEM)
+    dq_acc = jax.new_ref(full_like(q, (B, sq, H, d), 0.0), memory_space=plgpu.GMEM)
     out = hfb.dkv_out(B, sk, K, d)
     kernel = alternating_kernel if d == 64 else cta_dq_kernel
     dk, dv = hfb._launch(functools.partial(kernel, cfg=cfg), (out, out),

@@ -48,6 +48,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
+from ringattention._vma import full_like, typed_by_args
 from ringattention.kernels import hopper_backward as hb
 from ringattention.kernels import hopper_bwd_kernels as hbk
 from ringattention.kernels import hopper_kernels as hk
@@ -239,8 +240,9 @@ def _launch(body, out_type, scratch, *, grid, interpret: bool):
     def scoped(*refs):
         pl.run_scoped(functools.partial(body, *refs), *scratch, collective_axes="wg")
 
-    return pl.kernel(scoped, out_type=out_type, mesh=mesh, interpret=params,
-                     compiler_params=plgpu.CompilerParams(approx_math=True))
+    return typed_by_args(lambda out: pl.kernel(
+        scoped, out_type=out, mesh=mesh, interpret=params,
+        compiler_params=plgpu.CompilerParams(approx_math=True)), out_type)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -249,7 +251,7 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     as ``dkv_out`` says). Under jit because a Ref in GMEM can only be made there."""
     B, sq, H, d = q.shape
     sk, K = k.shape[1], k.shape[2]
-    dq_acc = jax.new_ref(jnp.zeros((WGS, B, sq, H, d), F32), memory_space=plgpu.GMEM)
+    dq_acc = jax.new_ref(full_like(q, (WGS, B, sq, H, d), 0.0), memory_space=plgpu.GMEM)
     out = dkv_out(B, sk, K, d)
     dk, dv = _launch(functools.partial(fused_kernel, cfg=cfg), (out, out),
                      _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),

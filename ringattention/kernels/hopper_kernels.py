@@ -28,6 +28,7 @@ compute warpgroup, ``bk`` keys per block, ``D`` the padded head dim, ``S`` stage
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 from typing import Any
@@ -37,6 +38,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ringattention._vma import _vma, typed_by_args
 from ringattention.kernels import hopper_fwd_loops as hfl
 
 F32 = jnp.float32
@@ -83,15 +85,37 @@ def interpret_params():
 
 
 def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bool):
-    """``plgpu.kernel`` over grid axes ("h", "i", "b") with two compute + one producer warpgroups."""
+    """A Mosaic GPU kernel over grid axes ("h", "i", "b") with two compute + one producer
+    warpgroups, the scratch allocated across them by ``pl.run_scoped``.
+
+    What ``plgpu.kernel`` builds (the same kernel name and module), through ``pl.kernel`` itself:
+    ``plgpu.kernel`` traces the body with varying-axes checks switched off while the refs keep the
+    operands' varying axes, so its loops fail to type-check inside ``shard_map(check_vma=True)``.
+    """
     params = None
     if interpret:
         params = interpret_params()
         if params is None:
             raise NotImplementedError("this jax has no Mosaic GPU interpret mode")
-    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
-                        grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg",
-                        compiler_params=plgpu.CompilerParams(approx_math=True), interpret=params)
+    mesh = plgpu.Mesh(grid=grid, grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1,
+                      thread_name="wg")
+
+    def scoped(*refs):
+        pl.run_scoped(functools.partial(body, *refs), *scratch, collective_axes="wg")
+
+    return typed_by_args(lambda out: pl.kernel(
+        scoped, out_type=out, mesh=mesh, interpret=params,
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        name=getattr(body, "__name__", "anonymous")), out_type)
+
+
+def bound(x):
+    """A loop bound read from a kernel argument, as the loop counters see it. Inside
+    ``shard_map(check_vma=True)`` the argument refs keep the operands' varying axes while the body
+    is traced with varying-axes checks off, so a loop counter started at ``x`` would change type
+    at ``+ 1``: ``x + 0`` (folded by the compiler) drops them. Outside (or under
+    ``check_vma=False``) ``x`` itself, so those kernels are unchanged."""
+    return x + jnp.int32(0) if _vma(x) else x
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,12 +316,12 @@ def fwd_kernel(*refs, cfg: FwdConfig):
     b, h, qi = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("i")
     if cfg.causal:  # the heaviest query blocks (latest positions) start first
         qi = cfg.nq - 1 - qi
-    lo, mid, hi = lo_ref[b, qi], mid_ref[b, qi], hi_ref[b, qi]
+    lo, mid, hi = bound(lo_ref[b, qi]), bound(mid_ref[b, qi]), bound(hi_ref[b, qi])
     g = dict(b=b, h=h, qi=qi, lo=lo, mid=mid, hi=hi, q_ref=q_ref, k_ref=k_ref, v_ref=v_ref,
              qp_ref=qp_ref, kp_ref=kp_ref, qs_ref=qs_ref, ks_ref=ks_ref, o_ref=o_ref,
              lse_ref=lse_ref)
     if edge_ref is not None:
-        g["edge"] = edge_ref[b, qi]
+        g["edge"] = bound(edge_ref[b, qi])
     wg = lax.axis_index("wg")
     pl.when(wg < COMPUTE_WGS)(lambda: _compute(cfg, wg, *scratch, **g))
     pl.when(wg == COMPUTE_WGS)(lambda: _produce(cfg, *scratch, **g))

@@ -61,6 +61,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
+from ringattention._vma import full_like
 from ringattention.kernels import hopper_backward as hb
 from ringattention.kernels import hopper_bwd_kernels as hbk
 from ringattention.kernels import hopper_fused_bwd as hfb
@@ -331,7 +332,7 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     """Padded inputs -> unscaled dq f32 [B, H, Sq, 256], dk, dv f32 [B, K, Sk, 256]."""
     B, sq, H, d = q.shape
     sk, K = k.shape[1], k.shape[2]
-    dq_acc = jax.new_ref(jnp.zeros((B, H, sq, d), F32), memory_space=plgpu.GMEM)
+    dq_acc = jax.new_ref(full_like(q, (B, H, sq, d), 0.0), memory_space=plgpu.GMEM)
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     dk, dv = hfb._launch(functools.partial(split_kernel, cfg=cfg), (out, out),
                          _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments),
