@@ -54,3 +54,62 @@ def sliding_window(value: Any) -> int | None:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"sliding_window={value!r} must be a positive int or None")
     return None if value > INT32_MAX else int(value)
+
+
+def sinks(value: Any, heads: int) -> None:
+    """Raises unless ``value`` is None or a floating array [heads] (one logit per query head)."""
+    if value is None:
+        return
+    got = getattr(value, "shape", None)
+    if got is None or tuple(got) != (heads,):
+        raise ValueError(f"sinks must be [heads] = ({heads},), one logit per query head; got "
+                         f"sinks.shape={got}")
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+        raise TypeError(f"sinks must be floating point; got sinks.dtype={value.dtype}")
+
+
+def logits_soft_cap(value: Any) -> float | None:
+    """``logits_soft_cap`` as a float (None stays None): a positive finite number."""
+    if value is None:
+        return None
+    number = isinstance(value, (int, float, np.integer, np.floating))
+    if not number or isinstance(value, (bool, np.bool_)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"logits_soft_cap={value!r} must be a positive number or None")
+    return float(value)
+
+
+def prefix_length(value: Any, batch: int, is_causal: bool):
+    """``prefix_length`` as int32 [batch] (a Python int: the same for every row), or None. It
+    relaxes the causal mask, so it needs ``causal=True``."""
+    if value is None:
+        return None
+    if not is_causal:
+        raise ValueError(f"prefix_length needs causal=True (a bidirectional prefix, causal after "
+                         f"it); got causal=False and prefix_length={value!r}")
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"prefix_length={value!r} must be an int or an int array [batch]")
+    if isinstance(value, (int, np.integer)):
+        if value < 0:
+            raise ValueError(f"prefix_length={value!r} must be >= 0")
+        return jnp.full((batch,), value, jnp.int32)
+    got = getattr(value, "shape", None)
+    if got is None or tuple(got) != (batch,):
+        raise ValueError(f"prefix_length must be an int or [batch] = ({batch},); got "
+                         f"prefix_length.shape={got}")
+    if not jnp.issubdtype(value.dtype, jnp.integer):
+        raise TypeError(f"prefix_length must be integers; got prefix_length.dtype={value.dtype}")
+    return jnp.asarray(value).astype(jnp.int32)
+
+
+def bidirectional_segments(value: Any, is_causal: bool, segment_ids: Any) -> bool:
+    """``bidirectional_segments`` as a bool: True needs ``causal=True`` and segment ids. Under a
+    non-causal mask every segment is bidirectional already, so it only applies with causal."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"bidirectional_segments={value!r} must be a bool")
+    if value and segment_ids is None:
+        raise ValueError("bidirectional_segments=True needs segment_ids (negative ids mark the "
+                         "bidirectional segments)")
+    if value and not is_causal:
+        raise ValueError("bidirectional_segments=True needs causal=True (without it every segment "
+                         "is bidirectional)")
+    return bool(value)

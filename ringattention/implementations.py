@@ -150,7 +150,7 @@ def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int,
 
 
 register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu"),
-                        features=frozenset()))
+                        features=frozenset(FEATURES)))
 # TPU tiles: sequence blocks are multiples of 128 lanes (kernels/tpu_blocks.py)
 register(Implementation("pallas_tpu", "ringattention.kernels.pallas_tpu", platforms=("tpu",),
                         takes_shard=lambda shard: shard % 128 == 0))

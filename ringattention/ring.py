@@ -15,6 +15,12 @@ only those are visited, ``f`` hops forward and ``b`` hops backward (contiguous, 
 one hop; symmetric windows and zigzag: one each way). In the backward pass dk/dv travel with their
 shard and take one ppermute home at the end of each half-lap. Striped shards hold positions from the
 whole sequence, so their lap stays full: only steps and blocks outside the window are skipped.
+
+Optional features: attention sinks (gpt-oss model card 2025; Xiao et al. 2023) are merged into the
+float32 lse once, after the forward lap (``sinks.py``), and never reach the steps; logit soft-capping
+(Gemma 2, Gemma Team 2024), a bidirectional prefix per row, bidirectional segments and a value head
+dim of its own are step features (``implementations.FEATURES``), passed only when used, and "auto"
+picks an implementation that has them all.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ringattention import _validate as _checks
 from ringattention import implementations, layouts, masks, ulysses
-from ringattention._vma import full_like
+from ringattention import sinks as _sinks
+from ringattention._vma import full_like, vary_like
 from ringattention.remat import LSE_NAME, OUT_NAME
 
 F32 = jnp.float32
@@ -49,6 +56,9 @@ class _Config:
     ring_size: int
     window: int | None = None  # sliding window (None: none)
     hops: tuple[int, int] | None = None  # (forward, backward) hops of a short lap; None: a full lap
+    softcap: float | None = None  # logits_soft_cap (None: none)
+    prefix: bool = False  # a prefix_length int32 [B] argument is passed to _ring
+    bidirectional: bool = False  # negative segment ids are bidirectional segments
 
 
 def merge(o1, lse1, o2, lse2):
@@ -65,14 +75,20 @@ def merge(o1, lse1, o2, lse2):
     return o, lse
 
 
-def _step_visible(cfg, q_pos, k_pos, q_seg, k_seg):
+def _step_visible(cfg, q_pos, k_pos, q_seg, k_seg, prefix=None):
     # Scalar: can any query of this shard see any key of the held shard? (else skip the step)
     vis = jnp.bool_(True)
+    causal = cfg.causal and not (cfg.prefix or cfg.bidirectional)  # else: causal, relaxed
     if cfg.causal:
-        vis = vis & (k_pos[0] <= q_pos[-1])  # positions increase within a shard
+        before = k_pos[0] <= q_pos[-1]  # positions increase within a shard
+        if prefix is not None:
+            before = before | (k_pos[0] < prefix.max())
+        if cfg.bidirectional:
+            before = before | jnp.any(q_seg < 0)
+        vis = vis & before
     if cfg.window is not None:  # per run of consecutive positions (zigzag: two per shard)
         run = q_pos.shape[0] // _runs(cfg.layout)
-        table = masks.block_table(q_pos, k_pos, None, None, cfg.causal, run, run, cfg.window)
+        table = masks.block_table(q_pos, k_pos, None, None, causal, run, run, cfg.window)
         vis = vis & jnp.any(table != masks.SKIP)
     if q_seg is not None:
         lo = jnp.maximum(q_seg.min(-1), k_seg.min(-1))
@@ -94,12 +110,25 @@ def _step_args(cfg, q, q_seg, k_seg, t):
     return q_pos, k_pos, q_seg, k_seg
 
 
-def _kw(cfg):
+def _kw(cfg, prefix=None):
     kw = dict(causal=cfg.causal, softmax_scale=cfg.softmax_scale, block_sizes=cfg.block_sizes,
               interpret=cfg.interpret)
     if cfg.window is not None:  # only then: implementations without windows keep working
         kw["window"] = cfg.window
+    if cfg.softcap is not None:  # optional features likewise (implementations.FEATURES)
+        kw["softcap"] = cfg.softcap
+    if prefix is not None:
+        kw["prefix"] = prefix
+    if cfg.bidirectional:
+        kw["bidirectional"] = True
     return kw
+
+
+def _features(cfg, q, v) -> frozenset[str]:
+    """The optional step features (``implementations.FEATURES``) this call uses."""
+    used = {"softcap": cfg.softcap is not None, "prefix": cfg.prefix,
+            "bidirectional": cfg.bidirectional, "v_head_dim": v.shape[-1] != q.shape[-1]}
+    return frozenset(name for name, on in used.items() if on)
 
 
 def _send(cfg, x, shift: int = 1):
@@ -151,20 +180,22 @@ def _directions(cfg):
     return tuple((d, m) for d, m in ((1, fwd), (-1, bwd)) if m)
 
 
-def _forward_lap(cfg, q, k, v, q_seg, k_seg):
-    """Returns o float32 [B, S, H, D] and lse float32 [B, H, S] over the ring (or its short lap)."""
+def _forward_lap(cfg, q, k, v, q_seg, k_seg, prefix=None):
+    """Returns o float32 [B, S, H, Dv] and lse float32 [B, H, S] over the ring (or its short lap)."""
     impl = implementations.resolve(cfg.implementation).load()
     n = cfg.ring_size
+    kw = _kw(cfg, prefix)
 
     def compute(kv, t):
         k_, v_, ks = kv
         q_pos, k_pos, qs, ks = _step_args(cfg, q, q_seg, ks, t)
-        run = lambda: impl.forward_step(q, k_, v_, q_pos, k_pos, qs, ks, **_kw(cfg))  # noqa: E731
+        run = lambda: impl.forward_step(q, k_, v_, q_pos, k_pos, qs, ks, **kw)  # noqa: E731
         if n == 1:
             return run()
         B, S, H, _ = q.shape
-        empty = lambda: (full_like(q, q.shape, 0.0), full_like(q, (B, H, S), -jnp.inf))  # noqa: E731
-        return lax.cond(_step_visible(cfg, q_pos, k_pos, qs, ks), run, empty)
+        empty = lambda: (full_like(q, (B, S, H, v.shape[-1]), 0.0),  # noqa: E731
+                         full_like(q, (B, H, S), -jnp.inf))
+        return lax.cond(_step_visible(cfg, q_pos, k_pos, qs, ks, prefix), run, empty)
 
     kv = (k, v, k_seg)
     if n == 1:
@@ -191,20 +222,21 @@ def _forward_hops(cfg, compute, o, lse, kv, d: int, m: int):
     return merge(o, lse, *compute(kv, d * m))
 
 
-def _backward_lap(cfg, q, k, v, q_seg, k_seg, do, lse, delta):
+def _backward_lap(cfg, q, k, v, q_seg, k_seg, do, lse, delta, prefix=None):
     """Returns float32 dq, dk, dv; dk/dv travel with k/v and return home at the end of a half-lap."""
     impl = implementations.resolve(cfg.implementation).load()
     n = cfg.ring_size
+    kw = _kw(cfg, prefix)
 
     def compute(kv, t):
         k_, v_, ks = kv
         q_pos, k_pos, qs, ks = _step_args(cfg, q, q_seg, ks, t)
         run = lambda: impl.backward_step(q, k_, v_, do, lse, delta, q_pos, k_pos, qs, ks,  # noqa: E731
-                                         **_kw(cfg))
+                                         **kw)
         if n == 1:
             return run()
         empty = lambda: tuple(full_like(q, x.shape, 0.0) for x in (q, k_, v_))  # noqa: E731
-        return lax.cond(_step_visible(cfg, q_pos, k_pos, qs, ks), run, empty)
+        return lax.cond(_step_visible(cfg, q_pos, k_pos, qs, ks, prefix), run, empty)
 
     kv = (k, v, k_seg)
     if n == 1:
@@ -237,26 +269,35 @@ def _backward_hops(cfg, compute, dq, kv, acc, d: int, m: int):
     return dq + dq_s, home
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _ring(q, k, v, segment_ids, cfg):
-    o, _ = _forward_lap(cfg, q, k, v, segment_ids, segment_ids)
+def _lap(cfg, q, k, v, segment_ids, prefix, sink_logits):
+    o, lse = _forward_lap(cfg, q, k, v, segment_ids, segment_ids, prefix)
+    if sink_logits is not None:  # once, into the float32 lse (sinks.py)
+        o, lse = _sinks.merge(o, lse, sink_logits)
+    return o, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _ring(q, k, v, segment_ids, prefix, sink_logits, cfg):
+    o, _ = _lap(cfg, q, k, v, segment_ids, prefix, sink_logits)
     return o.astype(q.dtype)
 
 
-def _ring_fwd(q, k, v, segment_ids, cfg):
+def _ring_fwd(q, k, v, segment_ids, prefix, sink_logits, cfg):
     # o and lse carry names so that a remat policy (ringattention.remat) can keep them and the
     # backward pass of a rematerialised block need not run the forward lap again.
-    o, lse = _forward_lap(cfg, q, k, v, segment_ids, segment_ids)
+    o, lse = _lap(cfg, q, k, v, segment_ids, prefix, sink_logits)
     o = checkpoint_name(o.astype(q.dtype), OUT_NAME)
     lse = checkpoint_name(lse, LSE_NAME)
-    return o, (q, k, v, segment_ids, o, lse)
+    return o, (q, k, v, segment_ids, prefix, sink_logits, o, lse)
 
 
 def _ring_bwd(cfg, res, do):
-    q, k, v, segment_ids, o, lse = res
+    q, k, v, segment_ids, prefix, sink_logits, o, lse = res  # lse: with the sinks merged in
     delta = jnp.einsum("bshd,bshd->bhs", o.astype(F32), do.astype(F32))  # [B, H, S]
-    dq, dk, dv = _backward_lap(cfg, q, k, v, segment_ids, segment_ids, do.astype(q.dtype), lse, delta)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+    dq, dk, dv = _backward_lap(cfg, q, k, v, segment_ids, segment_ids, do.astype(q.dtype), lse, delta,
+                               prefix)
+    dsinks = None if sink_logits is None else _sinks.grad(sink_logits, lse, delta)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, dsinks
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -271,8 +312,9 @@ def _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window=None):
             raise TypeError(f"{name} must be floating point; got {name}.dtype={x.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype; got {q.dtype=} {k.dtype=} {v.dtype=}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape; got {k.shape=} {v.shape=}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must agree in batch, shard length and kv heads (v's head_dim may "
+                         f"differ); got {k.shape=} {v.shape=}")
     if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q and k must agree in batch, shard length and head_dim; got {q.shape=} "
                          f"{k.shape=}")
@@ -308,13 +350,17 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
                    softmax_scale: float | None = None, implementation: str = "auto",
                    block_sizes=None, interpret: bool = False,
                    deterministic: bool = False, ulysses_axis=None,
-                   sliding_window: int | None = None) -> jax.Array:
+                   sliding_window: int | None = None, sinks: jax.Array | None = None,
+                   logits_soft_cap: float | None = None,
+                   prefix_length: jax.Array | int | None = None,
+                   bidirectional_segments: bool = False) -> jax.Array:
     """Exact attention over a sequence sharded along mesh axis ``axis_name`` (inside ``shard_map``).
 
     Args:
       q: [batch, q_shard, heads, head_dim], this device's query shard in ``layout`` order.
       k, v: [batch, kv_shard, kv_heads, head_dim] with ``heads % kv_heads == 0`` (GQA/MQA); only the kv
-        heads travel around the ring. ``kv_shard == q_shard``.
+        heads travel around the ring. ``kv_shard == q_shard``. v may have its own head dim
+        (v [batch, kv_shard, kv_heads, v_head_dim], MLA shapes); the output then has it too.
       axis_name: the mesh axis (bound by ``shard_map``) along which the sequence is sharded.
       causal: a key is visible only if its global position is <= the query's.
       segment_ids: None or int [batch, q_shard], this shard of the global ids; a query sees a key only
@@ -340,16 +386,32 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         i (query) and j (key), on top of ``causal`` and ``segment_ids`` (Mistral: causal, W).
         Steps and blocks outside the window are skipped; contiguous (and zigzag / symmetric) rings
         visit only the shards the window reaches (see the module docstring).
+      sinks: None or float [heads]: one learned logit per query head added to the softmax
+        denominator with no value (gpt-oss); differentiable. Merged into the lse after the lap, so
+        every implementation takes it.
+      logits_soft_cap: None or C > 0: scores become ``C * tanh(softmax_scale * q.k / C)`` before
+        masking (Gemma 2).
+      prefix_length: None, or int [batch] (a Python int: the same for every row) with causal=True:
+        keys at global positions < prefix_length[b] are visible to every query of row b (prefix LM).
+      bidirectional_segments: with causal=True and segment_ids, segments with negative ids are
+        bidirectional (their queries see every key of their segment).
 
     Returns:
-      [batch, q_shard, heads, head_dim] in ``q.dtype``.
+      [batch, q_shard, heads, v_head_dim] in ``q.dtype``.
     """
     causal = _checks.causal(causal)
     _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window)
+    _checks.sinks(sinks, q.shape[2])
+    softcap = _checks.logits_soft_cap(logits_soft_cap)
+    prefix = _checks.prefix_length(prefix_length, q.shape[0], causal)
+    bidirectional = _checks.bidirectional_segments(bidirectional_segments, causal, segment_ids)
     ring_size = _axis_size(axis_name)
     # the ring's shard: with Ulysses, the U pieces of a ring shard held by the Ulysses group
     shard = q.shape[1] * (1 if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis"))
-    impl = implementations.resolve(implementation, shard=shard)
+    relaxed = prefix is not None or bidirectional  # causal, but some keys after a query visible
+    cfg = _Config(axis_name, bool(causal), layout, 1.0, "", None, bool(interpret), ring_size,
+                  softcap=softcap, prefix=prefix is not None, bidirectional=bidirectional)
+    impl = implementations.resolve(implementation, shard=shard, needs=_features(cfg, q, v))
     _check_platform(impl, interpret)
     if deterministic:
         block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1],
@@ -358,11 +420,15 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         raise ValueError(f"zigzag needs an even shard length on a ring of {ring_size}; got "
                          f"{q.shape[1]=} (x {shard // q.shape[1]} Ulysses pieces)")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    cfg = _Config(axis_name, bool(causal), layout, scale, impl.name, block_sizes, bool(interpret),
-                  ring_size, *_window_plan(sliding_window, layout, ring_size, shard, bool(causal)))
+    window, hops = _window_plan(sliding_window, layout, ring_size, shard, causal and not relaxed)
+    cfg = dataclasses.replace(cfg, softmax_scale=scale, implementation=impl.name,
+                              block_sizes=block_sizes, window=window, hops=hops)
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
+    if sinks is not None:  # varying like q: its cotangent, per device, is summed by the transpose
+        sinks = vary_like(sinks, q)
+    ring = lambda q, k, v, seg, snk=sinks: _ring(q, k, v, seg, prefix, snk, cfg)  # noqa: E731
     if ulysses_axis is not None:  # 2-D context parallelism (ringattention/ulysses.py)
-        ring = lambda q, k, v, seg: _ring(q, k, v, seg, cfg)  # noqa: E731
-        return ulysses.ulysses_attention(ring, q, k, v, segment_ids, ulysses_axis, axis_name)
-    return _ring(q, k, v, segment_ids, cfg)
+        return ulysses.ulysses_attention(ring, q, k, v, segment_ids, ulysses_axis, axis_name,
+                                         sinks=sinks)
+    return ring(q, k, v, segment_ids)

@@ -30,8 +30,12 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
                       head_axis: str | None = None, segment_ids: jax.Array | None = None,
                       causal: bool = False, layout: str = "contiguous", reorder: bool = True,
                       deterministic: bool = False, ulysses_axis: str | None = None,
-                      sliding_window: int | None = None, **kwargs) -> jax.Array:
-    """Ring attention over global arrays. q [B, L, H, D], k/v [B, L, K, D] -> [B, L, H, D].
+                      sliding_window: int | None = None, sinks: jax.Array | None = None,
+                      logits_soft_cap: float | None = None,
+                      prefix_length: jax.Array | int | None = None,
+                      bidirectional_segments: bool = False, **kwargs) -> jax.Array:
+    """Ring attention over global arrays. q [B, L, H, D], k [B, L, K, D], v [B, L, K, Dv] ->
+    [B, L, H, Dv] (Dv = D but for MLA shapes).
 
     ``seq_axis`` is the ring; ``batch_axis`` / ``head_axis`` optionally shard batch and heads (both H
     and K must divide by the head axis size). With ``reorder=True`` inputs and output are in natural
@@ -40,7 +44,9 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     ``ulysses_axis`` (size U) adds an all-to-all over heads around the ring: the sequence is
     split over ``(seq_axis, ulysses_axis)`` and the local heads H / ``head_axis`` must divide by U.
     ``sliding_window`` W: key j is visible to query i only if ``|i - j| < W`` (global
-    positions). Other keyword arguments go to :func:`ring_attention`.
+    positions). ``sinks`` [H] (sharded over ``head_axis``), ``logits_soft_cap``, ``prefix_length``
+    (int or [B], sharded over ``batch_axis``) and ``bidirectional_segments`` as in
+    :func:`ring_attention`. Other keyword arguments go to :func:`ring_attention`.
     """
     n = _check_axis(mesh, seq_axis, "seq_axis")
     nu = _check_axis(mesh, ulysses_axis, "ulysses_axis")
@@ -48,10 +54,18 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
         raise ValueError(f"ulysses_axis={ulysses_axis!r} must differ from {seq_axis=}")
     nb = _check_axis(mesh, batch_axis, "batch_axis")
     nh = _check_axis(mesh, head_axis, "head_axis")
-    if q.ndim != 4 or k.ndim != 4:
-        raise ValueError(f"q, k, v must be [batch, seq, heads, head_dim]; got {q.shape=} {k.shape=}")
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q, k, v must be [batch, seq, heads, head_dim]; got {q.shape=} {k.shape=} "
+                         f"{v.shape=}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must agree in batch, seq and kv heads (v's head_dim may differ); "
+                         f"got {k.shape=} {v.shape=}")
     causal = checks.causal(causal)
     checks.segment_ids(segment_ids, q.shape[:2])
+    checks.sinks(sinks, q.shape[2])
+    softcap = checks.logits_soft_cap(logits_soft_cap)
+    prefix = checks.prefix_length(prefix_length, q.shape[0], causal)
+    bidirectional = checks.bidirectional_segments(bidirectional_segments, causal, segment_ids)
     layouts.check_divisible(q.shape[1], layout, n)
     if q.shape[1] % (n * nu):
         raise ValueError(f"sequence {q.shape[1]=} is not divisible by {seq_axis}={n} x "
@@ -71,14 +85,20 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     seq = seq_axis if ulysses_axis is None else (seq_axis, ulysses_axis)  # ring axis major
     spec = P(batch_axis, seq, head_axis, None)
     seg_spec = P(batch_axis, seq)
+    used = {"softcap": softcap is not None, "prefix": prefix is not None,
+            "bidirectional": bidirectional, "v_head_dim": v.shape[3] != q.shape[3]}
     impl = implementations.resolve(kwargs.pop("implementation", "auto"), mesh,
-                                   shard=q.shape[1] // n).name
+                                   shard=q.shape[1] // n,
+                                   needs=frozenset(f for f, on in used.items() if on)).name
 
-    def local(q, k, v, seg):
+    def local(q, k, v, seg, snk, pre):
         return ring_attention(q, k, v, seq_axis, causal=causal, segment_ids=seg, layout=layout,
                               implementation=impl, deterministic=deterministic,
-                              ulysses_axis=ulysses_axis, sliding_window=sliding_window, **kwargs)
+                              ulysses_axis=ulysses_axis, sliding_window=sliding_window, sinks=snk,
+                              logits_soft_cap=softcap, prefix_length=pre,
+                              bidirectional_segments=bidirectional, **kwargs)
 
-    out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec),
-                        out_specs=spec)(q, k, v, segment_ids)
+    specs = (spec, spec, spec, seg_spec, P(head_axis), P(batch_axis))
+    out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec)(
+        q, k, v, segment_ids, sinks, prefix)
     return layouts.from_layout(out, layout, n) if reorder else out

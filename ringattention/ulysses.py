@@ -72,24 +72,31 @@ def heads_to_seq(x: jax.Array, axis_name) -> jax.Array:
 
 
 def ulysses_attention(ring: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
-                      segment_ids: jax.Array | None, ulysses_axis, seq_axis) -> jax.Array:
+                      segment_ids: jax.Array | None, ulysses_axis, seq_axis,
+                      sinks: jax.Array | None = None) -> jax.Array:
     """Runs ``ring(q, k, v, segment_ids)`` over ``seq_axis`` on heads exchanged over ``ulysses_axis``.
 
-    q [B, S, H, D], k/v [B, S, K, D], segment_ids int [B, S] | None: this device's piece of the
-    sequence (see the module docstring for the order). ``ring`` takes the exchanged
-    [B, U S, H / U, D], [B, U S, K' / U, D], [B, U S] and returns [B, U S, H / U, D].
-    Returns [B, S, H, D].
+    q [B, S, H, D], k [B, S, K, D], v [B, S, K, Dv], segment_ids int [B, S] | None: this device's
+    piece of the sequence (see the module docstring for the order). ``ring`` takes the exchanged
+    [B, U S, H / U, D], [B, U S, K' / U, D], [B, U S, K' / U, Dv], [B, U S] and returns
+    [B, U S, H / U, Dv]. ``sinks``: None or [H], one logit per query head: rank u's slice
+    ``[u H / U, (u + 1) H / U)`` goes to ``ring`` as a fifth argument (its gradient flows back).
+    Returns [B, S, H, Dv].
     """
     if ulysses_axis == seq_axis:
         raise ValueError(f"ulysses_axis={ulysses_axis!r} must differ from the ring's axis "
                          f"{seq_axis!r}")
     u = axis_size(ulysses_axis)
     if u == 1:
-        return ring(q, k, v, segment_ids)
+        return ring(q, k, v, segment_ids) if sinks is None else ring(q, k, v, segment_ids, sinks)
     reps = kv_repeats(q.shape[2], k.shape[2], u)
     if reps > 1:  # [B, S, K * reps, D]: kv head j's copies next to each other
         k, v = jnp.repeat(k, reps, axis=2), jnp.repeat(v, reps, axis=2)
     if segment_ids is not None:  # [B, U S]: ids of the whole ring shard, in rank order
         segment_ids = lax.all_gather(segment_ids, ulysses_axis, axis=1, tiled=True)
     q, k, v = (seq_to_heads(x, ulysses_axis) for x in (q, k, v))
-    return heads_to_seq(ring(q, k, v, segment_ids), ulysses_axis)
+    if sinks is None:
+        return heads_to_seq(ring(q, k, v, segment_ids), ulysses_axis)
+    per = sinks.shape[0] // u  # this rank's query heads after the exchange
+    local = lax.dynamic_slice_in_dim(sinks, lax.axis_index(ulysses_axis) * per, per)  # [H / U]
+    return heads_to_seq(ring(q, k, v, segment_ids, local), ulysses_axis)

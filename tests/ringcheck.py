@@ -25,39 +25,62 @@ BF16_RTOL = 2e-2
 RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL}
 
 
-def reference64(q, k, v, do, *, causal, seg, scale=None, window=None):
-    """Naive attention and its gradients in float64. q [B,L,H,D], k/v [B,L,K,D], seg [B,L] | None,
-    window: None or W (key j visible to query i only if |i - j| < W)."""
+def reference64(q, k, v, do, *, causal, seg, scale=None, window=None, sinks=None, softcap=None,
+                prefix=None, bidirectional=False):
+    """Naive attention and its gradients in float64. q [B,L,H,D], k [B,L,K,D], v [B,L,K,Dv],
+    seg [B,L] | None, window: None or W (key j visible to query i only if |i - j| < W); sinks [H]
+    (a logit per head in the denominator, no value), softcap C (scores C tanh(s / C)), prefix int [B]
+    (with causal: keys j < prefix[b] visible), bidirectional (with causal: negative segment ids see
+    their whole segment). Returns o, dq, dk, dv, plus dsinks when sinks are given."""
     q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
     B, L, H, D = q.shape
     K = k.shape[2]
     G = H // K
     scale = D**-0.5 if scale is None else scale
-    kr, vr = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)  # [B, L, H, D]
+    kr, vr = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)  # [B, L, H, D | Dv]
     s = np.einsum("bqhd,bkhd->bhqk", q, kr) * scale
+    if softcap is not None:
+        t = np.tanh(s / softcap)
+        s = softcap * t
+    i = np.arange(L)
     mask = np.ones((B, 1, L, L), bool)
     if causal:
-        mask &= np.tril(np.ones((L, L), bool))[None, None]
+        before = np.broadcast_to((i[None, :] <= i[:, None])[None, None], (B, 1, L, L))
+        if prefix is not None:
+            before = before | (i[None, None, None, :] < np.asarray(prefix)[:, None, None, None])
+        if bidirectional:
+            before = before | (np.asarray(seg) < 0)[:, None, :, None]
+        mask &= before
     if seg is not None:
         seg = np.asarray(seg)
         mask &= (seg[:, :, None] == seg[:, None, :])[:, None]
     if window is not None:
-        i = np.arange(L)
         mask &= (np.abs(i[:, None] - i[None, :]) < window)[None, None]
     s = np.where(mask, s, -np.inf)
     m = s.max(-1, keepdims=True)
+    sink = None if sinks is None else np.asarray(sinks, np.float64)[None, :, None, None]
+    if sink is not None:
+        m = np.maximum(m, sink)
     m = np.where(np.isfinite(m), m, 0.0)
     p = np.exp(s - m)
-    l = p.sum(-1, keepdims=True)
-    p = p / np.where(l > 0, l, 1.0)
+    l = p.sum(-1, keepdims=True) + (0.0 if sink is None else np.exp(sink - m))
+    l = np.where(l > 0, l, 1.0)
+    p = p / l
     o = np.einsum("bhqk,bkhd->bqhd", p, vr)
     dp = np.einsum("bqhd,bkhd->bhqk", do, vr)
     dv = np.einsum("bhqk,bqhd->bkhd", p, do)
-    ds = p * (dp - (p * dp).sum(-1, keepdims=True)) * scale
+    delta = np.einsum("bqhd,bqhd->bhq", o, do)[..., None]  # rowsum(o * do) = sum_j p dp
+    ds = p * (dp - delta) * scale
+    if softcap is not None:
+        ds = ds * (1.0 - t**2)
     dq = np.einsum("bhqk,bkhd->bqhd", ds, kr)
     dk = np.einsum("bhqk,bqhd->bkhd", ds, q)
-    fold = lambda x: x.reshape(B, L, K, G, D).sum(3)
-    return o, dq, fold(dk), fold(dv)
+    fold = lambda x: x.reshape(B, L, K, G, x.shape[-1]).sum(3)
+    out = (o, dq, fold(dk), fold(dv))
+    if sink is None:
+        return out
+    dsinks = -(np.exp(sink - m) / l * delta).sum((0, 2, 3))  # [H]
+    return (*out, dsinks)
 
 
 def rel_err(x, ref) -> float:
@@ -91,6 +114,11 @@ class Problem:
     seed: int = 0
     ulysses: int | None = None  # Ulysses group size U (``shard``: each device's piece of a ring shard)
     window: int | None = None  # sliding window (None: none)
+    sinks: bool = False  # random attention sinks [heads] (differentiated)
+    softcap: float | None = None  # logits_soft_cap
+    prefix: bool = False  # random prefix_length [batch] in [0, L] (needs causal)
+    bidirectional: bool = False  # odd segment ids become negative: bidirectional (needs segments)
+    v_head_dim: int | None = None  # v's head dim (None: head_dim)
 
 
 def make_inputs(pb: Problem):
@@ -99,44 +127,82 @@ def make_inputs(pb: Problem):
     f = lambda *s: rng.standard_normal(s).astype(np.float32)
     q = f(pb.batch, L, pb.heads, pb.head_dim) * pb.logit_scale
     k = f(pb.batch, L, pb.kv_heads, pb.head_dim)
-    v, do = f(pb.batch, L, pb.kv_heads, pb.head_dim), f(pb.batch, L, pb.heads, pb.head_dim)
+    dv = pb.v_head_dim or pb.head_dim
+    v, do = f(pb.batch, L, pb.kv_heads, dv), f(pb.batch, L, pb.heads, dv)
     seg = random_segments(rng, pb.batch, L) if pb.segments else None
+    if seg is not None and pb.bidirectional:  # ids 1, 3: bidirectional segments -1, -3
+        seg = np.where(seg % 2 == 1, -seg, seg).astype(np.int32)
     cast = lambda x: np.asarray(jnp.asarray(x, pb.dtype).astype(jnp.float32))  # round like inputs
     return cast(q), cast(k), cast(v), cast(do), seg
 
 
-def run_ring(pb: Problem, q, k, v, do, seg, check_vma: bool | None = None, **kwargs):
-    """Runs ring attention forward + backward on global natural-order arrays; returns o, dq, dk, dv.
-    ``check_vma``: the shard_map's (None: the one the library's own shard_maps use)."""
+def make_extras(pb: Problem) -> dict:
+    """The feature arguments of ``pb`` for both ``ring_attention`` and :func:`reference64` (random
+    sinks and prefix lengths from their own stream, so ``make_inputs`` stays as it was)."""
+    rng = np.random.default_rng(pb.seed + 1000)
+    L = pb.n * (pb.ulysses or 1) * pb.shard
+    out = {}
+    if pb.sinks:
+        out["sinks"] = rng.standard_normal(pb.heads).astype(np.float32)
+    if pb.prefix:  # one row without a prefix, one with the whole sequence, the rest anywhere
+        lengths = rng.integers(1, L, pb.batch)
+        lengths[0] = 0
+        if pb.batch > 2:
+            lengths[-1] = L
+        out["prefix"] = lengths.astype(np.int32)
+    return out
+
+
+def run_ring(pb: Problem, q, k, v, do, seg, check_vma: bool | None = None, extras=None, **kwargs):
+    """Runs ring attention forward + backward on global natural-order arrays; returns o, dq, dk, dv
+    (and dsinks with ``extras["sinks"]``). ``check_vma``: the shard_map's (None: the one the
+    library's own shard_maps use). ``extras``: :func:`make_extras`' dict (None: made from ``pb``)."""
+    extras = make_extras(pb) if extras is None else extras
     u = pb.ulysses or 1
-    mesh = Mesh(np.array(jax.devices()[: pb.n * u]).reshape(pb.n, u), ("sp", "usp"))
+    axes = ("sp", "usp")
+    mesh = Mesh(np.array(jax.devices()[: pb.n * u]).reshape(pb.n, u), axes)
     if pb.ulysses is not None:
         kwargs = {**kwargs, "ulysses_axis": "usp"}
+    kwargs.update(logits_soft_cap=pb.softcap, bidirectional_segments=pb.bidirectional)
     to = lambda x: layouts.to_layout(jnp.asarray(x), pb.layout, pb.n)
     back = lambda x: np.asarray(layouts.from_layout(x, pb.layout, pb.n).astype(jnp.float32))
     dt = jnp.dtype(pb.dtype)
     ql, kl, vl, dol = (to(x).astype(dt) for x in (q, k, v, do))
     segl = None if seg is None else to(seg)
-    spec = sspec = P(None, ("sp", "usp"))
+    spec = sspec = P(None, axes)
     if check_vma is None:
         check_vma = True  # shard_map's default, under which every implementation runs
+    sinks = extras.get("sinks")
+    sinks = None if sinks is None else jnp.asarray(sinks)
+    prefix = extras.get("prefix")
+    prefix = None if prefix is None else jnp.asarray(prefix)
 
-    def local(q, k, v, do, seg):
-        f = lambda q, k, v: ring_attention(q, k, v, "sp", causal=pb.causal, segment_ids=seg,
-                                           layout=pb.layout, sliding_window=pb.window, **kwargs)
-        o, vjp = jax.vjp(f, q, k, v)
-        return (o, *vjp(do))
+    def local(q, k, v, do, seg, sinks, prefix):
+        f = lambda q, k, v, snk: ring_attention(q, k, v, "sp", causal=pb.causal, segment_ids=seg,
+                                                layout=pb.layout, sliding_window=pb.window,
+                                                sinks=snk, prefix_length=prefix, **kwargs)
+        o, vjp = jax.vjp(f, q, k, v, sinks)
+        dq, dk, dv, ds = vjp(do)
+        if ds is not None and not check_vma:  # per device: sum over the mesh (check_vma does it)
+            ds = jax.lax.psum(ds, axes)
+        return o, dq, dk, dv, ds
 
-    fn = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4 + (sspec,),
-                               out_specs=(spec,) * 4, check_vma=check_vma))
-    return tuple(back(x) for x in fn(ql, kl, vl, dol, segl))
+    fn = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4 + (sspec, P(), P()),
+                               out_specs=(spec,) * 4 + (P(),), check_vma=check_vma))
+    *main, ds = fn(ql, kl, vl, dol, segl, sinks, prefix)
+    out = tuple(back(x) for x in main)
+    return out if ds is None else (*out, np.asarray(ds, np.float32))
 
 
 def check_ring(pb: Problem, rtol: float | None = None, **kwargs) -> list[float]:
-    """Asserts output and gradients match the float64 reference within ``rtol``; returns the errors."""
+    """Asserts output and gradients (and dsinks) match the float64 reference within ``rtol``;
+    returns the errors."""
     q, k, v, do, seg = make_inputs(pb)
-    got = run_ring(pb, q, k, v, do, seg, **kwargs)
-    want = reference64(q, k, v, do, causal=pb.causal, seg=seg, window=pb.window)
+    extras = make_extras(pb)
+    got = run_ring(pb, q, k, v, do, seg, extras=extras, **kwargs)
+    want = reference64(q, k, v, do, causal=pb.causal, seg=seg, window=pb.window,
+                       sinks=extras.get("sinks"), softcap=pb.softcap, prefix=extras.get("prefix"),
+                       bidirectional=pb.bidirectional)
     # dq and dk are exactly zero in float64 where every query sees one key (the softmax is constant)
     # and only rounding remains in float32: those are measured on the scale of dv, the gradient that
     # does flow, instead of against zero.
@@ -146,7 +212,7 @@ def check_ring(pb: Problem, rtol: float | None = None, **kwargs) -> list[float]:
             float(np.linalg.norm(np.asarray(g, np.float64)) / max(dv_norm, 1e-30))
             for i, (g, w) in enumerate(zip(got, want))]
     tol = RTOL[pb.dtype] if rtol is None else rtol
-    names = ("o", "dq", "dk", "dv")
+    names = ("o", "dq", "dk", "dv", "dsinks")
     bad = {n: e for n, e in zip(names, errs) if not e <= tol}
     assert not bad, f"{pb}: errors {bad} exceed {tol=}"
     return errs

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -27,9 +28,18 @@ print(cfg.steps, len(docs), config.presets())
 def installed(tmp_path_factory):
     """(prefix, site-packages) of the wheel built from this checkout and installed with --prefix."""
     tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"  # a copy: setuptools builds in the source tree's build/
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "ringattention", "models", "train",
+                 "configs"):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        elif (ROOT / name).exists():
+            shutil.copy(ROOT / name, src / name)
     pip = [sys.executable, "-m", "pip", "-q"]
-    subprocess.run([*pip, "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp / "dist")], check=True, cwd=ROOT)
+    subprocess.run([*pip, "wheel", str(src), "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp / "dist")], check=True, cwd=tmp)
     wheel = next((tmp / "dist").glob("*.whl"))
     prefix = tmp / "prefix"
     subprocess.run([*pip, "install", "--no-deps", "--prefix", str(prefix), str(wheel)], check=True)
