@@ -198,6 +198,26 @@ def test_ring_matrix_full(case):
     _ring_case(case)
 
 
+# Rings with the optional features (ringcheck's Problem fields), each case a few seconds: the
+# float64 reference of the whole sequence, through ring_attention's keywords to the kernels.
+FEATURE_RINGS = [  # (n, layout, kv_heads, segments, features)
+    (1, "contiguous", 2, True, dict(softcap=2.0, logit_scale=3.0, v_head_dim=8)),
+    (2, "zigzag", 1, True, dict(prefix=True, batch=3, bidirectional=True)),
+    (3, "striped", 2, False, dict(softcap=2.0, logit_scale=3.0, prefix=True, batch=3,
+                                  sinks=True)),
+    (4, "contiguous", 4, True, dict(bidirectional=True, v_head_dim=8, window=20)),
+    (3, "zigzag", 2, True, dict(softcap=2.0, logit_scale=3.0, prefix=True,
+                                bidirectional=True, sinks=True, v_head_dim=8, dtype="bfloat16")),
+]
+
+
+@pytest.mark.parametrize("n,layout,kvh,seg,features", FEATURE_RINGS,
+                         ids=lambda c: "-".join(c) if isinstance(c, dict) else str(c))
+def test_ring_with_features(n, layout, kvh, seg, features):
+    check_ring(Problem(n=n, layout=layout, kv_heads=kvh, segments=seg, shard=32, **features),
+               implementation="pallas_gpu", interpret=True, block_sizes=BS)
+
+
 # ---- on a CUDA device only ---------------------------------------------------------------------
 
 on_gpu = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a CUDA GPU")
