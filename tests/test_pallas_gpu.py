@@ -404,7 +404,7 @@ FEATURE_CASES = [
     FeatureCase(segments=True, softcap=2.0, window=20, offset=8, sk=64),  # ragged window edge
     FeatureCase(causal=False, kv_heads=4, softcap=3.0, window=24, sq=40),  # ragged query shard
     FeatureCase(prefix=(30, 0), stride=2),  # row 0 sees keys ahead of it, row 1 is plain causal
-    FeatureCase(dtype="bfloat16", segments=True, prefix=(50, 17), window=24, sq=32, sk=64),
+    FeatureCase(dtype="bfloat16", prefix=(50, 17), window=24, sq=32, sk=64),  # 24..49: prefix, not window
     FeatureCase(segments=True, bidirectional=True, sq=40),
     FeatureCase(dtype="bfloat16", segments=True, bidirectional=True, kv_heads=1, offset=16),
     FeatureCase(causal=False, dim=48, dim_v=32),  # head dims padded separately: 64 and 32
