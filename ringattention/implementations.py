@@ -161,7 +161,8 @@ def _cuda_mesh(mesh=None) -> bool:
 
 
 register(Implementation("pallas_gpu", "ringattention.kernels.pallas_gpu", platforms=("gpu",),
-                        available=_cuda_mesh))
+                        available=_cuda_mesh,
+                        features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))
 
 
 def _hopper_available(mesh=None) -> bool:

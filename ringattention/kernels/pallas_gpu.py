@@ -13,8 +13,11 @@ the bounds of its fully visible and partially visible blocks; hidden blocks are 
 visible ones run without the elementwise mask. A sliding window (``|q_pos - k_pos| < window``) adds
 the blocks at the window's far edge as a masked range before the fully visible ones. Shards that
 are not a multiple of the block are padded with keys that no query sees (sentinel segment ids) and
-the padding is cut off again; head dims are padded to a power of two >= 16. Contract:
-``ringattention/implementations.py``. Kernel bodies: ``gpu_kernels.py``.
+the padding is cut off again; head dims are padded to a power of two >= 16 (q/k's and v's
+separately where v has its own). Contract: ``ringattention/implementations.py``, with its optional
+features softcap, prefix, bidirectional and v_head_dim (each off by default: the kernels are then
+lowered as without them). Kernel bodies: ``gpu_kernels.py``; the float32 reference steps they are
+tested against: ``gpu_reference.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -31,6 +33,10 @@ from jax.experimental.pallas import triton as plgpu
 from ringattention import masks
 from ringattention._vma import struct
 from ringattention.kernels import gpu_kernels as kern
+from ringattention.kernels.gpu_reference import (  # noqa: F401  (the tests' and Hopper's name)
+    reference_backward_step,
+    reference_forward_step,
+)
 
 F32 = jnp.float32
 SQ = pl.squeezed
@@ -121,23 +127,30 @@ class _Geometry:
     sq_pad: int
     sk_pad: int
     d_pad: int
+    dv_pad: int = 0  # v's padded head dim where it has its own; 0: d_pad
+
+    @property
+    def v_pad(self) -> int:
+        return self.dv_pad or self.d_pad
 
 
-def _geometry(q, k, bq_req: int, bk_req: int) -> _Geometry:
+def _geometry(q, k, bq_req: int, bk_req: int, v=None) -> _Geometry:
     sq, sk, d = q.shape[1], k.shape[1], q.shape[3]
     bq, bk = _block(sq, bq_req), _block(sk, bk_req)
+    dv = d if v is None else v.shape[3]
     return _Geometry(sq, sk, d, bq, bk, -(-sq // bq) * bq, -(-sk // bk) * bk,
-                     max(MIN_BLOCK, _next_pow2(d)))
+                     max(MIN_BLOCK, _next_pow2(d)), 0 if dv == d else max(MIN_BLOCK, _next_pow2(dv)))
 
 
 def _pad_inputs(geo: _Geometry, q, k, v, q_pos, k_pos, q_seg, k_seg, *extra_q):
-    """Pads to the block grid; padded keys get segment ids no query has."""
+    """Pads to the block grid; padded keys get segment ids no query has. ``extra_q``: per-query
+    arrays with v's head dim (do)."""
     if (geo.sq_pad, geo.sk_pad) != (geo.sq, geo.sk) and q_seg is None:
         q_seg = jnp.zeros(q.shape[:2], jnp.int32)
         k_seg = jnp.zeros(k.shape[:2], jnp.int32)
-    pd = lambda x, s: _pad_to(_pad_to(x, 3, geo.d_pad), 1, s)  # noqa: E731
-    q, k, v = pd(q, geo.sq_pad), pd(k, geo.sk_pad), pd(v, geo.sk_pad)
-    extra_q = tuple(pd(x, geo.sq_pad) for x in extra_q)
+    pd = lambda x, s, d=geo.d_pad: _pad_to(_pad_to(x, 3, d), 1, s)  # noqa: E731
+    q, k, v = pd(q, geo.sq_pad), pd(k, geo.sk_pad), pd(v, geo.sk_pad, geo.v_pad)
+    extra_q = tuple(pd(x, geo.sq_pad, geo.v_pad) for x in extra_q)
     q_pos, k_pos = _pad_pos(q_pos, geo.sq_pad), _pad_pos(k_pos, geo.sk_pad)
     q_seg = _pad_to(q_seg, 1, geo.sq_pad, Q_PAD_SEG)
     k_seg = _pad_to(k_seg, 1, geo.sk_pad, K_PAD_SEG)
@@ -185,9 +198,13 @@ def _precision(dtype):
     return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
-def _check(q, k, v, q_pos, k_pos, q_seg, k_seg):
+def _check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim: bool = False):
+    """Raises ValueError on shapes outside the contract (``own_v_dim``: v may have its own head
+    dim <= 256)."""
     B, Sq, H, D = q.shape
-    if k.ndim != 4 or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or H % k.shape[2]:
+    v_ok = k.shape == v.shape or (own_v_dim and v.ndim == 4 and v.shape[:3] == k.shape[:3]
+                                  and v.shape[3] <= 256)
+    if k.ndim != 4 or not v_ok or k.shape[0] != B or k.shape[3] != D or H % k.shape[2]:
         raise ValueError(f"pallas_gpu: bad shapes {q.shape=} {k.shape=} {v.shape=}")
     if q_pos.shape != (Sq,) or k_pos.shape != (k.shape[1],):
         raise ValueError(f"pallas_gpu: {q_pos.shape=} {k_pos.shape=} must be [{Sq}] and "
@@ -204,180 +221,193 @@ def _params(warps: int, stages: int):
     return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Mask:
+    """Static mask and logit options of one step: the kernels' keywords (all but ``causal`` off
+    by default, when the kernels are those without them)."""
+
+    causal: bool
+    window: int | None = None
+    softcap: float | None = None
+    bidirectional: bool = False
+
+    @property
+    def pos(self) -> bool:  # the kernels read positions
+        return self.causal or self.window is not None
+
+    def table(self, q_pos, k_pos, q_seg, k_seg, bq: int, bk: int, prefix):
+        """``masks.block_table`` of the padded step: int32 [B|1, nq, nk]."""
+        return masks.block_table(q_pos, k_pos, q_seg, k_seg, self.causal, bq, bk, self.window,
+                                 prefix=prefix, bidirectional=self.bidirectional)
+
+
+def _positive(x) -> bool:
+    try:
+        return float(x) > 0
+    except TypeError:  # also a traced value: the cap is static
+        return False
+
+
+def _features(q, q_seg, causal: bool, softcap, prefix, bidirectional: bool):
+    """Checks the optional features' keywords (``implementations.py``); returns the prefix as
+    int32 [B] or None."""
+    if softcap is not None and (isinstance(softcap, bool) or not _positive(softcap)):
+        raise ValueError(f"pallas_gpu: softcap={softcap!r} must be a positive float")
+    if bidirectional and (not causal or q_seg is None):
+        raise ValueError("pallas_gpu: bidirectional=True needs causal=True and segment ids")
+    if prefix is None:
+        return None
+    if not causal:
+        raise ValueError("pallas_gpu: prefix needs causal=True")
+    prefix = jnp.asarray(prefix, jnp.int32)
+    if prefix.shape != (q.shape[0],):
+        raise ValueError(f"pallas_gpu: {prefix.shape=} must be [{q.shape[0]}] (batch)")
+    return prefix
+
+
 def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_scale: float,
                  block_sizes: BlockSizes | None = None, interpret: bool = False,
-                 window: int | None = None):
-    """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
-    _check(q, k, v, q_pos, k_pos, q_seg, k_seg)
-    bs = block_sizes or default_block_sizes(q.shape[3])
+                 window: int | None = None, softcap: float | None = None, prefix=None,
+                 bidirectional: bool = False):
+    """One ring step forward (contract in ``implementations.py``, with the optional features
+    softcap, prefix, bidirectional and v_head_dim). Returns (o f32, lse f32)."""
+    _check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True)
+    prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)
+    mask = _Mask(causal, window, None if softcap is None else float(softcap), bidirectional)
+    bs = block_sizes or default_block_sizes(max(q.shape[3], v.shape[3]))
     B, Sq, H, D = q.shape
-    geo = _geometry(q, k, bs.block_q, bs.block_k)
+    Dv = v.shape[3]
+    geo = _geometry(q, k, bs.block_q, bs.block_k, v)
     q, k, v, q_pos, k_pos, q_seg, k_seg = _pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.bq, geo.bk,
-                              window)  # [B|1, nq, nk]
-    pos = causal or window is not None
-    o, lse = _fwd_call(block_bounds(table, B, window), q, k, v, q_pos if pos else None,
-                       k_pos if pos else None, q_seg, k_seg, geo=geo, scale=softmax_scale,
-                       bs=bs, interpret=interpret, causal=causal, window=window)
-    return o[:, :Sq, :, :D], lse[:, :, :Sq]
+    table = mask.table(q_pos, k_pos, q_seg, k_seg, geo.bq, geo.bk, prefix)  # [B|1, nq, nk]
+    o, lse = _fwd_call(block_bounds(table, B, window), q, k, v, q_pos if mask.pos else None,
+                       k_pos if mask.pos else None, q_seg, k_seg, prefix, geo=geo,
+                       scale=softmax_scale, bs=bs, interpret=interpret, mask=mask)
+    return o[:, :Sq, :, :Dv], lse[:, :, :Sq]
 
 
-def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, *, geo, scale, bs, interpret,
-              causal=True, window=None):
+def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, prefix, *, geo, scale, bs, interpret,
+              mask: _Mask):
     B, Sq, H, D = q.shape  # padded: [batch, q_shard, heads, head_dim]
-    Sk, K = k.shape[1], k.shape[2]  # k, v: [batch, kv_shard, kv_heads, head_dim]
+    Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]  # k [B, Sk, K, D], v [B, Sk, K, Dv]
     G, nq, bq = H // K, Sq // geo.bq, geo.bq
     qi = (lambda i: nq - 1 - i) if q_pos is not None else (lambda i: i)  # heavy causal rows first
     scalar = pl.BlockSpec((SQ, SQ), lambda i, b, h: (b, qi(i)))
-    kv_spec = pl.BlockSpec((SQ, Sk, SQ, D), lambda i, b, h: (b, 0, h // G, 0))
+    kv_spec = lambda d: pl.BlockSpec((SQ, Sk, SQ, d), lambda i, b, h: (b, 0, h // G, 0))  # noqa: E731
     in_specs = [
-        scalar, scalar, scalar, None if window is None else scalar,
+        scalar, scalar, scalar, None if mask.window is None else scalar,
         pl.BlockSpec((SQ, bq, SQ, D), lambda i, b, h: (b, qi(i), h, 0)),
-        kv_spec, kv_spec,
+        kv_spec(D), kv_spec(Dv),
         None if q_pos is None else pl.BlockSpec((bq,), lambda i, b, h: (qi(i),)),
         None if k_pos is None else pl.BlockSpec((Sk,), lambda i, b, h: (0,)),
         None if q_seg is None else pl.BlockSpec((SQ, bq), lambda i, b, h: (b, qi(i))),
         None if k_seg is None else pl.BlockSpec((SQ, Sk), lambda i, b, h: (b, 0)),
+        None if prefix is None else pl.BlockSpec((SQ,), lambda i, b, h: (b,)),
     ]
-    out_specs = [pl.BlockSpec((SQ, bq, SQ, D), lambda i, b, h: (b, qi(i), h, 0)),
+    out_specs = [pl.BlockSpec((SQ, bq, SQ, Dv), lambda i, b, h: (b, qi(i), h, 0)),
                  pl.BlockSpec((SQ, SQ, bq), lambda i, b, h: (b, h, qi(i)))]
-    like = (q, k, v, q_seg, k_seg)  # outputs vary like the inputs (shard_map's check_vma)
-    out_shape = [struct((B, Sq, H, D), F32, *like), struct((B, H, Sq), F32, *like)]
+    like = (q, k, v, q_seg, k_seg, prefix)  # outputs vary like the inputs (shard_map's check_vma)
+    out_shape = [struct((B, Sq, H, Dv), F32, *like), struct((B, H, Sq), F32, *like)]
     kernel = functools.partial(kern.fwd_kernel, qk_scale=scale * kern.LOG2E, block_k=geo.bk,
-                               precision=_precision(q.dtype), causal=causal, window=window)
+                               precision=_precision(q.dtype), **dataclasses.asdict(mask))
     return pl.pallas_call(
         kernel, grid=(nq, B, H), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=_params(bs.fwd_warps, bs.fwd_stages), interpret=interpret,
         name="ring_step_fwd",
-    )(*bounds, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    )(*bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, prefix)
 
 
 def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
                   softmax_scale: float, block_sizes: BlockSizes | None = None,
-                  interpret: bool = False, window: int | None = None):
-    """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv."""
-    _check(q, k, v, q_pos, k_pos, q_seg, k_seg)
-    if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
-                                                                        q.shape[1]):
-        raise ValueError(f"pallas_gpu: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=}")
-    bs = block_sizes or default_block_sizes(q.shape[3])
+                  interpret: bool = False, window: int | None = None,
+                  softcap: float | None = None, prefix=None, bidirectional: bool = False):
+    """One ring step backward (contract in ``implementations.py``, optional features as in
+    :func:`forward_step`). Returns float32 dq, dk, dv."""
+    _check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True)
     B, Sq, H, D = q.shape
-    Sk = k.shape[1]
+    Sk, Dv = k.shape[1], v.shape[3]
+    if do.shape != (B, Sq, H, Dv) or lse.shape != delta.shape or lse.shape != (B, H, Sq):
+        raise ValueError(f"pallas_gpu: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=}")
+    prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)
+    bs = block_sizes or default_block_sizes(max(D, Dv))
     lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * kern.LOG2E  # [B, H, Sq] log2 units
-    kw = dict(causal=causal, scale=softmax_scale, bs=bs, interpret=interpret)
-    if window is not None:
-        kw["window"] = window
-    geo = _geometry(q, k, bs.block_q_dq, bs.block_k_dq)
+    mask = _Mask(causal, window, None if softcap is None else float(softcap), bidirectional)
+    kw = dict(scale=softmax_scale, bs=bs, interpret=interpret, mask=mask, prefix=prefix)
+    geo = _geometry(q, k, bs.block_q_dq, bs.block_k_dq, v)
     args = _pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do)
     dq = _dq_call(geo, *args, _pad_to(lse2, 2, geo.sq_pad), _pad_to(delta, 2, geo.sq_pad), **kw)
-    geo = _geometry(q, k, bs.block_q_dkv, bs.block_k_dkv)
+    geo = _geometry(q, k, bs.block_q_dkv, bs.block_k_dkv, v)
     args = _pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do)
     dk, dv = _dkv_call(geo, *args, _pad_to(lse2, 2, geo.sq_pad), _pad_to(delta, 2, geo.sq_pad),
                        **kw)
-    return dq[:, :Sq, :, :D], dk[:, :Sk, :, :D], dv[:, :Sk, :, :D]
+    return dq[:, :Sq, :, :D], dk[:, :Sk, :, :D], dv[:, :Sk, :, :Dv]
 
 
-def _dq_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, causal, scale, bs,
-             interpret, window=None):
+def _dq_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, scale, bs, interpret,
+             mask: _Mask, prefix=None):
     B, Sq, H, D = q.shape  # padded
-    Sk, K = k.shape[1], k.shape[2]
+    Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     G, nq, bq = H // K, Sq // geo.bq, geo.bq
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, bq, geo.bk,
-                              window)  # [B|1, nq, nk]
-    pos = causal or window is not None
-    qi = (lambda i: nq - 1 - i) if causal else (lambda i: i)
+    table = mask.table(q_pos, k_pos, q_seg, k_seg, bq, geo.bk, prefix)  # [B|1, nq, nk]
+    qi = (lambda i: nq - 1 - i) if mask.causal else (lambda i: i)
     scalar = pl.BlockSpec((SQ, SQ), lambda i, b, h: (b, qi(i)))
-    q_spec = pl.BlockSpec((SQ, bq, SQ, D), lambda i, b, h: (b, qi(i), h, 0))
-    kv_spec = pl.BlockSpec((SQ, Sk, SQ, D), lambda i, b, h: (b, 0, h // G, 0))
+    q_spec = lambda d: pl.BlockSpec((SQ, bq, SQ, d), lambda i, b, h: (b, qi(i), h, 0))  # noqa: E731
+    kv_spec = lambda d: pl.BlockSpec((SQ, Sk, SQ, d), lambda i, b, h: (b, 0, h // G, 0))  # noqa: E731
     row_spec = pl.BlockSpec((SQ, SQ, bq), lambda i, b, h: (b, h, qi(i)))
     in_specs = [
-        scalar, scalar, scalar, None if window is None else scalar, q_spec, kv_spec, kv_spec,
-        q_spec, row_spec, row_spec,
-        pl.BlockSpec((bq,), lambda i, b, h: (qi(i),)) if pos else None,
-        pl.BlockSpec((Sk,), lambda i, b, h: (0,)) if pos else None,
+        scalar, scalar, scalar, None if mask.window is None else scalar, q_spec(D), kv_spec(D),
+        kv_spec(Dv), q_spec(Dv), row_spec, row_spec,
+        pl.BlockSpec((bq,), lambda i, b, h: (qi(i),)) if mask.pos else None,
+        pl.BlockSpec((Sk,), lambda i, b, h: (0,)) if mask.pos else None,
         None if q_seg is None else pl.BlockSpec((SQ, bq), lambda i, b, h: (b, qi(i))),
         None if k_seg is None else pl.BlockSpec((SQ, Sk), lambda i, b, h: (b, 0)),
+        None if prefix is None else pl.BlockSpec((SQ,), lambda i, b, h: (b,)),
     ]
     kernel = functools.partial(kern.dq_kernel, qk_scale=scale * kern.LOG2E, scale=scale,
-                               block_k=geo.bk, precision=_precision(q.dtype), causal=causal,
-                               window=window)
+                               block_k=geo.bk, precision=_precision(q.dtype),
+                               **dataclasses.asdict(mask))
     return pl.pallas_call(
-        kernel, grid=(nq, B, H), in_specs=in_specs, out_specs=q_spec,
-        out_shape=struct((B, Sq, H, D), F32, q, k, v, do, q_seg, k_seg),
+        kernel, grid=(nq, B, H), in_specs=in_specs, out_specs=q_spec(D),
+        out_shape=struct((B, Sq, H, D), F32, q, k, v, do, q_seg, k_seg, prefix),
         compiler_params=_params(bs.bwd_warps, bs.bwd_stages), interpret=interpret,
         name="ring_step_dq",
-    )(*block_bounds(table, B, window), q, k, v, do, lse2, delta, q_pos if pos else None,
-      k_pos if pos else None, q_seg, k_seg)
+    )(*block_bounds(table, B, mask.window), q, k, v, do, lse2, delta,
+      q_pos if mask.pos else None, k_pos if mask.pos else None, q_seg, k_seg, prefix)
 
 
-def _dkv_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, causal, scale, bs,
-              interpret, window=None):
+def _dkv_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, scale, bs, interpret,
+              mask: _Mask, prefix=None):
     B, Sq, H, D = q.shape  # padded
-    Sk, K = k.shape[1], k.shape[2]
+    Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     G, nk, bk = H // K, Sk // geo.bk, geo.bk
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.bq, bk,
-                              window)  # [B|1, nq, nk]
-    pos = causal or window is not None
-    table_t = jnp.swapaxes(table, 1, 2)  # [B|1, nk, nq]
-    scalar = pl.BlockSpec((SQ, SQ), lambda j, b, h: (b, j))
-    kv_spec = pl.BlockSpec((SQ, bk, SQ, D), lambda j, b, h: (b, j, h, 0))
-    group_spec = pl.BlockSpec((SQ, Sq, SQ, G, D), lambda j, b, h: (b, 0, h, 0, 0))
+    table_t = jnp.swapaxes(mask.table(q_pos, k_pos, q_seg, k_seg, geo.bq, bk, prefix), 1, 2)
+    scalar = pl.BlockSpec((SQ, SQ), lambda j, b, h: (b, j))  # table_t: [B|1, nk, nq]
+    kv_spec = lambda d: pl.BlockSpec((SQ, bk, SQ, d), lambda j, b, h: (b, j, h, 0))  # noqa: E731
+    group_spec = lambda d: pl.BlockSpec((SQ, Sq, SQ, G, d),  # noqa: E731
+                                        lambda j, b, h: (b, 0, h, 0, 0))
     rows_spec = pl.BlockSpec((SQ, SQ, G, Sq), lambda j, b, h: (b, h, 0, 0))
     in_specs = [
-        scalar, scalar, scalar, None if window is None else scalar, group_spec, kv_spec, kv_spec,
-        group_spec, rows_spec, rows_spec,
-        pl.BlockSpec((Sq,), lambda j, b, h: (0,)) if pos else None,
-        pl.BlockSpec((bk,), lambda j, b, h: (j,)) if pos else None,
+        scalar, scalar, scalar, None if mask.window is None else scalar, group_spec(D),
+        kv_spec(D), kv_spec(Dv), group_spec(Dv), rows_spec, rows_spec,
+        pl.BlockSpec((Sq,), lambda j, b, h: (0,)) if mask.pos else None,
+        pl.BlockSpec((bk,), lambda j, b, h: (j,)) if mask.pos else None,
         None if q_seg is None else pl.BlockSpec((SQ, Sq), lambda j, b, h: (b, 0)),
         None if k_seg is None else pl.BlockSpec((SQ, bk), lambda j, b, h: (b, j)),
+        None if prefix is None else pl.BlockSpec((SQ,), lambda j, b, h: (b,)),
     ]
-    group = lambda x: x.reshape(B, Sq, K, G, D)  # noqa: E731  free reshape, no copy of kv
+    group = lambda x: x.reshape(B, Sq, K, G, x.shape[3])  # noqa: E731  free reshape, no copy of kv
     rows = lambda x: x.reshape(B, K, G, Sq)  # noqa: E731
     kernel = functools.partial(kern.dkv_kernel, qk_scale=scale * kern.LOG2E, scale=scale,
                                block_q=geo.bq, groups=G, precision=_precision(q.dtype),
-                               causal=causal, window=window,
+                               **dataclasses.asdict(mask),
                                # Pallas' interpreter evaluates a scan over the group with its
                                # body's carry types, which drop shard_map's varying axes: unrolled
                                unrolled_groups=bool(interpret))
-    out_shape = [struct((B, Sk, K, D), F32, q, k, v, do, q_seg, k_seg)] * 2
+    like = (q, k, v, do, q_seg, k_seg, prefix)
+    out_shape = [struct((B, Sk, K, D), F32, *like), struct((B, Sk, K, Dv), F32, *like)]
     return pl.pallas_call(
-        kernel, grid=(nk, B, K), in_specs=in_specs, out_specs=[kv_spec, kv_spec],
+        kernel, grid=(nk, B, K), in_specs=in_specs, out_specs=[kv_spec(D), kv_spec(Dv)],
         out_shape=out_shape, compiler_params=_params(bs.bwd_warps, bs.bwd_stages),
         interpret=interpret, name="ring_step_dkv",
-    )(*block_bounds(table_t, B, window), group(q), k, v, group(do), rows(lse2), rows(delta),
-      q_pos if pos else None, k_pos if pos else None, q_seg, k_seg)
-
-
-def reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
-                           softmax_scale: float, window: int | None = None):
-    """Naive float32 forward of one step (same contract): (o [B, Sq, H, D], lse [B, H, Sq])."""
-    B, Sq, H, D = q.shape
-    K = k.shape[2]
-    s = jnp.einsum("bqkgd,bskd->bkgqs", q.reshape(B, Sq, K, H // K, D), k,
-                   preferred_element_type=F32, precision=lax.Precision.HIGHEST) * softmax_scale
-    vis = masks.visible(q_pos, k_pos, q_seg, k_seg, causal, window)[:, None, None]  # [B|1,1,1,Sq,Sk]
-    s = jnp.where(vis, s, -jnp.inf)
-    lse = jax.nn.logsumexp(s, axis=-1)  # [B, K, G, Sq], -inf where nothing is seen
-    p = jnp.exp(s - jnp.where(jnp.isneginf(lse), 0.0, lse)[..., None])
-    o = jnp.einsum("bkgqs,bskd->bqkgd", p, v.astype(F32), precision=lax.Precision.HIGHEST)
-    return o.reshape(B, Sq, H, D), lse.reshape(B, H, Sq)
-
-
-def reference_backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
-                            softmax_scale: float, window: int | None = None):
-    """Naive float32 backward of one step (same contract): dq, dk, dv."""
-    B, Sq, H, D = q.shape
-    K = k.shape[2]
-    hp = dict(precision=lax.Precision.HIGHEST, preferred_element_type=F32)
-    qg, dog = (x.astype(F32).reshape(B, Sq, K, H // K, D) for x in (q, do))
-    kf, vf = k.astype(F32), v.astype(F32)
-    s = jnp.einsum("bqkgd,bskd->bkgqs", qg, kf, **hp) * softmax_scale
-    vis = masks.visible(q_pos, k_pos, q_seg, k_seg, causal, window)[:, None, None]
-    lse_safe = jnp.where(jnp.isneginf(lse), 0.0, lse).reshape(B, K, H // K, Sq)
-    p = jnp.where(vis, jnp.exp(s - lse_safe[..., None]), 0.0)  # [B, K, G, Sq, Sk]
-    dp = jnp.einsum("bqkgd,bskd->bkgqs", dog, vf, **hp)
-    ds = p * (dp - delta.reshape(B, K, H // K, Sq)[..., None]) * softmax_scale
-    dq = jnp.einsum("bkgqs,bskd->bqkgd", ds, kf, **hp).reshape(B, Sq, H, D)
-    dk = jnp.einsum("bkgqs,bqkgd->bskd", ds, qg, **hp)
-    dv = jnp.einsum("bkgqs,bqkgd->bskd", p, dog, **hp)
-    return dq, dk, dv
+    )(*block_bounds(table_t, B, mask.window), group(q), k, v, group(do), rows(lse2), rows(delta),
+      q_pos if mask.pos else None, k_pos if mask.pos else None, q_seg, k_seg, prefix)
