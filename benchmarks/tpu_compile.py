@@ -237,13 +237,10 @@ def markdown(meta: dict, ring_rows: list[dict], train_rows: list[dict]) -> str:
 def _meta() -> dict:
     import datetime
     import importlib.metadata
-    import subprocess
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    from benchmarks.work_counts import git_commit  # the repo root is on sys.path (above)
+
+    commit = git_commit()
     try:
         libtpu = importlib.metadata.version("libtpu")
     except importlib.metadata.PackageNotFoundError:

@@ -11,15 +11,19 @@ import subprocess
 from ringattention import layouts
 
 
+def git_commit() -> str:
+    """The checkout's short commit hash ("unknown" outside git); result files name it."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def provenance() -> str:
     """The line every result file starts with: date, commit, device, jax version."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return (f"Date {datetime.date.today().isoformat()} · commit `{commit}` · CPU (counted, not "
-            f"timed) · jax {importlib.metadata.version('jax')}")
+    return (f"Date {datetime.date.today().isoformat()} · commit `{git_commit()}` · CPU (counted, "
+            f"not timed) · jax {importlib.metadata.version('jax')}")
 
 
 def main():

@@ -22,15 +22,20 @@ def causal(value: Any) -> bool:
     raise TypeError(f"causal={value!r} must be a bool (True or False); got {type(value).__name__}")
 
 
-def softmax_scale(value: Any) -> float | None:
-    """``softmax_scale`` as a float (None stays None): a positive finite number, numpy scalars
-    included."""
+def _positive_number(name: str, value: Any) -> float | None:
+    """``value`` as a float (None stays None): a positive finite number, numpy scalars included;
+    ValueError naming ``name`` otherwise."""
     if value is None:
         return None
     number = isinstance(value, (int, float, np.integer, np.floating))
     if not number or isinstance(value, (bool, np.bool_)) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"softmax_scale={value!r} must be a positive number or None")
+        raise ValueError(f"{name}={value!r} must be a positive number or None")
     return float(value)
+
+
+def softmax_scale(value: Any) -> float | None:
+    """``softmax_scale`` as a float (None stays None): a positive finite number."""
+    return _positive_number("softmax_scale", value)
 
 
 def segment_ids(
@@ -70,12 +75,7 @@ def sinks(value: Any, heads: int) -> None:
 
 def logits_soft_cap(value: Any) -> float | None:
     """``logits_soft_cap`` as a float (None stays None): a positive finite number."""
-    if value is None:
-        return None
-    number = isinstance(value, (int, float, np.integer, np.floating))
-    if not number or isinstance(value, (bool, np.bool_)) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"logits_soft_cap={value!r} must be a positive number or None")
-    return float(value)
+    return _positive_number("logits_soft_cap", value)
 
 
 def prefix_length(value: Any, batch: int, is_causal: bool):

@@ -14,6 +14,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -218,3 +219,16 @@ def check_ring(pb: Problem, rtol: float | None = None, **kwargs) -> list[float]:
     bad = {n: e for n, e in zip(names, errs) if not e <= tol}
     assert not bad, f"{pb}: errors {bad} exceed {tol=}"
     return errs
+
+
+def tpu_devices(topology: str = "v5e:2x2"):
+    """The TPU devices of a named slice that this CPU host compiles for (the TPU compiler, libtpu);
+    skips, printing why, where no libtpu matching the installed jax is installed."""
+    try:
+        from jax.experimental import topologies
+
+        return topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
+    except Exception as e:  # noqa: BLE001  no TPU plugin: ImportError, RuntimeError, ...
+        reason = f"no libtpu for jax {jax.__version__} here ({type(e).__name__}: {e})"
+        print(reason)
+        pytest.skip(reason)

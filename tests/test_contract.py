@@ -19,25 +19,12 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
-from ringcheck import F32_RTOL, Problem, check_ring, reference64, rel_err
+from ringcheck import F32_RTOL, Problem, check_ring, reference64, rel_err, tpu_devices
 
 import ringattention as ra
 from ringattention import implementations
 
 SPEC = P("dp", "sp")
-
-
-def _tpu_devices(topology: str = "v5e:2x2"):
-    """TPU devices of a named slice that this CPU host compiles for; skips (printing why) where no
-    libtpu matching the installed jax is installed."""
-    try:
-        from jax.experimental import topologies
-
-        return topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
-    except Exception as e:  # noqa: BLE001  no TPU plugin: ImportError, RuntimeError, ...
-        reason = f"no libtpu for jax {jax.__version__} here ({type(e).__name__}: {e})"
-        print(reason)
-        pytest.skip(reason)
 
 
 def _ring_fn(mesh, check_vma: bool, **kw):
@@ -59,7 +46,7 @@ def _grad_of(fn):
 
 @pytest.mark.parametrize("check_vma", [True, False])
 def test_auto_picks_pallas_tpu_for_a_tpu_mesh_and_the_tpu_compiler_compiles_it(check_vma):
-    mesh = Mesh(np.array(_tpu_devices()).reshape(1, 4), ("dp", "sp"))
+    mesh = Mesh(np.array(tpu_devices()).reshape(1, 4), ("dp", "sp"))
     assert implementations.resolve("auto", mesh).name == "pallas_tpu"
     picked = []
     fn = _ring_fn(mesh, check_vma, layout="zigzag")
@@ -75,14 +62,14 @@ def test_auto_picks_pallas_tpu_for_a_tpu_mesh_and_the_tpu_compiler_compiles_it(c
 
 
 def test_kernel_not_for_the_mesh_platform_names_it():
-    mesh = Mesh(np.array(_tpu_devices()).reshape(1, 4), ("dp", "sp"))
+    mesh = Mesh(np.array(tpu_devices()).reshape(1, 4), ("dp", "sp"))
     fn = _ring_fn(mesh, True, implementation="pallas_gpu")
     with pytest.raises(ValueError, match=r"pallas_gpu.*platform='tpu'"):
         jax.jit(fn).trace(*_abstract())
 
 
 def test_sharded_attention_resolves_for_its_mesh():
-    mesh = Mesh(np.array(_tpu_devices()).reshape(1, 4), ("dp", "sp"))
+    mesh = Mesh(np.array(tpu_devices()).reshape(1, 4), ("dp", "sp"))
     fn = lambda q, k, v: ra.sharded_attention(q, k, v, mesh, causal=True)  # noqa: E731
     text = jax.jit(fn).trace(*_abstract()).lower().as_text()
     assert "tpu_custom_call" in text
@@ -187,7 +174,7 @@ def test_debug_model_training_step_compiles_for_tpu_with_auto_attention():
     from models import llama
     from models.sharding import MeshConfig, make_mesh
 
-    mesh = make_mesh(MeshConfig(sp=4), _tpu_devices())
+    mesh = make_mesh(MeshConfig(sp=4), tpu_devices())
     config = llama.get_config("debug", attention="auto")
     opt = optax.adamw(1e-3)
 
@@ -206,7 +193,7 @@ def test_debug_model_training_step_compiles_for_tpu_with_auto_attention():
 
 def test_tpu_compile_benchmark_writes_its_table(tmp_path):
     """benchmarks/tpu_compile.py's smallest run: two ring rows and the debug step on v5e:2x2."""
-    _tpu_devices()
+    tpu_devices()
     import importlib.util
     import json
     import pathlib
@@ -247,7 +234,7 @@ def test_notebook_02_functions_compile_for_tpu():
     root = pathlib.Path(__file__).parents[1]
     config = config_lib.load(str(root / "configs" / "debug.yaml"),
                              ["--cpu_devices=0", "--mesh={dp: 1, fsdp: 1, tp: 1, sp: -1}"])
-    mesh = make_mesh(MeshConfig(sp=-1), _tpu_devices())
+    mesh = make_mesh(MeshConfig(sp=-1), tpu_devices())
     model_cfg = steps.model_config(config)
     fns = steps.functions(model_cfg, mesh, config.optim, config.steps)
     L, rows = config.data.seq_len, config.data.batch_size
@@ -272,7 +259,7 @@ def test_notebook_03_functions_compile_for_tpu():
     from models import kvcache, llama
     from models.sharding import MeshConfig, make_mesh
 
-    mesh = make_mesh(MeshConfig(sp=-1), _tpu_devices())
+    mesh = make_mesh(MeshConfig(sp=-1), tpu_devices())
     config = llama.get_config("debug", max_position_embeddings=4096, layout="zigzag",
                               attention="auto")
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),

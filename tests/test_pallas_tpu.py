@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
-from ringcheck import F32_RTOL, Problem, check_ring, rel_err
+from ringcheck import F32_RTOL, Problem, check_ring, rel_err, tpu_devices
 
 from ringattention import masks, ring_attention
 from ringattention.kernels import pallas_tpu
@@ -339,24 +339,11 @@ def test_lowers_to_mosaic_for_tpu(head_dim, dtype, causal, segments, window):
     assert calls == 3  # forward, dq, dk/dv kernels
 
 
-def _tpu_devices(topology: str = "v5e:2x2"):
-    """The TPU devices of a named slice that this CPU host compiles for; skips (printing why) where
-    no libtpu matching the installed jax is installed (as in test_contract.py)."""
-    try:
-        from jax.experimental import topologies
-
-        return topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
-    except Exception as e:  # noqa: BLE001  no TPU plugin: ImportError, RuntimeError, ...
-        reason = f"no libtpu for jax {jax.__version__} here ({type(e).__name__}: {e})"
-        print(reason)
-        pytest.skip(reason)
-
-
 @pytest.mark.parametrize("head_dim,v_head_dim,segments", [(192, 128, True), (128, 128, False)])
 def test_optional_features_compile_for_tpu(head_dim, v_head_dim, segments):
     # The TPU compiler (libtpu, on this CPU host) compiles the forward and backward steps with
     # softcap + prefix (+ bidirectional segments) and MLA head dims through Mosaic for a v5e chip.
-    sharding = jax.sharding.SingleDeviceSharding(_tpu_devices()[0])
+    sharding = jax.sharding.SingleDeviceSharding(tpu_devices()[0])
     B, S, H, K = 2, 512, 4, 2
     arr = lambda *shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)  # noqa: E731
     q, k = arr(B, S, H, head_dim), arr(B, S, K, head_dim)
@@ -379,7 +366,7 @@ def test_ring_with_features_compiles_for_a_tpu_mesh_with_auto():
     # "auto" on a v5e:2x2 mesh keeps the Mosaic kernel when the call uses the optional features
     # (soft cap, a prefix per row, MLA head dims); the TPU compiler compiles forward and gradients.
     P = jax.sharding.PartitionSpec
-    mesh = jax.sharding.Mesh(np.array(_tpu_devices()).reshape(4), ("sp",))
+    mesh = jax.sharding.Mesh(np.array(tpu_devices()).reshape(4), ("sp",))
     B, L, H, K = 2, 4 * 256, 4, 2
     sd = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)  # noqa: E731
     q, k, v, prefix = sd(B, L, H, 192), sd(B, L, K, 192), sd(B, L, K, 128), sd(B, dt=jnp.int32)

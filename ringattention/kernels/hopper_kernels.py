@@ -109,11 +109,16 @@ def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bo
     typed = typed_by_args(lambda out: pl.kernel(
         scoped, out_type=out, mesh=mesh, interpret=params, compiler_params=compiler_params,
         name=getattr(body, "__name__", "anonymous")), out_type)
-    plain = plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
-                         grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1,
-                         thread_name="wg", compiler_params=compiler_params, interpret=params)
-    return lambda *args: (typed if any(_vma(a) for a in args if isinstance(a, jax.Array))
-                          else plain)(*args)
+
+    def call(*args):
+        if any(_vma(a) for a in args if isinstance(a, jax.Array)):
+            return typed(*args)
+        return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
+                            grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1,
+                            thread_name="wg", compiler_params=compiler_params,
+                            interpret=params)(*args)
+
+    return call
 
 
 def bound(x):
