@@ -42,7 +42,10 @@ def installed(tmp_path_factory):
                     str(tmp / "dist")], check=True, cwd=tmp)
     wheel = next((tmp / "dist").glob("*.whl"))
     prefix = tmp / "prefix"
-    subprocess.run([*pip, "install", "--no-deps", "--prefix", str(prefix), str(wheel)], check=True)
+    # --ignore-installed: without it pip finds this checkout's editable install in the venv and
+    # either skips the prefix ("already satisfied") or uninstalls the venv's copy
+    subprocess.run([*pip, "install", "--no-deps", "--ignore-installed", "--prefix", str(prefix),
+                    str(wheel)], check=True)
     site = next(prefix.glob("lib/python*/site-packages"))
     return wheel, prefix, site
 
