@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import attention as bench  # noqa: E402  (time_fn, baseline_fn)
+from work_counts import git_commit  # noqa: E402
 
 import ringattention as ra  # noqa: E402
 
@@ -151,14 +152,15 @@ def main(argv=None) -> dict:
                    "always runs first")
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: 256 tokens, 4:2 heads, 32")
     p.add_argument("--out", default=None, help="prefix of the .json/.md to write")
+    p.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD)")
     args = p.parse_args(argv)
     if args.tiny:
         args.seq, args.heads, args.kv_heads, args.head_dim = 256, 4, 2, 32
         args.dtype, args.reps, args.check_len = "float32", 1, 128
     rows = run(args)
-    meta = dict(date=datetime.date.today().isoformat(), device=jax.devices()[0].device_kind,
-                jax=jax.__version__, seq=args.seq, heads=args.heads, kv_heads=args.kv_heads,
-                head_dim=args.head_dim, dtype=args.dtype)
+    meta = dict(date=datetime.date.today().isoformat(), commit=args.commit or git_commit(),
+                device=jax.devices()[0].device_kind, jax=jax.__version__, seq=args.seq,
+                heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype)
     md = table(rows)
     print(md)
     result = dict(meta=meta, rows=rows)
