@@ -228,7 +228,10 @@ def load_hf(path: str, **overrides) -> tuple[LlamaConfig, dict]:
     ``overrides`` replace config fields (e.g. ``dtype="bfloat16"``, ``scan_layers=False``).
     """
     with open(os.path.join(path, "config.json")) as f:
-        hf = json.load(f)
+        try:
+            hf = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{f.name} is not valid JSON: {e}") from e
     config = config_from_hf(hf, **overrides)
     params = params_from_hf(config, _read_dir(path), jnp.dtype(config.param_dtype))
     return config, jax.tree.map(jax.numpy.asarray, params)

@@ -308,6 +308,45 @@ def test_resume_checks_steps_changes_eval_and_metrics(tmp_path):
     assert (saved.data.seed, saved.log.every) == (1, 2)
 
 
+def test_resume_with_another_batch_split_or_a_change_the_checkpoint_cannot_take(tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    train.main(small(run, "--stop_at=2"))
+    config_yaml = (run / "config.yaml").read_text()
+    # an allowed change that the checkpoint cannot take fails, and records nothing
+    with pytest.raises(CheckpointError, match="checkpoint step=2"):
+        train.main(small(run, "--model.overrides.num_layers=1", "--resume.allow_changes=true"))
+    assert (run / "config.yaml").read_text() == config_yaml
+    for name in ("accum", "batch"):
+        shutil.copytree(run, tmp_path / name)
+    same = train.main(small(run, "--stop_at=3"))  # the unchanged config still resumes
+    # another accumulation split of the same batch: the same sequences, the same loss
+    accum = train.main(small(tmp_path / "accum", "--optim.accum_steps=2",
+                             "--resume.allow_changes=true", "--stop_at=3"))
+    np.testing.assert_allclose(accum.losses[3], same.losses[3], rtol=1e-5)
+    assert (tmp_path / "accum" / "config.yaml").read_text().startswith(
+        "# resumed at step 2: optim.accum_steps 1 -> 2")
+    # another batch size: new streams of documents, from their first documents
+    batch = train.main(small(tmp_path / "batch", "--data.batch_size=8",
+                             "--resume.allow_changes=true", "--stop_at=3"))
+    assert sorted(batch.losses) == [3] and np.isfinite(batch.losses[3])
+
+
+@pytest.mark.parametrize("config_json", [None, "{bad"])
+def test_init_from_errors_are_one_line_naming_the_path(tmp_path, capsys, config_json):
+    hf = tmp_path / "hf"
+    if config_json is not None:
+        hf.mkdir()
+        (hf / "config.json").write_text(config_json)
+    code = cli.main(["--config", DEBUG, *SMALL, f"--run_dir={tmp_path / 'run'}", "--cpu_devices=0",
+                     f"--model.init_from={hf}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert err.startswith(f"config error: model.init_from='{hf}' cannot be loaded") and (
+        str(hf / "config.json") in err), err
+
+
 def test_one_text_file_trains(tmp_path):
     from train import data
 

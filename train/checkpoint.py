@@ -99,6 +99,14 @@ class Checkpointer:
         steps = self.steps()
         return steps[-1] if steps else None
 
+    def meta(self, step: int) -> dict:
+        """The ``meta`` item of ``step`` alone (its step and config); {} where it cannot be read
+        (``restore`` then names the problem)."""
+        try:
+            return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except Exception:  # noqa: BLE001 - any damage is reported by restore
+            return {}
+
     def save(self, step: int, params: Any, train: Any, meta: dict) -> None:
         """Starts saving ``step`` (returns before the write finishes when async)."""
         args = ocp.args.Composite(params=ocp.args.StandardSave(params),

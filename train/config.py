@@ -144,7 +144,9 @@ class ResumeSection:
     allow_changes: bool = opt(False, "Resume a run_dir whose config.yaml differs in options that "
                                      "change the data stream or the model (data, model, mesh, "
                                      "optim.accum_steps, deterministic); config.yaml then records "
-                                     "the change. Other changes are always accepted and recorded.")
+                                     "the change (once the checkpoint is restored). A new "
+                                     "data.batch_size starts its streams of documents afresh. Other "
+                                     "changes are always accepted and recorded.")
 
 
 @dataclasses.dataclass(frozen=True)

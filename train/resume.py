@@ -12,6 +12,7 @@ run stopped after its last checkpoint): it then runs alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import fsspec
@@ -80,16 +81,17 @@ def write_config(config: config_lib.TrainConfig, history: list[str] = ()) -> Non
         yaml.safe_dump(config_lib.to_dict(config), f, sort_keys=False)
 
 
-def check_changes(config: config_lib.TrainConfig, step: int, log) -> None:
+def check_changes(config: config_lib.TrainConfig, step: int, log) -> Callable[[], None]:
     """Compares ``config`` with the run's ``config.yaml`` before step ``step`` is resumed: raises
-    ConfigError on a guarded change unless ``resume.allow_changes``; records accepted ones."""
+    ConfigError on a guarded change unless ``resume.allow_changes``. Returns the function that
+    records accepted changes in ``config.yaml``, to be called once the checkpoint is restored (a
+    failed restore records nothing, so the unchanged config still resumes)."""
     saved, history = read_saved(config.run_dir)
     if saved is None:  # a run directory from before config.yaml existed: start its record now
-        write_config(config)
-        return
+        return lambda: write_config(config)
     diff = changes(saved, config_lib.to_dict(config))
     if not diff:
-        return
+        return lambda: None
     guarded = {k: v for k, v in diff.items() if k.startswith(GUARDED)}
     if guarded and not config.resume.allow_changes:
         raise ConfigError(
@@ -98,7 +100,7 @@ def check_changes(config: config_lib.TrainConfig, step: int, log) -> None:
             "--resume.allow_changes=true to go on with them (config.yaml records the change)"
         )
     log(f"resuming step {step} with changed options: {_describe(diff)}")
-    write_config(config, [*history, f"{HISTORY}{step}: {_describe(diff)}"])
+    return lambda: write_config(config, [*history, f"{HISTORY}{step}: {_describe(diff)}"])
 
 
 def check_steps(

@@ -99,9 +99,10 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None, 
             final_eval = (start == stop and data.eval_packer is not None
                           and not metrics_lib.has_eval(config.run_dir, start))
             resume.check_steps(config, start, stop, final_eval, done_ok)
-            resume.check_changes(config, start, log0)
+            record_changes = resume.check_changes(config, start, log0)
             _set_aside(ckpt, start)
             params, opt_state, rng = _restore(ckpt, start, fns, data, rng)
+            record_changes()
             _forget_after(config.run_dir, start, stop, final_eval)
         else:
             start = 0
@@ -229,13 +230,43 @@ def _data(config, mesh, model_cfg, tokenizer) -> _Data:
 
 def _restore(ckpt, step, fns: steps.Functions, data: _Data, rng):
     data_state = data.maker.state(data.packer.get_state())
-    train_like = {"opt_state": fns.opt_abstract, "data": data_state,
+    positions = _saved_positions(ckpt.meta(step).get("config", {}), data_state)
+    train_like = {"opt_state": fns.opt_abstract, "data": positions,
                   "rng": _replicated(jax.random.key_data(rng), data_state)}
     restored = ckpt.restore(step, fns.params_abstract, train_like)
     tr = restored["train"]
-    data.packer.set_state(data.maker.local_state(tr["data"]))
+    if tr["data"].shape == data_state.shape:
+        data.packer.set_state(data.maker.local_state(tr["data"]))
+    else:
+        _resplit_positions(data, np.asarray(tr["data"].addressable_shards[0].data))
     rng = jax.random.wrap_key_data(np.asarray(tr["rng"]))
     return restored["params"], tr["opt_state"], rng
+
+
+def _saved_positions(saved: dict, data_state: jax.Array):
+    """The checkpoint's data positions: like ``data_state``, or replicated in their own shape
+    ``[accum, rows, 3]`` where data.batch_size or optim.accum_steps changed (resume.allow_changes)."""
+    batch = saved.get("data", {}).get("batch_size")
+    accum = saved.get("optim", {}).get("accum_steps")
+    if not batch or not accum or (accum, batch // accum) == data_state.shape[:2]:
+        return data_state
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    sharding = NamedSharding(data_state.sharding.mesh, PartitionSpec())
+    return jax.ShapeDtypeStruct((accum, batch // accum, data_state.shape[2]), data_state.dtype,
+                                sharding=sharding)
+
+
+def _resplit_positions(data: _Data, saved: np.ndarray) -> None:
+    """Sets the positions of a checkpoint with another accumulation split (the same streams: stream
+    ``a * rows + r`` is ``saved[a, r]``); after a batch_size change, the streams start afresh."""
+    flat = saved.reshape(-1, saved.shape[-1])
+    if len(flat) == data.packer.num_streams:
+        data.packer.set_state(flat[data.maker.host_streams()].astype(np.int64))
+        return
+    log0(f"data.batch_size {len(flat)} -> {data.packer.num_streams}: the checkpoint's data "
+         "positions belong to its own streams of documents, so the new streams start from their "
+         "first documents")
 
 
 class _Logger:
@@ -300,11 +331,15 @@ def _initial_params(config, fns: steps.Functions, rng, previous: Result | None):
     if previous is not None:  # next stage: the last stage's final parameters
         return jax.device_put(previous.params, fns.param_shardings)
     if config.model.init_from:
-        _, loaded = llama.load_hf(config.model.init_from, scan_layers=fns.scan_layers)
+        try:
+            _, loaded = llama.load_hf(config.model.init_from, scan_layers=fns.scan_layers)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"model.init_from={config.model.init_from!r} cannot be loaded: "
+                              f"{e}") from e
         want = jax.tree.map(lambda a: (a.shape, str(a.dtype)), fns.params_abstract)
         got = jax.tree.map(lambda a: (a.shape, str(a.dtype)), loaded)
         if want != got:
-            raise ValueError(f"model.init_from={config.model.init_from!r} does not match the model "
+            raise ConfigError(f"model.init_from={config.model.init_from!r} does not match the model "
                              f"config {config.model.preset!r} + overrides (shapes/dtypes differ)")
         return jax.device_put(loaded, fns.param_shardings)
     return fns.init_params(rng)
