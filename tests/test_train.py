@@ -247,7 +247,7 @@ def test_nonfinite_step_is_never_saved(tmp_path, capsys):
     bad = ["--optim.lr=1e6", "--optim.clip_norm=0", "--checkpoint.every=1", "--checkpoint.keep=1"]
     with pytest.raises(NonFiniteError) as info:
         train.main(small(tmp_path / "stop", *bad))
-    step = int(re.match(r"step (\d+): loss=\S+ grad_norm=\S+ is not finite; nothing from it was "
+    step = int(re.match(r"step (\d+): loss=\S+ grad_norm=\S+ is not finite; no update from it was "
                         r"saved\. The last good step is (\d+)", str(info.value))[1])
     assert f"The last good step is {step - 1} and its newest checkpoint is step {step - 1} in " \
            f"'{tmp_path / 'stop' / 'checkpoints'}': relaunch to resume from it" in str(info.value)
@@ -270,6 +270,11 @@ def test_nonfinite_step_is_never_saved(tmp_path, capsys):
     assert skipped.step == 6
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(skipped.params))
     assert f"step {step}: loss=" in capsys.readouterr().out
+    # a stop after skipped steps: their checkpoints hold no update of theirs, and the line says so
+    with pytest.raises(NonFiniteError, match=rf"steps {step}-{step + 1} had a non-finite .*; no "
+                       rf"update from them was saved\. The last good step is {step - 1} and its "
+                       rf"newest checkpoint is step {step} .* \(steps {step}-{step} were skipped"):
+        train.main(small(tmp_path / "skip1", *bad, "--skip_nonfinite=1"))
 
 
 def test_resume_checks_steps_changes_eval_and_metrics(tmp_path):

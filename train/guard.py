@@ -72,8 +72,11 @@ class FiniteCheck:
             if saved
             else "no checkpoint was saved before it: start again"
         )
+        if saved and saved[-1] >= first:  # checkpoints of skipped steps: their updates never ran
+            where += f" (steps {first}-{saved[-1]} were skipped: no update of theirs is in it)"
         return (
-            f"{what}; nothing from it was saved. The last good step is {first - 1} and "
+            f"{what}; no update from {'it' if first == step else 'them'} was saved. The last good "
+            f"step is {first - 1} and "
             f"{where}, with a smaller optim.lr, optim.clip_norm > 0, or skip_nonfinite=N to "
             "skip such steps"
         )
