@@ -428,6 +428,9 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     bidirectional = _checks.bidirectional_segments(bidirectional_segments, causal, segment_ids)
     ring_size = _axis_size(axis_name)
     u = None if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis")
+    if gather_chunks is not None and strategy in ("ring", "ulysses"):
+        raise ValueError(f"gather_chunks={gather_chunks!r} applies to strategy='all_gather' (or "
+                         f"'auto' where it picks all_gather); got strategy={strategy!r}")
     strategy = strategies.resolve(strategy, q.shape, k.shape, q.dtype.itemsize, axis_name,
                                   ring_size, u, causal, implementations.mesh_device())
     shard = q.shape[1] * (u or 1)  # the ring's: with Ulysses, the U pieces of the Ulysses group

@@ -188,6 +188,9 @@ BAD = [
      r"prefix_length.shape=\(2,\)"),
     (dict(causal=True, prefix_length=jnp.zeros((1,))), TypeError, "prefix_length.dtype"),
     (dict(causal=True, prefix_length=-1), ValueError, "prefix_length=-1"),
+    (dict(causal=True, prefix_length=np.asarray([-2], np.int32)), ValueError,
+     r">= 0 in every row; got prefix_length=\[-2\]"),
+    (dict(logits_soft_cap=jnp.float32(-3.0)), ValueError, "logits_soft_cap=-3.0"),
     (dict(causal=True, bidirectional_segments=True), ValueError, "needs segment_ids"),
     (dict(bidirectional_segments=True, segment_ids=jnp.zeros((1, 16), jnp.int32)), ValueError,
      "needs causal=True"),
@@ -208,6 +211,15 @@ def test_bad_feature_arguments_raise(bad, err, match):
     if "v" not in args or args["v"].shape[0] == 1:  # the same checks in reference_attention
         with pytest.raises(err, match=match):
             ringattention.reference_attention(args["q"], args["k"], args["v"], **bad)
+
+
+def test_zero_dim_arrays_are_numbers():
+    q, k = jnp.ones((1, 16, 4, 8)), jnp.ones((1, 16, 2, 8))
+    want = ringattention.reference_attention(q, k, k, logits_soft_cap=3.0, softmax_scale=0.25)
+    got = _ring_call(q, k, k, logits_soft_cap=jnp.float32(3.0), softmax_scale=np.asarray(0.25))
+    assert rel_err(got, want) <= F32_RTOL
+    with pytest.raises(TypeError, match="logits_soft_cap must be a concrete number"):
+        jax.jit(lambda c: ringattention.reference_attention(q, k, k, logits_soft_cap=c))(3.0)
 
 
 def test_bad_feature_arguments_raise_in_sharded_attention():

@@ -243,6 +243,8 @@ def _call(n, heads, **kw):
                                   r"'all_gather', 'ulysses', 'auto'\)"),
     (4, 6, dict(strategy="ulysses"), r"heads=6, axis size 4"),
     (2, 4, dict(strategy="all_gather", gather_chunks=3), r"gather_chunks=3 .* shard length 16"),
+    (2, 4, dict(strategy="ring", gather_chunks=2), r"gather_chunks=2 applies to "
+                                                   r"strategy='all_gather' .* strategy='ring'"),
 ])
 def test_bad_strategy(n, heads, kw, match):
     with pytest.raises(ValueError, match=match):
