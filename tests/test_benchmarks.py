@@ -88,8 +88,8 @@ def test_attention_block_spec_keeps_pallas_hopper_defaults(bench):
 
 @pytest.mark.slow
 def test_determinism_script_smoke(bench, tmp_path):
-    """``benchmarks/determinism.py --cpu``: four ``python -m train`` processes (two runs, a stop and a
-    resume) on a ring of two CPU devices compare bitwise equal, with XLA's deterministic flag set."""
+    """``benchmarks/determinism.py --cpu``: four ``python -m ringattention_train`` processes (two runs, a stop
+    and a resume) on a ring of two CPU devices compare bitwise equal, with XLA's deterministic flag set."""
     out = str(tmp_path / "det")
     result = bench("determinism").main(["--cpu", "--steps", "2", "--stop", "1", "--out", out])
     assert result["passed"], result

@@ -13,11 +13,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 PROBE = """
 import pathlib, sys
-import train
-from train import config, data, shadowing_models
-pkg = pathlib.Path(train.__file__).resolve()
+import ringattention_train
+from ringattention_train import config, data
+pkg = pathlib.Path(ringattention_train.__file__).resolve()
 assert str(pkg).startswith(sys.argv[1]), pkg  # the installed copy, not the checkout
-assert shadowing_models() is None
 cfg = config.load("debug", ["--steps=3"])
 docs = data.read_documents(data.default_paths())
 print(cfg.steps, len(docs), config.presets())
@@ -30,8 +29,8 @@ def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"  # a copy: setuptools builds in the source tree's build/
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE", "ringattention", "models", "train",
-                 "configs"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "ringattention", "ringattention_models",
+                 "ringattention_train", "configs"):
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name,
                             ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
@@ -58,48 +57,42 @@ def _env(site):
 def test_the_wheel_holds_the_corpus_the_presets_and_the_commands(installed):
     wheel, _, _ = installed
     names = zipfile.ZipFile(wheel).namelist()
-    assert "train/corpus/kjv.jsonl" in names
+    assert "ringattention_train/corpus/kjv.jsonl" in names
+    # every top-level package is named for the project (no generic `models` or `train`)
+    top = {n.split("/")[0] for n in names if n.endswith(".py")}
+    assert top == {"ringattention", "ringattention_models", "ringattention_train"}, top
     presets = {p.stem for p in (ROOT / "configs").glob("*.yaml")}
     shipped = {pathlib.Path(n).stem for n in names if "/share/ringattention/configs/" in n}
     assert presets and shipped == presets
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry).decode()
-    assert "ringattention-train = train.__main__:main" in text
-    assert "ringattention-generate = train.generate:cli" in text
+    assert "ringattention-train = ringattention_train.__main__:main" in text
+    assert "ringattention-generate = ringattention_train.generate:cli" in text
 
 
-def test_installed_presets_and_corpus_load_beside_a_users_models_py(installed, tmp_path):
+def test_installed_presets_and_corpus_load_beside_a_users_own_files(installed, tmp_path):
     _, prefix, site = installed
     user = tmp_path / "project"
     user.mkdir()
-    (user / "models.py").write_text("raise SystemExit('the user models.py was imported')\n")
-    probe = tmp_path / "bin" / "probe.py"  # like a console script: its folder, not cwd, is on the path
-    probe.parent.mkdir()
+    for name in ("models", "train", "data", "config"):  # a user's own files with generic names
+        (user / f"{name}.py").write_text(f"raise SystemExit('the user {name}.py was imported')\n")
+    probe = user / "probe.py"  # run from the user's folder, which is first on the path
     probe.write_text(PROBE)
     out = subprocess.run([sys.executable, str(probe), str(site)], cwd=user, env=_env(site),
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     steps, docs, presets = out.stdout.split(maxsplit=2)
     assert steps == "3" and int(docs) > 100 and "debug" in presets
-    # the command starts (and prints its usage) from that folder
+    # the command and `python -m` start (and print their usage) from that folder
     cmd = prefix / "bin" / "ringattention-train"
-    help_ = subprocess.run([str(cmd), "--help"], cwd=user, env=_env(site), capture_output=True,
-                           text=True)
-    assert help_.returncode == 0 and "usage:" in help_.stdout, help_.stderr
-
-
-def test_python_m_train_names_a_shadowing_models_py(installed, tmp_path):
-    _, _, site = installed
-    (tmp_path / "models.py").write_text("x = 1\n")
-    out = subprocess.run([sys.executable, "-m", "train", "--config", "debug"], cwd=tmp_path,
-                         env=_env(site), capture_output=True, text=True)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "models.py shadows" in lines[0] and "ringattention-train" in lines[0]
+    for argv in ([str(cmd)], [sys.executable, "-m", "ringattention_train"]):
+        help_ = subprocess.run([*argv, "--help"], cwd=user, env=_env(site), capture_output=True,
+                               text=True)
+        assert help_.returncode == 0 and "usage:" in help_.stdout, help_.stderr
 
 
 def test_a_missing_config_names_the_presets(tmp_path):
-    from train import config
+    from ringattention_train import config
 
     with pytest.raises(FileNotFoundError, match=r"'nope.yaml'.*presets: \[.*'debug'"):
         config.load("nope.yaml")

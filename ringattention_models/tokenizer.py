@@ -2,7 +2,8 @@
 
 All three share ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``vocab_size`` and ``eos_id``
 (None when the tokenizer has no end-of-sequence token). Files are read through fsspec when it is
-installed (any URL), else from local paths. Used by ``models.generate`` and by training (``train``).
+installed (any URL), else from local paths. Used by ``ringattention_models.generate`` and by training
+(``ringattention_train``).
 """
 
 from __future__ import annotations
