@@ -45,6 +45,7 @@ memory instead (GPU/TPU; ``ringattention.remat.allow_host_offload`` raises jax's
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -70,7 +71,10 @@ F32 = jnp.float32
 
 
 def _boxed_abstract(config: LlamaConfig):
-    model = Llama(config, None)
+    # the parameters do not depend on the attention kernel: init traces the portable one, so a
+    # config naming another platform's kernel (compiled for its mesh from this host), or one cut
+    # to tiles longer than init's 2 tokens (pallas_tpu), still gives its parameters
+    model = Llama(dataclasses.replace(config, attention="xla"), None)
     ids = jnp.zeros((1, 2), jnp.int32)
     init = lambda rng: model.init(rng, ids, ids, None)["params"]
     return init, jax.eval_shape(init, jax.random.key(0))

@@ -157,6 +157,22 @@ def test_params_are_sharded_by_logical_rules():
     assert llama.num_params(config) == sum(x.size for x in jax.tree.leaves(params))
 
 
+@pytest.mark.parametrize("attention", ["pallas_tpu", "pallas_hopper"])
+@pytest.mark.parametrize("interpret", [False, True])
+def test_params_of_a_named_kernel_are_built_on_any_host(attention, interpret):
+    """The parameters do not depend on the attention kernel: their shapes, specs and values come
+    out on this CPU host for a config that names a kernel of another platform (to compile for a TPU
+    or GPU mesh), and in interpret mode, whose init trace is not cut to a kernel's tiles."""
+    config = llama.get_config("debug", attention=attention, interpret=interpret)
+    plain = dataclasses.replace(config, attention="xla")
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), llama.abstract_params(config)) == \
+        jax.tree.map(lambda a: (a.shape, a.dtype), llama.abstract_params(plain))
+    mesh = make_mesh(MeshConfig(sp=2), jax.devices()[:2])
+    assert llama.param_specs(config, mesh) == llama.param_specs(plain, mesh)
+    got, want = (llama.init_params(c, jax.random.key(0)) for c in (config, plain))
+    assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool((a == b).all()), got, want)))
+
+
 def test_num_params_and_flops_of_presets():
     for name in ("1b", "8b"):
         config = llama.get_config(name)
