@@ -28,12 +28,13 @@ def _positive_number(name: str, value: Any) -> float | None:
     ValueError naming ``name`` otherwise."""
     if value is None:
         return None
-    if isinstance(value, jax.core.Tracer):
-        raise TypeError(f"{name} must be a concrete number (it fixes the kernels traced); got a "
-                        f"traced value {value}")
     if isinstance(value, (jax.Array, np.ndarray)) and value.shape == () and \
             jnp.issubdtype(value.dtype, jnp.number):
-        value = value.item()  # a 0-d array: jnp.float32(3.0), np.asarray(0.25)
+        try:
+            value = value.item()  # a 0-d array: jnp.float32(3.0), np.asarray(0.25)
+        except jax.errors.ConcretizationTypeError:
+            raise TypeError(f"{name} must be a concrete number (it fixes the kernels traced); "
+                            f"got a traced value {value}") from None
     number = isinstance(value, (int, float, np.integer, np.floating))
     if not number or isinstance(value, (bool, np.bool_)) or not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name}={value!r} must be a positive number or None")
@@ -105,9 +106,13 @@ def prefix_length(value: Any, batch: int, is_causal: bool):
                          f"prefix_length.shape={got}")
     if not jnp.issubdtype(value.dtype, jnp.integer):
         raise TypeError(f"prefix_length must be integers; got prefix_length.dtype={value.dtype}")
-    if not isinstance(value, jax.core.Tracer) and (np.asarray(value) < 0).any():
+    try:
+        rows = np.asarray(value)
+    except jax.errors.TracerArrayConversionError:  # traced: checked where it is made
+        rows = None
+    if rows is not None and (rows < 0).any():
         raise ValueError(f"prefix_length must be >= 0 in every row; got "
-                         f"prefix_length={np.asarray(value).tolist()}")
+                         f"prefix_length={rows.tolist()}")
     return jnp.asarray(value).astype(jnp.int32)
 
 

@@ -102,6 +102,15 @@ def _fail_before_start(path: str | None, overrides: list[str], message: str) -> 
     return EXIT_SETUP
 
 
+def _stop(message: str, code: int, watchdog) -> int:
+    """Ends the run with ``message`` as its one stderr line and exit status ``code``; in a
+    multi-process job the watchdog tells the others and exits (it does not return)."""
+    print(message, file=sys.stderr, flush=True)
+    if watchdog is not None:
+        watchdog.fail(message, code)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
@@ -138,17 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         train.main(config)
     except (config_lib.ConfigError, CheckpointError) as e:
         kind = "config" if isinstance(e, config_lib.ConfigError) else "checkpoint"
-        message = f"{kind} error: {' '.join(str(e).split())}"
-        print(message, file=sys.stderr, flush=True)
-        if watchdog is not None:
-            watchdog.fail(message, EXIT_SETUP)  # does not return
-        return EXIT_SETUP
+        return _stop(f"{kind} error: {' '.join(str(e).split())}", EXIT_SETUP, watchdog)
     except NonFiniteError as e:
-        message = f"training stopped: {' '.join(str(e).split())}"
-        print(message, file=sys.stderr, flush=True)
-        if watchdog is not None:
-            watchdog.fail(message, EXIT_ERROR)  # does not return
-        return EXIT_ERROR
+        return _stop(f"training stopped: {' '.join(str(e).split())}", EXIT_ERROR, watchdog)
     except BaseException as e:
         if watchdog is None:
             raise

@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ringattention_models import llama
 from ringattention_models.sharding import MeshConfig, make_mesh
@@ -250,11 +251,8 @@ def _saved_positions(saved: dict, data_state: jax.Array):
     accum = saved.get("optim", {}).get("accum_steps")
     if not batch or not accum or (accum, batch // accum) == data_state.shape[:2]:
         return data_state
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    sharding = NamedSharding(data_state.sharding.mesh, PartitionSpec())
     return jax.ShapeDtypeStruct((accum, batch // accum, data_state.shape[2]), data_state.dtype,
-                                sharding=sharding)
+                                sharding=_replicated_over(data_state))
 
 
 def _resplit_positions(data: _Data, saved: np.ndarray) -> None:
@@ -351,13 +349,15 @@ def _save(ckpt, step, params, opt_state, rng, data_state, config) -> None:
     ckpt.save(step, params, train, {"step": step, "config": config_lib.to_dict(config)})
 
 
+def _replicated_over(like: jax.Array) -> NamedSharding:
+    """Replication over ``like``'s mesh."""
+    return NamedSharding(like.sharding.mesh, PartitionSpec())
+
+
 def _replicated(x, like: jax.Array) -> jax.Array:
     """``x`` as a global array replicated over ``like``'s mesh (every process holds the value)."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
     x = np.asarray(x)
-    sharding = NamedSharding(like.sharding.mesh, PartitionSpec())
-    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+    return jax.make_array_from_callback(x.shape, _replicated_over(like), lambda idx: x[idx])
 
 
 def _evaluate(config, eval_step, params, data: _Data) -> float:
