@@ -33,10 +33,10 @@ demo-ring: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check $(SRC)
-	$(PY) -m pytest -q -n $(JOBS) --durations=15 tests
+	$(PY) -m pytest -q -rs -n $(JOBS) --durations=15 tests
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n $(JOBS) -m "" tests
+	$(PY) -m pytest -q -rs -n $(JOBS) -m "" tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(SRC)
