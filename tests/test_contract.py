@@ -111,8 +111,10 @@ def _mosaic_kernel_ops(fn, *args) -> list[collections.Counter]:
 
 def test_pallas_hopper_under_check_vma_lowers_the_same_kernels():
     """pallas_hopper in a user's shard_map(check_vma=True) on a ring of 2 H200s, forward and
-    gradients lowered for CUDA: the same Mosaic GPU kernels as under check_vma=False, but for one
-    ``+ 0`` per loop bound read (``hopper_kernels.bound``, folded by the compiler); "auto" picks it."""
+    gradients lowered for CUDA: the same Mosaic GPU kernels as under check_vma=False, but (jax 0.10)
+    for one ``+ 0`` per loop bound read (``hopper_kernels.bound``, folded by the compiler); "auto"
+    picks it. The fused backward's dq accumulator is a Ref, which jax >= 0.11's mpmd_map refuses
+    where it varies over manual axes (the step-1 failure of a GPU training run)."""
     mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "sp"))
     args = _abstract(B=2, L=2 * 256, H=4, K=2, D=64)
     with mock.patch.object(implementations, "mesh_device", _h200_mesh_device):
@@ -124,7 +126,8 @@ def test_pallas_hopper_under_check_vma_lowers_the_same_kernels():
     for a, b in zip(checked, unchecked):
         extra = a - b
         assert not b - a and set(extra) <= {"arith.addi", "arith.constant"}, (extra, b - a)
-        assert 0 < extra["arith.addi"] <= 4  # lo, mid, hi (and a window's edge)
+        # lo, mid, hi (and a window's edge) under jax 0.10; jax >= 0.11 lowers identical kernels
+        assert extra["arith.addi"] <= 4
 
 
 @pytest.mark.parametrize("check_vma", [True, False])

@@ -51,7 +51,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ringattention._vma import full_like
+from ringattention._vma import vary_like
 from ringattention.kernels import hopper_backward as hb
 from ringattention.kernels import hopper_bwd_kernels as hbk
 from ringattention.kernels import hopper_fused_bwd as hfb
@@ -197,7 +197,11 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     ``hfb.dkv_out`` says)."""
     B, sq, H, d = q.shape
     sk, K = k.shape[1], k.shape[2]
-    dq_acc = jax.new_ref(full_like(q, (B, sq, H, d), 0.0), memory_space=plgpu.GMEM)
+    # The accumulator Ref is built invariant over the manual axes even inside shard_map(
+    # check_vma=True): Mosaic GPU's mpmd_map (jax >= 0.11) refuses Refs that vary over them. Each
+    # device still has its own buffer (a Ref is never shared); the sum read back below is typed
+    # varying like q, as under check_vma=False, where no array carries manual axes.
+    dq_acc = jax.new_ref(jnp.zeros((B, sq, H, d), F32), memory_space=plgpu.GMEM)
     out = hfb.dkv_out(B, sk, K, d)
     kernel = alternating_kernel if d == 64 else cta_dq_kernel
     dk, dv = hfb._launch(functools.partial(kernel, cfg=cfg), (out, out),
@@ -205,7 +209,7 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
                          grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                          lse2, delta, *extra, dq_acc)
     # the tiles are added unscaled (see the module docstring)
-    return (dq_acc[...] * cfg.scale, *hfb.dkv_to_step(dk, dv))
+    return (vary_like(dq_acc[...], q) * cfg.scale, *hfb.dkv_to_step(dk, dv))
 
 
 def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
