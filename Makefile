@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 JOBS ?= 2
-SRC := $(wildcard ringattention ringattention_models ringattention_train tests benchmarks tools)
+SRC := $(wildcard ringattention models train tests benchmarks tools)
 export PYTHONPATH := $(CURDIR)
 
 .PHONY: demo demo-ring test test-all lint bench-work aot clean
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 # Trains the debug preset on the embedded corpus (8 virtual CPU devices: ring of 4 x fsdp 2), in a
 # fresh run directory each time, then prints a sample.
 demo: $(STAMP)
-	$(PY) -m ringattention_train --config configs/debug.yaml --run_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
+	$(PY) -m train --config configs/debug.yaml --run_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 # Ring attention alone across 8 virtual CPU devices, checked against the reference.
 demo-ring: $(STAMP)

@@ -257,7 +257,7 @@ def schemes(p: int, heads: int, node: int) -> list[tuple[str, int, int, str | No
 def shapes(model: str) -> tuple[int, int, int]:
     if model == "tiny":
         return TINY
-    from ringattention_models.config import get_config
+    from models.config import get_config
 
     c = get_config(model)
     return c.num_heads, c.num_kv_heads, c.head_dim

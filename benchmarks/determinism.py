@@ -1,6 +1,6 @@
 """Bitwise reproducibility of training: two runs of one config, and a run stopped and resumed.
 
-Runs ``python -m ringattention_train`` four times, each in a fresh process that compiles anew (as a new job
+Runs ``python -m train`` four times, each in a fresh process that compiles anew (as a new job
 would): runs A and B train N steps; run C stops at step K (``stop_at``, with a checkpoint) and run
 C' resumes it to N. Then compares, bitwise, every per-step metric except the timings (loss,
 grad_norm, lr, tokens, model FLOPs) of A with B and of A with C + C', and the step-N parameters of
@@ -58,7 +58,7 @@ def parse_args(argv=None):
 
 
 def train_args(args, run_dir: str) -> list[str]:
-    """The ``python -m ringattention_train`` command line shared by every run (plus per-run options)."""
+    """The ``python -m train`` command line shared by every run (plus per-run options)."""
     common = [f"--run_dir={run_dir}", f"--steps={args.steps}", f"--deterministic={args.deterministic}",
               "--checkpoint.every=0", "--checkpoint.keep=2", "--checkpoint.async_save=false",
               "--log.every=1", "--log.tensorboard=false", "--log.progress=false",
@@ -74,7 +74,7 @@ def train_args(args, run_dir: str) -> list[str]:
 
 
 def launch(args, runs: dict[str, list[str]], parallel: bool) -> dict[str, dict]:
-    """Starts ``python -m ringattention_train`` for every run (all at once when ``parallel``); waits for
+    """Starts ``python -m train`` for every run (all at once when ``parallel``); waits for
     them."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -85,7 +85,7 @@ def launch(args, runs: dict[str, list[str]], parallel: bool) -> dict[str, dict]:
     out, procs = {}, {}
     for name, cmd in runs.items():
         log = open(os.path.join(args.workdir, f"{name}.log"), "w")  # noqa: SIM115
-        procs[name] = (subprocess.Popen([sys.executable, "-m", "ringattention_train", *cmd], cwd=ROOT,
+        procs[name] = (subprocess.Popen([sys.executable, "-m", "train", *cmd], cwd=ROOT,
                                         env=env, stdout=log, stderr=subprocess.STDOUT), log, time.time())
         if not parallel:
             _wait(args, name, *procs.pop(name), out)
@@ -135,7 +135,7 @@ def final_params(run_dir: str):
     """The newest checkpoint's parameters as host arrays (read on the CPU)."""
     import jax
 
-    from ringattention_train.generate import load_run
+    from train.generate import load_run
 
     _, params, _ = load_run(run_dir)
     return jax.tree.map(lambda x: jax.device_get(x), params)

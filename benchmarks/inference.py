@@ -2,9 +2,9 @@
 
 For each context length: prefill tokens/s (ring attention over "sp"; one device = a ring of one),
 decode tokens/s with the cache kept in place and per-device partials merged by one all-reduce
-(``ringattention_models.kvcache.cache_attention``), and the same decode with the Large World Model scheme (Liu
+(``models.kvcache.cache_attention``), and the same decode with the Large World Model scheme (Liu
 et al. 2024) of rotating the cache around the ring for every token
-(``ringattention_models.kvcache.rotating_cache_attention``; on one device the rotation has no hops,
+(``models.kvcache.rotating_cache_attention``; on one device the rotation has no hops,
 so it costs attending through ring attention's blockwise step over the whole cache), plus KV-cache bytes per
 device. Random weights. Ring Attention with Blockwise Transformers (Liu, Zaharia & Abbeel 2023).
 
@@ -31,10 +31,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ringattention_models import generate as gen  # noqa: E402
-from ringattention_models import kvcache, llama  # noqa: E402
-from ringattention_models.kvcache import KVCache  # noqa: E402
-from ringattention_models.sharding import MeshConfig, make_mesh  # noqa: E402
+from models import generate as gen  # noqa: E402
+from models import kvcache, llama  # noqa: E402
+from models.kvcache import KVCache  # noqa: E402
+from models.sharding import MeshConfig, make_mesh  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -55,8 +55,8 @@ import optax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from ringattention_models import llama  # noqa: E402
-from ringattention_models.sharding import MeshConfig, make_mesh  # noqa: E402
+from models import llama  # noqa: E402
+from models.sharding import MeshConfig, make_mesh  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 GIB = 2**30

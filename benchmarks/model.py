@@ -1,7 +1,7 @@
 """Training throughput of the LLaMA model with ring attention on a ring of N devices (one process).
 
 Measures forward+backward tokens/s per device and MFU (model FLOPs from
-``ringattention_models.llama.flops_per_token``: 6N plus causal attention, one document per row, against a
+``models.llama.flops_per_token``: 6N plus causal attention, one document per row, against a
 measured bf16 matmul peak, 790 TFLOP/s per H200) of a preset at several context lengths, then the longest
 context whose full training step (forward, backward, AdamW update) runs on the ring. With ``--sp N`` the
 sequence is sharded over a mesh ``sp=N`` (weights and optimizer state sharded over the ring too; zigzag layout
@@ -34,10 +34,10 @@ from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from models import flops as flops_lib  # noqa: E402
+from models import llama  # noqa: E402
+from models.sharding import BATCH, MeshConfig, make_mesh  # noqa: E402
 from ringattention import implementations, layouts, remat  # noqa: E402
-from ringattention_models import flops as flops_lib  # noqa: E402
-from ringattention_models import llama  # noqa: E402
-from ringattention_models.sharding import BATCH, MeshConfig, make_mesh  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

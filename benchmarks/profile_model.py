@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import model as bench  # noqa: E402
 
-from ringattention_models import llama  # noqa: E402
+from models import llama  # noqa: E402
 
 CATEGORIES = (
     ("attention", re.compile(r"ring_step|fwd_kernel|dq_kernel|dkv_kernel|flash|fmha|attention|mosaic|cudnn",

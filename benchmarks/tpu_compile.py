@@ -9,7 +9,7 @@ lower(...).compile()`` runs the TPU compiler for them here, no TPU attached. Two
   ``pallas_tpu`` on a TPU mesh, and ``xla``) in a ``shard_map`` over the slice, for head dims
   64/128/256, GQA, causal zigzag and packed segment ids: compiles or not, the kernel's block sizes,
   the compiler's per-chip temporaries.
-- ``ringattention_train``: the AdamW training step (forward, backward, update) of the 1b/8b/70b presets at
+- ``train``: the AdamW training step (forward, backward, update) of the 1b/8b/70b presets at
   128K-4M tokens with the sequence over the whole slice (ring; "usp" rows: Ulysses x ring), remat
   "full", attention "auto": the compiler's per-chip peak (arguments + outputs + temporaries -
   donated aliases) against the chip's HBM, its FLOP count, and the longest context that fits.
@@ -43,8 +43,8 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import ringattention as ra  # noqa: E402
-from ringattention_models import llama  # noqa: E402
-from ringattention_models.sharding import MeshConfig, make_mesh  # noqa: E402
+from models import llama  # noqa: E402
+from models.sharding import MeshConfig, make_mesh  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 GIB = 2**30
@@ -192,7 +192,7 @@ def markdown(meta: dict, ring_rows: list[dict], train_rows: list[dict]) -> str:
              f"jax {meta['jax']}, libtpu {meta['libtpu']})", "",
              "`python benchmarks/tpu_compile.py`: the TPU compiler's own numbers, no TPU attached. "
              "Memory is per device (a v4 device is one TensorCore: half a chip's 32 GiB). Model "
-             "TFLOP: the step's exact FLOPs (`ringattention_models/flops.py`: 6 N per token plus causal "
+             "TFLOP: the step's exact FLOPs (`models/flops.py`: 6 N per token plus causal "
              "attention) per device. Compiler TFLOP: XLA's `cost_analysis()`, which counts "
              "neither the Pallas kernels (custom calls) nor more than one trip of the layer scan, "
              "so it is far below the work done.", ""]

@@ -388,7 +388,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         two-kernel backward instead of the fused one: 0.93-1.02x its speed on an H200 at head
         dims 64-128). XLA's own GPU ops (the scatter of an embedding gradient, autotuned GEMMs)
         also need the process started with
-        ``XLA_FLAGS=--xla_gpu_deterministic_ops=true``; ``python -m ringattention_train`` sets it when the
+        ``XLA_FLAGS=--xla_gpu_deterministic_ops=true``; ``python -m train`` sets it when the
         config says ``deterministic: true``.
       ulysses_axis: None, or a second mesh axis of size U for 2-D context parallelism
         (``ringattention.ulysses``): the shards are pieces of the sequence split over

@@ -255,7 +255,7 @@ def gather_chunks(requested, shard: int, takes_shard=lambda n: True) -> int:
 
 
 # ---- the documented table ---------------------------------------------------------------------
-# (heads, kv heads, head dim) of Llama 3.2 1B and Llama 3.1 8B attention (ringattention_models/config.py)
+# (heads, kv heads, head dim) of Llama 3.2 1B and Llama 3.1 8B attention (models/config.py)
 REPRESENTATIVE = {"1b": (32, 8, 64), "8b": (32, 8, 128)}
 DOC_SEQS = (32768, 131072, 1048576)
 DOC_DEVICES = (8, 64)

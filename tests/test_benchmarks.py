@@ -88,7 +88,7 @@ def test_attention_block_spec_keeps_pallas_hopper_defaults(bench):
 
 @pytest.mark.slow
 def test_determinism_script_smoke(bench, tmp_path):
-    """``benchmarks/determinism.py --cpu``: four ``python -m ringattention_train`` processes (two runs, a stop
+    """``benchmarks/determinism.py --cpu``: four ``python -m train`` processes (two runs, a stop
     and a resume) on a ring of two CPU devices compare bitwise equal, with XLA's deterministic flag set."""
     out = str(tmp_path / "det")
     result = bench("determinism").main(["--cpu", "--steps", "2", "--stop", "1", "--out", out])
@@ -241,3 +241,4 @@ def test_options_every_variant_is_exact_and_timed(bench, tmp_path):
                for r in result["rows"])
     assert json.load(open(out + ".json"))["rows"][0]["fwd_vs_plain"] == 1.0
     assert "| sinks | xla |" in open(out + ".md").read()
+

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from ringattention_train import __main__ as cli
-from ringattention_train import config as config_lib
+from train import __main__ as cli
+from train import config as config_lib
 
 CONFIGS = sorted((pathlib.Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 
@@ -21,9 +21,9 @@ def test_there_are_presets():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_config_parses_and_fits(path):
-    from ringattention_models import llama
-    from ringattention_models.sharding import MeshConfig
-    from ringattention_train import steps
+    from models import llama
+    from models.sharding import MeshConfig
+    from train import steps
 
     config = config_lib.load(str(path))
     config_lib.check(config)
@@ -111,7 +111,7 @@ def _one_line_error(capsys, argv: list[str]) -> str:
 def test_bare_command_prints_usage_and_exits_2(capsys):
     assert cli.main([]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: python -m ringattention_train --config CONFIG.yaml") and "--help" in err
+    assert err.startswith("usage: python -m train --config CONFIG.yaml") and "--help" in err
 
 
 @pytest.mark.parametrize("argv, error", [

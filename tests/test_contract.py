@@ -174,8 +174,8 @@ def test_debug_model_training_step_compiles_for_tpu_with_auto_attention():
     "auto" (pallas_tpu there), compiled by the TPU compiler on this CPU host."""
     import optax
 
-    from ringattention_models import llama
-    from ringattention_models.sharding import MeshConfig, make_mesh
+    from models import llama
+    from models.sharding import MeshConfig, make_mesh
 
     mesh = make_mesh(MeshConfig(sp=4), tpu_devices())
     config = llama.get_config("debug", attention="auto")
@@ -229,10 +229,10 @@ def test_notebook_02_functions_compile_for_tpu():
     v5e:2x2 by the TPU compiler."""
     import pathlib
 
-    from ringattention_models import llama
-    from ringattention_models.sharding import BATCH, MeshConfig, make_mesh
-    from ringattention_train import config as config_lib
-    from ringattention_train import sample, steps
+    from models import llama
+    from models.sharding import BATCH, MeshConfig, make_mesh
+    from train import config as config_lib
+    from train import sample, steps
 
     root = pathlib.Path(__file__).parents[1]
     config = config_lib.load(str(root / "configs" / "debug.yaml"),
@@ -258,9 +258,9 @@ def test_notebook_02_functions_compile_for_tpu():
 def test_notebook_03_functions_compile_for_tpu():
     """Notebook 03 on a TPU runtime: the needle prompts' prefill (ring attention "auto", which is
     pallas_tpu at these lengths) and the decoder's cache extension, compiled for v5e:2x2."""
-    from ringattention_models import generate as gen
-    from ringattention_models import kvcache, llama
-    from ringattention_models.sharding import MeshConfig, make_mesh
+    from models import generate as gen
+    from models import kvcache, llama
+    from models.sharding import MeshConfig, make_mesh
 
     mesh = make_mesh(MeshConfig(sp=-1), tpu_devices())
     config = llama.get_config("debug", max_position_embeddings=4096, layout="zigzag",

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from models.tokenizer import ByteTokenizer, get_tokenizer
 from ringattention import layouts
-from ringattention_models.tokenizer import ByteTokenizer, get_tokenizer
-from ringattention_train import data
+from train import data
 
 DOCS = ["alpha beta gamma", "the quick brown fox jumps", "x", "", "lorem ipsum dolor sit amet",
         "one two three four five six seven", "ab"]

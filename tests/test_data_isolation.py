@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ringattention_models.tokenizer import ByteTokenizer
-from ringattention_train import data
+from models.tokenizer import ByteTokenizer
 from tests.ringcheck import F32_RTOL
+from train import data
 
 DOCS = ["In the beginning God created", "And the earth was without form, and void;",
         "Let there be light: and there was light."]
@@ -18,8 +18,8 @@ SEQ = 128
 def model():
     import jax
 
-    from ringattention_models import llama
-    from ringattention_models.sharding import MeshConfig, make_mesh
+    from models import llama
+    from models.sharding import MeshConfig, make_mesh
 
     mesh = make_mesh(MeshConfig(fsdp=2, sp=4))
     cfg = llama.get_config("debug", layout="zigzag", attention="xla", q_chunk=8, kv_chunk=8)
@@ -27,7 +27,7 @@ def model():
 
 
 def _logits(model, rows):
-    from ringattention_models import llama
+    from models import llama
 
     cfg, mesh, params = model
     ids = np.stack([rows["input_ids"]] * 2)  # batch divisible by fsdp

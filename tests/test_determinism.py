@@ -1,7 +1,7 @@
 """deterministic=True: kernels whose sums have a fixed order, chosen from the ring, the model and
 the training config; two training runs and a stop/resume are bitwise equal (CPU).
 
-On the device: ``benchmarks/determinism.py`` (two runs and a stop/resume of ``python -m ringattention_train``
+On the device: ``benchmarks/determinism.py`` (two runs and a stop/resume of ``python -m train``
 on one GPU, compared bitwise); its CPU smoke mode runs in tests/test_benchmarks.py (slow).
 """
 
@@ -17,15 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models import llama
 from ringattention import implementations, ring_attention
 from ringattention.kernels import hopper_backward as hb
 from ringattention.kernels import hopper_cta_dq_bwd as hcb
 from ringattention.kernels import pallas_hopper as ph
-from ringattention_models import llama
-from ringattention_train import config as config_lib
-from ringattention_train import steps, train
-from ringattention_train.metrics import read_metrics
 from tests.test_train import small
+from train import config as config_lib
+from train import steps, train
+from train.metrics import read_metrics
 
 needs_interpret = pytest.mark.skipif(ph.interpret_params() is None,
                                      reason="this jax has no Mosaic GPU interpret mode")

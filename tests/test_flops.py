@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models import flops, llama
 from ringattention import layouts, masks
-from ringattention_models import flops, llama
 
 CONFIG = llama.get_config("1b")
 

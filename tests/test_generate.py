@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from ringcheck import F32_RTOL
 
+from models import generate as gen
+from models import kvcache, llama
+from models.sharding import MeshConfig, make_mesh
 from ringattention import layouts
-from ringattention_models import generate as gen
-from ringattention_models import kvcache, llama
-from ringattention_models.sharding import MeshConfig, make_mesh
 
 NEW = 5  # tokens generated per test
 
@@ -221,23 +221,23 @@ def test_causal_paths_default_to_zigzag(params):
                                                              "be read"),
 ])
 def test_cli_mistakes_are_one_line(capsys, argv, error):
-    from ringattention_models import cli
+    from models import cli
 
-    with pytest.raises(SystemExit) as exit_info:  # as `python -m ringattention_models.generate` runs it
+    with pytest.raises(SystemExit) as exit_info:  # as `python -m models.generate` runs it
         import sys
 
-        sys.exit(cli.run(gen.main, "python -m ringattention_models.generate", argv))
+        sys.exit(cli.run(gen.main, "python -m models.generate", argv))
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1, err
-    assert err.startswith(f"python -m ringattention_models.generate: error: {error}"), err
+    assert err.startswith(f"python -m models.generate: error: {error}"), err
 
 
 def test_train_generate_cli_mistakes_are_one_line(tmp_path, capsys):
-    from ringattention_train import generate as train_generate
+    from train import generate as train_generate
 
     assert train_generate.cli(["--run_dir", str(tmp_path), "--prompt", "a"]) == 2
     assert train_generate.cli(["needle", "--run_dir", str(tmp_path), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.splitlines()
-    cmd = "python -m ringattention_train.generate"
+    cmd = "python -m train.generate"
     assert err == [f"{cmd}: error: config file '{tmp_path}/config.yaml' does not exist",
                    f"{cmd} needle: error: config file '{tmp_path}/config.yaml' does not exist"]

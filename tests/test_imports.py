@@ -1,6 +1,5 @@
-"""Imports point one way: ringattention_train -> ringattention_models -> ringattention (checked on
-the source, every file); the library never imports benchmarks/ (its cost model,
-``ringattention.strategy``, stands alone)."""
+"""Imports point one way: train -> models -> ringattention (checked on the source, every file); the
+library never imports benchmarks/ (its cost model, ``ringattention.strategy``, stands alone)."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FORBIDDEN = {"ringattention": {"ringattention_models", "ringattention_train", "benchmarks"},
-             "ringattention_models": {"ringattention_train"}, "ringattention_train": set()}
+FORBIDDEN = {"ringattention": {"models", "train", "benchmarks"}, "models": {"train"}, "train": set()}
 
 
 def imported_packages(path: pathlib.Path) -> set[str]:
@@ -39,6 +37,6 @@ def test_imports_point_one_way(package):
 
 def test_the_checker_sees_nested_and_dynamic_imports(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text("import importlib\ndef g():\n    from ringattention_train.x import y\n"
-                 "    importlib.import_module('ringattention_models.z')\n")
-    assert imported_packages(f) >= {"ringattention_train", "ringattention_models", "importlib"}
+    f.write_text("import importlib\ndef g():\n    from train.x import y\n"
+                 "    importlib.import_module('models.z')\n")
+    assert imported_packages(f) >= {"train", "models", "importlib"}

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models import flops, llama
+from models.sharding import MeshConfig, make_mesh
 from ringattention import layouts
-from ringattention_models import flops, llama
-from ringattention_models.sharding import MeshConfig, make_mesh
 
 GRAD_RTOL = 1e-4  # relative Frobenius error between float32 gradients computed two ways
 LOSS_RTOL = 1e-5  # relative error between float32 losses computed two ways

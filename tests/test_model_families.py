@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from test_model_hf import LOGITS_RTOL, hf_logits, mesh_of, rel_err
 
+from models import generate as gen
+from models import llama
+from models.config import LlamaConfig, num_params
+from models.hf import config_from_hf
+from models.sharding import MeshConfig
 from ringattention import implementation_names, implementations
-from ringattention_models import generate as gen
-from ringattention_models import llama
-from ringattention_models.config import LlamaConfig, num_params
-from ringattention_models.hf import config_from_hf
-from ringattention_models.sharding import MeshConfig
 
 torch = pytest.importorskip("torch", reason="HF parity tests need torch (CPU)")
 transformers = pytest.importorskip("transformers", reason="HF parity tests need transformers")

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ringattention_models import llama
-from ringattention_models.hf import config_from_hf
-from ringattention_models.sharding import MeshConfig, make_mesh
+from models import llama
+from models.hf import config_from_hf
+from models.sharding import MeshConfig, make_mesh
 
 torch = pytest.importorskip("torch", reason="HF parity tests need torch (CPU)")
 transformers = pytest.importorskip("transformers", reason="HF parity tests need transformers")

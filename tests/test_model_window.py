@@ -15,10 +15,10 @@ import pytest
 from ringcheck import F32_RTOL
 from test_model_hf import LOGITS_RTOL, hf_logits, mesh_of, rel_err
 
-from ringattention_models import flops, kvcache, llama
-from ringattention_models import generate as gen
-from ringattention_models.hf import config_from_hf
-from ringattention_models.sharding import MeshConfig
+from models import flops, kvcache, llama
+from models import generate as gen
+from models.hf import config_from_hf
+from models.sharding import MeshConfig
 
 torch = pytest.importorskip("torch", reason="HF parity tests need torch (CPU)")
 transformers = pytest.importorskip("transformers", reason="HF parity tests need transformers")

@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from ringattention_models import needle
-from ringattention_models.tokenizer import ByteTokenizer
+from models import needle
+from models.tokenizer import ByteTokenizer
 
 
 @pytest.mark.parametrize("num_needles", [1, 3])

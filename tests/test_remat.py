@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import pytest
 from test_model import GRAD_RTOL, LOSS_RTOL, assert_trees_close, packed_batch, rel_err, to_ring
 
+from models import llama
+from models.sharding import MeshConfig, make_mesh
 from ringattention import implementations
 from ringattention import remat as ra_remat
-from ringattention_models import llama
-from ringattention_models.sharding import MeshConfig, make_mesh
 
 SEQ = 256
 

@@ -220,7 +220,7 @@ def test_docs_table_is_generated():
 
 
 def test_representative_shapes_are_the_presets():
-    from ringattention_models.config import get_config
+    from models.config import get_config
 
     for name, (h, k, d) in st.REPRESENTATIVE.items():
         c = get_config(name)

@@ -10,13 +10,13 @@ import jax
 import numpy as np
 import pytest
 
-from ringattention_models import llama
-from ringattention_train import __main__ as cli
-from ringattention_train import config as config_lib
-from ringattention_train import generate as train_generate
-from ringattention_train import train
-from ringattention_train.checkpoint import Checkpointer, CheckpointError
-from ringattention_train.metrics import read_metrics
+from models import llama
+from train import __main__ as cli
+from train import config as config_lib
+from train import generate as train_generate
+from train import train
+from train.checkpoint import Checkpointer, CheckpointError
+from train.metrics import read_metrics
 
 # Restoring the deliberately damaged checkpoint below makes orbax read arrays in parallel and raise
 # one error; the other reads' futures are dropped and reported later, against whichever test runs.
@@ -114,7 +114,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
 
 
 def test_init_from_hugging_face_checkpoint(tmp_path):
-    from ringattention_models import llama
+    from models import llama
 
     trained = train.main(small(tmp_path / "trained"))
     model = llama.get_config("debug", **small(tmp_path).model.overrides)
@@ -220,7 +220,7 @@ def test_failed_restore_reports_are_dropped():
     # `checkpoint error`); the hook drops those and passes any other report on.
     import types
 
-    from ringattention_train import checkpoint
+    from train import checkpoint
 
     async def _read_array_index_and_device_put():  # named like orbax's coroutine
         pass
@@ -242,7 +242,7 @@ def test_nonfinite_step_is_never_saved(tmp_path, capsys):
     # The issue's run: a huge lr without clipping makes a step's gradient norm NaN.
     import re
 
-    from ringattention_train.guard import NonFiniteError
+    from train.guard import NonFiniteError
 
     bad = ["--optim.lr=1e6", "--optim.clip_norm=0", "--checkpoint.every=1", "--checkpoint.keep=1"]
     with pytest.raises(NonFiniteError) as info:
@@ -253,8 +253,8 @@ def test_nonfinite_step_is_never_saved(tmp_path, capsys):
            f"'{tmp_path / 'stop' / 'checkpoints'}': relaunch to resume from it" in str(info.value)
     ckpt = Checkpointer(str(tmp_path / "stop" / "checkpoints"), keep=1, async_save=False)
     assert ckpt.steps() == [step - 1]  # keep=1 kept the newest finite one
-    from ringattention_models.sharding import MeshConfig, make_mesh
-    from ringattention_train.steps import abstract_params
+    from models.sharding import MeshConfig, make_mesh
+    from train.steps import abstract_params
 
     like = abstract_params(llama.get_config("debug", **small(tmp_path).model.overrides),
                            make_mesh(MeshConfig(fsdp=2, sp=4)))
@@ -280,7 +280,7 @@ def test_nonfinite_step_is_never_saved(tmp_path, capsys):
 def test_resume_checks_steps_changes_eval_and_metrics(tmp_path):
     import json
 
-    from ringattention_train.config import ConfigError
+    from train.config import ConfigError
 
     run = tmp_path / "run"
     train.main(small(run, "--stop_at=4"))
@@ -353,7 +353,7 @@ def test_init_from_errors_are_one_line_naming_the_path(tmp_path, capsys, config_
 
 
 def test_one_text_file_trains(tmp_path):
-    from ringattention_train import data
+    from train import data
 
     corpus = tmp_path / "corpus.txt"  # the embedded corpus as one ~570 KB text file
     corpus.write_text("\n\n".join(data.read_documents(data.default_paths())))

@@ -13,12 +13,12 @@ import jax
 import numpy as np
 import pytest
 
-from ringattention_models import llama
-from ringattention_models.sharding import MeshConfig, make_mesh
-from ringattention_train import steps, train
-from ringattention_train.checkpoint import Checkpointer
-from ringattention_train.metrics import read_metrics
+from models import llama
+from models.sharding import MeshConfig, make_mesh
 from tests.test_train import DEBUG, SMALL, small
+from train import steps, train
+from train.checkpoint import Checkpointer
+from train.metrics import read_metrics
 
 MULTIHOST_RTOL = 1e-5  # gloo all-reduces vs in-process ones: summation order may differ
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,14 +32,14 @@ def _free_port() -> int:
 
 
 def _launch_two(run_dir, extra=None, timeout: float = 300) -> tuple[list[int], list[str]]:
-    """Runs ``python -m ringattention_train`` as processes 0 and 1 (``extra[i]``: process i's own options);
+    """Runs ``python -m train`` as processes 0 and 1 (``extra[i]``: process i's own options);
     returns their exit statuses and outputs. Processes still running after ``timeout`` are killed."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     procs = []
     for pid in range(2):
-        cmd = [sys.executable, "-m", "ringattention_train", "--config", DEBUG, *SMALL, *STOP,
+        cmd = [sys.executable, "-m", "train", "--config", DEBUG, *SMALL, *STOP,
                f"--run_dir={run_dir}", "--cpu_devices=4",
                f"--distributed.coordinator_address=127.0.0.1:{port}",
                "--distributed.num_processes=2", f"--distributed.process_id={pid}",

@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from ringattention_train import distributed, metrics, optim
-from ringattention_train.config import DistributedSection, OptimSection
+from train import distributed, metrics, optim
+from train.config import DistributedSection, OptimSection
 
 
 def test_schedule_warms_up_then_decays_to_the_floor():
@@ -23,7 +23,7 @@ def test_schedule_warms_up_then_decays_to_the_floor():
 
 
 def test_weight_decay_only_on_matrices():
-    from ringattention_models import llama
+    from models import llama
 
     params = llama.abstract_params(llama.get_config("debug"))
     for decay_emb in (False, True):

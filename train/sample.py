@@ -15,9 +15,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ringattention_models import llama
-from ringattention_models.sharding import BATCH, attention_axes
-from ringattention_models.tokenizer import Tokenizer
+from models import llama
+from models.sharding import BATCH, attention_axes
+from models.tokenizer import Tokenizer
 
 
 def _next_token_fn(model_cfg: llama.LlamaConfig, mesh: Mesh, temperature: float):

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import optax
 
-from ringattention_train.config import OptimSection
+from train.config import OptimSection
 
 
 def schedule(cfg: OptimSection, total_steps: int) -> optax.Schedule:

@@ -2,8 +2,7 @@
 
 All three share ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``vocab_size`` and ``eos_id``
 (None when the tokenizer has no end-of-sequence token). Files are read through fsspec when it is
-installed (any URL), else from local paths. Used by ``ringattention_models.generate`` and by training
-(``ringattention_train``).
+installed (any URL), else from local paths. Used by ``models.generate`` and by training (``train``).
 """
 
 from __future__ import annotations

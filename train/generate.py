@@ -1,14 +1,11 @@
 """Text generation and the needle test from a training run directory.
 
-``ringattention_models.generate`` / ``ringattention_models.needle`` read Hugging Face directories and
-presets; reading a run directory (its ``config.yaml``, newest complete checkpoint and tokenizer) needs
-the training side, so it lives here and imports point one way (ringattention_train ->
-ringattention_models -> ringattention)::
+``models.generate`` / ``models.needle`` read Hugging Face directories and presets; reading a run
+directory (its ``config.yaml``, newest complete checkpoint and tokenizer) needs the training side, so
+it lives here and imports point one way (train -> models -> ringattention)::
 
-    python -m ringattention_train.generate --run_dir runs/debug --prompt "And God said" \
-        [ringattention_models.generate options]
-    python -m ringattention_train.generate needle --run_dir runs/debug --out DIR \
-        [ringattention_models.needle options]
+    python -m train.generate --run_dir runs/debug --prompt "And God said" [models.generate options]
+    python -m train.generate needle --run_dir runs/debug --out DIR [models.needle options]
 """
 
 from __future__ import annotations
@@ -20,13 +17,13 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import Mesh
 
-from ringattention_models import generate as gen
-from ringattention_models import llama, needle
-from ringattention_models.cli import run
-from ringattention_models.tokenizer import get_tokenizer
-from ringattention_train import config as config_lib
-from ringattention_train import steps
-from ringattention_train.checkpoint import Checkpointer, CheckpointError
+from models import generate as gen
+from models import llama, needle
+from models.cli import run
+from models.tokenizer import get_tokenizer
+from train import config as config_lib
+from train import steps
+from train.checkpoint import Checkpointer, CheckpointError
 
 
 def load_run(run_dir: str, mesh: Mesh | None = None, step: int | None = None, **overrides):
@@ -57,15 +54,15 @@ def main(argv: Sequence[str] | None = None):
     """``[needle] --run_dir DIR ...``: the generation CLI, or the needle test with ``needle``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["needle"]:
-        return needle.main(argv[1:], load_run=load_run, prog="python -m ringattention_train.generate needle")
-    return gen.main(argv, load_run=load_run, prog="python -m ringattention_train.generate")
+        return needle.main(argv[1:], load_run=load_run, prog="python -m train.generate needle")
+    return gen.main(argv, load_run=load_run, prog="python -m train.generate")
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
     """``main`` as a command: a user error (bad option, missing or damaged run) is one line on
     stderr and exit status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    prog = "python -m ringattention_train.generate" + (" needle" if argv[:1] == ["needle"] else "")
+    prog = "python -m train.generate" + (" needle" if argv[:1] == ["needle"] else "")
     return run(main, prog, argv, errors=(CheckpointError,))
 
 

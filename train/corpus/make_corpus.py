@@ -1,4 +1,4 @@
-"""Regenerates ``ringattention_train/corpus/kjv.jsonl``: chapters of the King James Bible (public domain).
+"""Regenerates ``train/corpus/kjv.jsonl``: chapters of the King James Bible (public domain).
 
 The text comes from Debian's ``bible-kjv`` package (``apt-get install bible-kjv``), whose ``bible``
 program prints verses. Each chapter becomes one JSONL document ``{"text": ..., "source": ...}``.

@@ -18,17 +18,17 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ringattention_models import llama
-from ringattention_models.sharding import MeshConfig, make_mesh
-from ringattention_models.tokenizer import get_tokenizer
-from ringattention_train import config as config_lib
-from ringattention_train import data as data_lib
-from ringattention_train import distributed, optim, resume, sample, steps
-from ringattention_train import metrics as metrics_lib
-from ringattention_train.checkpoint import Checkpointer, CheckpointError
-from ringattention_train.config import ConfigError
-from ringattention_train.guard import FiniteCheck
-from ringattention_train.metrics import MetricsWriter, mfu, peak_tflops
+from models import llama
+from models.sharding import MeshConfig, make_mesh
+from models.tokenizer import get_tokenizer
+from train import config as config_lib
+from train import data as data_lib
+from train import distributed, optim, resume, sample, steps
+from train import metrics as metrics_lib
+from train.checkpoint import Checkpointer, CheckpointError
+from train.config import ConfigError
+from train.guard import FiniteCheck
+from train.metrics import MetricsWriter, mfu, peak_tflops
 
 
 @dataclasses.dataclass
@@ -180,12 +180,12 @@ def _setup(config: config_lib.TrainConfig):
     """(mesh, model config, tokenizer, data) of a stage, or ConfigError naming what cannot work."""
     if config.cpu_devices and jax.local_device_count() != config.cpu_devices:
         raise ConfigError(f"cpu_devices={config.cpu_devices} but this process has "
-                          f"{jax.local_device_count()} devices; launch through `python -m "
-                          "ringattention_train` (it sets XLA_FLAGS before jax starts)")
+                          f"{jax.local_device_count()} devices; launch through `python -m train` "
+                          "(it sets XLA_FLAGS before jax starts)")
     xla_deterministic = config_lib.xla_deterministic(os.environ.get("XLA_FLAGS", ""))
     if config.deterministic and jax.default_backend() == "gpu" and not xla_deterministic:
         raise ConfigError(f"deterministic=true on GPU needs XLA_FLAGS={config_lib.XLA_DETERMINISTIC} "
-                          "before jax starts (python -m ringattention_train sets it; in Python, set "
+                          "before jax starts (python -m train sets it; in Python, set "
                           "os.environ['XLA_FLAGS'] before the first jax call)")
     try:
         mesh = make_mesh(MeshConfig(**dataclasses.asdict(config.mesh)))

@@ -3,7 +3,7 @@
 Every process runs the same command and config; process 0 writes metrics and prints.
 
 When one process of a job fails, the others would otherwise hang in a collective or wait at the
-coordination service's shutdown barrier for minutes. ``python -m ringattention_train`` therefore runs a
+coordination service's shutdown barrier for minutes. ``python -m train`` therefore runs a
 :class:`Watchdog` in every process: a failing process posts its error to the coordination service's
 key-value store and waits (a few seconds at most) until the others have read it; every other process
 polls the store, prints "process <i> failed: <error>" and exits non-zero at once. A process that
@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from ringattention_train.config import DistributedSection
+from train.config import DistributedSection
 
 KV_TIMEOUT_MS = 300_000  # how long process 0 waits for the others' values (they run in lockstep)
 FAILED = "ringattention/failed/"  # + process id: that process's error

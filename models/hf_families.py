@@ -1,7 +1,7 @@
 """The Hugging Face config.json fields and tensor names of the families beyond LLaMA / Mistral:
 Qwen3 (``Qwen3ForCausalLM``), Gemma 2 (``Gemma2ForCausalLM``) and gpt-oss (``GptOssForCausalLM``).
 
-``ringattention_models.hf`` reads the fields every family shares; this module adds each family's own (layer
+``models.hf`` reads the fields every family shares; this module adds each family's own (layer
 types and windows, soft caps, experts, YaRN RoPE) and its per-layer tensors. gpt-oss checkpoints are read
 in transformers' dequantized layout (``mlp.experts.gate_up_proj`` [experts, embed, 2 * mlp] with gate
 and up interleaved), not the released MXFP4 ``*_blocks`` / ``*_scales`` tensors.
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from einops import rearrange
 
-from ringattention_models.config import LlamaConfig, RopeScaling
+from models.config import LlamaConfig, RopeScaling
 
 MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen3": "qwen3", "gemma2": "gemma2",
                "gpt_oss": "gpt_oss"}  # config.json model_type -> LlamaConfig.family

@@ -5,7 +5,7 @@ Reads config.json as written by transformers 4.x (``rope_theta``, ``rope_scaling
 (``rope_parameters``) and maps ``LlamaForCausalLM`` weights to this package's parameter tree (LLaMA,
 Touvron et al. 2023). ``MistralForCausalLM`` (Mistral 7B, Jiang et al. 2023) has the same weights;
 its ``sliding_window`` becomes ``LlamaConfig.sliding_window``, and a config with a window is saved as
-a Mistral checkpoint. The other families' fields and tensors are in ``ringattention_models.hf_families``. The
+a Mistral checkpoint. The other families' fields and tensors are in ``models.hf_families``. The
 safetensors format (8-byte little-endian header length, a JSON header of
 dtype / shape / byte offsets, raw little-endian data) is read with numpy memory maps and written
 here.
@@ -24,8 +24,8 @@ import ml_dtypes
 import numpy as np
 from einops import rearrange
 
-from ringattention_models import hf_families
-from ringattention_models.config import LlamaConfig, RopeScaling
+from models import hf_families
+from models.config import LlamaConfig, RopeScaling
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
               "I64": np.int64, "I32": np.int32}

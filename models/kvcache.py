@@ -29,11 +29,11 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from models.config import LlamaConfig
+from models.sharding import BATCH, axis_size
 from ringattention import implementations, layouts
 from ringattention.blockwise import BlockSizes
 from ringattention.ring import merge
-from ringattention_models.config import LlamaConfig
-from ringattention_models.sharding import BATCH, axis_size
 
 F32 = jnp.float32
 CACHE_SPEC = P(None, BATCH, "sp", "tp", None)  # [layers, batch, seq (layout order), kv_heads, dim]

@@ -1,5 +1,4 @@
-"""What the command lines of ``ringattention_models`` (and ``ringattention_train.generate``) share: one-line
-errors.
+"""What the command lines of ``models`` (and ``train.generate``) share: one-line errors.
 
 A mistake of the user's (a bad option, a missing file, a config that cannot work) is one line on
 stderr, ``PROG: error: ...``, and exit status 2, never a traceback.

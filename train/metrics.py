@@ -1,9 +1,9 @@
 """Training metrics: JSONL in the run directory, TensorBoard event files, throughput and MFU.
 
 MFU (model FLOPs utilisation, PaLM, Chowdhery et al. 2022) = the model FLOPs of the batches trained
-in a logging window, counted from their documents (``ringattention_models.flops.batch_flops``: attention only
+in a logging window, counted from their documents (``models.flops.batch_flops``: attention only
 within each packed document, as the kernels compute it), per second, over the devices' peak
-(``ringattention_models.flops.peak_tflops``: the measured bf16 matmul rate where the project measured one,
+(``models.flops.peak_tflops``: the measured bf16 matmul rate where the project measured one,
 else the datasheet figure). Every record carries ``flops_per_token`` (counted), ``peak_tflops`` and
 ``peak_source``.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import fsspec
 
-from ringattention_models.flops import Peak, mfu, peak_tflops  # noqa: F401  (the training loop's names for them)
+from models.flops import Peak, mfu, peak_tflops  # noqa: F401  (the training loop's names for them)
 
 
 def _clean(value: Any) -> Any:

@@ -2,14 +2,14 @@
 
 Ring Attention with Blockwise Transformers (Liu, Zaharia & Abbeel 2023) for the prefill of prompts
 longer than one device holds; the decode keeps every device's cache shard in place and merges
-per-device partial attention with one small all-reduce (``ringattention_models.kvcache``) instead of rotating
-the cache around the ring for every token as Large World Model (Liu et al. 2024) does. LLaMA (Touvron
-et al. 2023) layer math is the same as ``ringattention_models.modules`` (its RMSNorm / MLP modules and RoPE
+per-device partial attention with one small all-reduce (``models.kvcache``) instead of rotating the
+cache around the ring for every token as Large World Model (Liu et al. 2024) does. LLaMA (Touvron
+et al. 2023) layer math is the same as ``models.modules`` (its RMSNorm / MLP modules and RoPE
 functions are applied to the model's own parameter tree).
 
 API: :func:`prefill`, :func:`extend` (decode = extend by one token per sequence),
 :func:`sample_logits`, :func:`generate` (batches of prompts of different lengths, shared-prefix
-reuse, stop tokens, streaming). CLI: ``python -m ringattention_models.generate --help``.
+reuse, stop tokens, streaming). CLI: ``python -m models.generate --help``.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 
-from ringattention import layouts
-from ringattention.ring import merge
-from ringattention_models import kvcache
-from ringattention_models.config import LlamaConfig
-from ringattention_models.kvcache import KVCache
-from ringattention_models.modules import (
+from models import kvcache
+from models.config import LlamaConfig
+from models.kvcache import KVCache
+from models.modules import (
     MLP,
     RMSNorm,
     apply_rope,
@@ -40,7 +38,9 @@ from ringattention_models.modules import (
     head_weight,
     rope_tables,
 )
-from ringattention_models.sharding import axis_size, constrain
+from models.sharding import axis_size, constrain
+from ringattention import layouts
+from ringattention.ring import merge
 
 F32 = jnp.float32
 CACHE_MODES = ("allreduce", "rotate")
@@ -66,8 +66,7 @@ def _norm(config: LlamaConfig, p, x):
 
 
 def _qkv(config: LlamaConfig, mesh, p, x, cos, sin, seq_name):
-    """q [B, S, H, D], k/v [B, S, K, D] exactly as ``ringattention_models.modules.Attention`` computes
-    them."""
+    """q [B, S, H, D], k/v [B, S, K, D] exactly as ``models.modules.Attention`` computes them."""
     dt = jnp.dtype(config.dtype)
 
     def proj(w, names):
@@ -360,14 +359,13 @@ def load_model(*, hf: str | None = None, preset: str | None = None, mesh: Mesh |
                **overrides):
     """(config, params, tokenizer) from a Hugging Face directory or a preset with random weights.
 
-    A training run directory is read on the training side: ``ringattention_train.generate.load_run`` (CLI:
-    ``python -m ringattention_train.generate --run_dir DIR``), so that this package never imports
-    ``ringattention_train``.
+    A training run directory is read on the training side: ``train.generate.load_run`` (CLI:
+    ``python -m train.generate --run_dir DIR``), so that this package never imports ``train``.
     """
     import os
 
-    from ringattention_models import llama
-    from ringattention_models.tokenizer import ByteTokenizer, HFTokenizer
+    from models import llama
+    from models.tokenizer import ByteTokenizer, HFTokenizer
 
     if (hf is None) == (preset is None):
         raise ValueError(f"give exactly one of hf / preset; got {hf=} {preset=}")
@@ -407,7 +405,7 @@ def load_from_args(args, mesh: Mesh | None, load_run: RunLoader | None, **overri
 
 
 def _parser(prog: str, load_run: RunLoader | None):
-    from ringattention_models.cli import Parser
+    from models.cli import Parser
 
     ap = Parser(prog=prog, description=__doc__.split("\n")[0])
     add_source_args(ap, load_run)
@@ -446,12 +444,12 @@ def _read_prompts(parser, args) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None,
-         prog: str = "python -m ringattention_models.generate") -> list[str]:
+         prog: str = "python -m models.generate") -> list[str]:
     """The CLI; returns the generated texts (stop strings cut off). ``load_run`` adds ``--run_dir``
-    (``python -m ringattention_train.generate`` passes the training side's loader)."""
+    (``python -m train.generate`` passes the training side's loader)."""
     import sys
 
-    from ringattention_models.sharding import MeshConfig, make_mesh
+    from models.sharding import MeshConfig, make_mesh
 
     parser = _parser(prog, load_run)
     args = parser.parse_args(argv)
@@ -504,6 +502,6 @@ def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None
 if __name__ == "__main__":
     import sys
 
-    from ringattention_models.cli import run
+    from models.cli import run
 
-    sys.exit(run(main, "python -m ringattention_models.generate"))
+    sys.exit(run(main, "python -m models.generate"))

@@ -4,7 +4,7 @@ Ring Attention with Blockwise Transformers (Liu, Zaharia & Abbeel 2023); LLaMA (
 2023); The Llama 3 Herd of Models (Grattafiori et al. 2024).
 """
 
-from ringattention_models.config import PRESETS, LlamaConfig, RopeScaling, get_config
-from ringattention_models.sharding import MeshConfig, make_mesh
+from models.config import PRESETS, LlamaConfig, RopeScaling, get_config
+from models.sharding import MeshConfig, make_mesh
 
 __all__ = ["PRESETS", "LlamaConfig", "MeshConfig", "RopeScaling", "get_config", "make_mesh"]

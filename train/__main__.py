@@ -1,17 +1,17 @@
-"""``python -m ringattention_train --config configs/X.yaml [--a.b=c ...]``; ``--help`` lists every option.
+"""``python -m train --config configs/X.yaml [--a.b=c ...]``; ``--help`` lists every option.
 
 The config is read before jax is imported: ``cpu_devices: N`` sets
 ``--xla_force_host_platform_device_count=N`` (and the CPU platform) so N virtual devices exist, and
 ``deterministic: true`` sets ``--xla_gpu_deterministic_ops=true``. Mistakes in the config, and
 settings found not to work while setting up (data paths, a sequence the ring cannot split, a
 damaged checkpoint), end with one ``config error: ...`` / ``checkpoint error: ...`` line and exit
-status 2 (so does a bare ``python -m ringattention_train``, printing the usage). A step whose loss or gradient
+status 2 (so does a bare ``python -m train``, printing the usage). A step whose loss or gradient
 norm is not finite ends the run with one ``training stopped: ...`` line naming the last good step
 and its checkpoint, exit status 1 (``--skip_nonfinite=N`` skips such steps instead;
-``ringattention_train.guard``). In a multi-process job a failing process tells the others, which exit at once
-naming it (``ringattention_train.distributed.Watchdog``).
+``train.guard``). In a multi-process job a failing process tells the others, which exit at once
+naming it (``train.distributed.Watchdog``).
 
-Relaunching with the same ``run_dir`` resumes its newest complete checkpoint (``ringattention_train.resume``):
+Relaunching with the same ``run_dir`` resumes its newest complete checkpoint (``train.resume``):
 options that change the data stream or the model (data, model, mesh, optim.accum_steps,
 deterministic) must match ``run_dir/config.yaml`` unless ``--resume.allow_changes=true``; every
 accepted change is recorded there; ``--steps`` must exceed the resumed step (a missing final
@@ -23,9 +23,9 @@ from __future__ import annotations
 import os
 import sys
 
-from ringattention_train import config as config_lib
+from train import config as config_lib
 
-USAGE = """usage: python -m ringattention_train --config CONFIG.yaml [--section.key=value ...]
+USAGE = """usage: python -m train --config CONFIG.yaml [--section.key=value ...]
 
 Trains a LLaMA with ring attention. Options (YAML keys; override any with --dotted.key=value,
 values are parsed as YAML, e.g. --data.paths='[a.jsonl, b.txt]'):
@@ -87,7 +87,7 @@ def _fail_before_start(path: str | None, overrides: list[str], message: str) -> 
     except Exception:  # noqa: BLE001 - the file itself is bad: the environment alone may say more
         dist, cpu_devices = config_lib.DistributedSection(), 0
     try:
-        from ringattention_train import distributed
+        from train import distributed
 
         if not distributed.wants_initialize(dist):
             return EXIT_SETUP
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print(USAGE + config_lib.help_text())
         return 0
-    if not argv:  # a bare `python -m ringattention_train` would start a long run with every default
+    if not argv:  # a bare `python -m train` would start a long run with every default
         print(USAGE.splitlines()[0] + "\n(--help lists every option; configs/debug.yaml is the "
               "small CPU demo)", file=sys.stderr)
         return EXIT_SETUP
@@ -137,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         remat.allow_host_offload()
     import jax
 
-    from ringattention_train import distributed, train
-    from ringattention_train.checkpoint import CheckpointError
-    from ringattention_train.guard import NonFiniteError
+    from train import distributed, train
+    from train.checkpoint import CheckpointError
+    from train.guard import NonFiniteError
 
     watchdog = None
     try:

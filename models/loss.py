@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh
 
-from ringattention_models.sharding import constrain, seq_shards
+from models.sharding import constrain, seq_shards
 
 F32 = jnp.float32
 

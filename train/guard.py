@@ -19,7 +19,7 @@ import jax
 
 class NonFiniteError(FloatingPointError):
     """A step's loss or gradient norm was not finite and the run stopped; nothing from that step
-    was saved. ``python -m ringattention_train`` prints it as one ``training stopped: ...`` line."""
+    was saved. ``python -m train`` prints it as one ``training stopped: ...`` line."""
 
 
 class FiniteCheck:

@@ -1,4 +1,4 @@
-"""The pieces ``ringattention_train.train.main`` composes: shape checks, host batches, state, jitted steps.
+"""The pieces ``train.train.main`` composes: shape checks, host batches, state, jitted steps.
 
 Global batches are [accum, rows, seq] arrays sharded ``P(None, ("dp", "fsdp"), "sp")`` (``("sp",
 "usp")`` with a Ulysses axis): each host
@@ -20,12 +20,12 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from models import llama
+from models.sharding import BATCH, attention_axes, seq_shards
 from ringattention import layouts
-from ringattention_models import llama
-from ringattention_models.sharding import BATCH, attention_axes, seq_shards
-from ringattention_train import data as data_lib
-from ringattention_train import optim
-from ringattention_train.config import OptimSection, TrainConfig
+from train import data as data_lib
+from train import optim
+from train.config import OptimSection, TrainConfig
 
 F32 = jnp.float32
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ringattention_models.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 
 CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"  # package data: installed with train
 FIELDS = ("input_ids", "targets", "positions", "segment_ids", "loss_mask")
@@ -29,7 +29,7 @@ STATE_WIDTH = 3  # epoch, cursor, offset
 
 
 def default_paths() -> list[str]:
-    """The public-domain corpus shipped in ``ringattention_train/corpus``."""
+    """The public-domain corpus shipped in ``train/corpus``."""
     paths = sorted(str(p) for p in CORPUS.glob("*.jsonl"))
     if not paths:
         raise FileNotFoundError(f"the embedded corpus is missing: no *.jsonl in {CORPUS}")

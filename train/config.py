@@ -2,7 +2,7 @@
 
 Every option carries its documentation (``--help`` prints all of them). Unknown keys raise a
 ``ValueError`` that lists the valid ones; values are checked against the field's type, never
-silently converted. This module imports neither jax nor the model, so ``python -m ringattention_train`` can
+silently converted. This module imports neither jax nor the model, so ``python -m train`` can
 read the config (e.g. ``cpu_devices``) before jax starts. The progressive context schedule follows
 Large World Model (Liu, Yan, Zaharia & Abbeel 2024).
 """
@@ -98,7 +98,7 @@ class MeshSection:
 class DataSection:
     paths: list = opt([], "Text (.txt) or JSONL (.jsonl, .jsonl.gz) files or globs, local or any "
                           "fsspec URL; empty: the public-domain corpus shipped in "
-                          "ringattention_train/corpus.")
+                          "train/corpus.")
     format: str = opt("auto", "auto (by extension), text (plain text: blank-line paragraphs "
                               "gathered into documents of up to data.text_doc_chars) or jsonl.")
     text_doc_chars: int = opt(8192, "Characters per document of a text file: its paragraphs are "
@@ -211,7 +211,7 @@ class TrainConfig:
                                      "resumed, give the same metrics): ring attention kernels whose "
                                      "sums have a fixed order (LlamaConfig.deterministic) and, on GPU, "
                                      f"XLA_FLAGS {XLA_DETERMINISTIC} (python -m "
-                                     "ringattention_train sets it before jax starts; a library "
+                                     "train sets it before jax starts; a library "
                                      "caller must). Slower.")
     model: ModelSection = opt(None, "Model.")
     mesh: MeshSection = opt(None, "Device mesh.")

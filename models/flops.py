@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 if TYPE_CHECKING:
-    from ringattention_models.config import LlamaConfig
+    from models.config import LlamaConfig
 
 
 def matmul_params(config: LlamaConfig) -> int:

@@ -4,9 +4,9 @@ The long-context test of Large World Model (Liu, Yan, Zaharia & Abbeel 2024; aft
 "needle in a haystack"): a context of a chosen length holds one or more "needles" (the magic number
 of a named city) at chosen depths; the model is asked for the numbers and scored on how many it
 reproduces. The result is an accuracy grid (context length x depth), saved as JSON and a heatmap PNG.
-Generation runs through ``ringattention_models.generate`` (ring-attention prefill, sharded KV cache).
+Generation runs through ``models.generate`` (ring-attention prefill, sharded KV cache).
 
-CLI: ``python -m ringattention_models.needle --preset debug --lengths 256,512 --depths 0,0.5,1 --out DIR``.
+CLI: ``python -m models.needle --preset debug --lengths 256,512 --depths 0,0.5,1 --out DIR``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 from jax.sharding import Mesh
 
-from ringattention_models import generate as gen
-from ringattention_models.config import LlamaConfig
+from models import generate as gen
+from models.config import LlamaConfig
 
 FILLER = (
     "The river bends twice before it reaches the old mill.",
@@ -149,13 +149,13 @@ def _floats(text: str) -> list[float]:
 
 
 def main(argv: Sequence[str] | None = None, *, load_run: gen.RunLoader | None = None,
-         prog: str = "python -m ringattention_models.needle") -> dict:
+         prog: str = "python -m models.needle") -> dict:
     """CLI: writes ``needle.json`` and ``needle.png`` into ``--out``; returns the result.
-    ``load_run`` adds ``--run_dir`` (``python -m ringattention_train.generate needle`` passes it)."""
+    ``load_run`` adds ``--run_dir`` (``python -m train.generate needle`` passes it)."""
     import jax
 
-    from ringattention_models.cli import Parser
-    from ringattention_models.sharding import MeshConfig, make_mesh
+    from models.cli import Parser
+    from models.sharding import MeshConfig, make_mesh
 
     ap = Parser(prog=prog, description=__doc__.split("\n")[0])
     gen.add_source_args(ap, load_run)
@@ -192,6 +192,6 @@ def main(argv: Sequence[str] | None = None, *, load_run: gen.RunLoader | None = 
 if __name__ == "__main__":
     import sys
 
-    from ringattention_models.cli import run
+    from models.cli import run
 
-    sys.exit(run(main, "python -m ringattention_models.needle"))
+    sys.exit(run(main, "python -m models.needle"))

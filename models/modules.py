@@ -5,7 +5,7 @@ LLaMA (Touvron et al. 2023): pre-RMSNorm blocks, SwiGLU MLP, rotary embeddings (
 the attention of a sequence sharded over "sp" runs ``ringattention.ring_attention`` inside
 ``shard_map`` (a "usp" axis > 1 adds Ulysses' all-to-all over heads, ``ringattention.ulysses``), the
 MLP optionally runs chunk by chunk (``blockwise_feedforward``). All parameters
-carry logical axis names (``ringattention_models.sharding.RULES``). Matmuls take and return the compute dtype
+carry logical axis names (``models.sharding.RULES``). Matmuls take and return the compute dtype
 (XLA's bf16 GEMMs accumulate in float32), so that their gradients are bf16 GEMMs too: a float32
 output would make every backward GEMM a float32 (TF32 on GPU) one (benchmarks/results/model_1b_h200.md).
 """
@@ -21,6 +21,8 @@ from flax import linen as nn
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from models.config import LlamaConfig, rope_attention_factor, rope_inv_freq
+from models.sharding import BATCH, attention_axes, axis_size, constrain, seq_shards
 from ringattention import (
     BlockSizes,
     blockwise_feedforward,
@@ -30,8 +32,6 @@ from ringattention import (
     ring_attention,
 )
 from ringattention import implementations as ra_impl
-from ringattention_models.config import LlamaConfig, rope_attention_factor, rope_inv_freq
-from ringattention_models.sharding import BATCH, attention_axes, axis_size, constrain, seq_shards
 
 F32 = jnp.float32
 REMAT = {  # what a rematerialised block keeps for its backward pass (besides its input)

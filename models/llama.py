@@ -17,7 +17,7 @@ pytrees of arrays, ready for optax / orbax):
   scan_layers, mlp_chunk (None | tokens per MLP chunk), loss_chunk (None = plain loss | tokens per
   loss chunk), q_chunk, kv_chunk (ring inner-loop block sizes), interpret (Pallas interpret mode),
   deterministic (ring attention kernels with a fixed summation order; see ``ring_attention``).
-- ``ringattention_models.sharding.MeshConfig(dp=1, fsdp=1, tp=1, sp=1, usp=1)`` (one may be -1) and
+- ``models.sharding.MeshConfig(dp=1, fsdp=1, tp=1, sp=1, usp=1)`` (one may be -1) and
   ``make_mesh(mesh_config, devices=None) -> Mesh`` with axes ("dp", "fsdp", "tp", "sp", "usp"); "usp"
   > 1 adds Ulysses' head exchange to the ring (the sequence is split over ("sp", "usp")).
 - ``init_params(config, rng, mesh=None) -> params`` (created sharded when ``mesh`` is given).
@@ -31,7 +31,7 @@ pytrees of arrays, ready for optax / orbax):
   Gemma 2 and gpt-oss checkpoints, ``config.family``; no torch needed).
 - ``num_params(config)``; ``flops_per_token(config, seq_len)`` (6N + causal attention, one document
   per row) and ``batch_flops(config, segment_ids)`` (counted from a batch's documents on the host,
-  any layout order; ``ringattention_models.flops`` also holds the peak rates MFU divides by).
+  any layout order; ``models.flops`` also holds the peak rates MFU divides by).
 - Extras: ``abstract_params(config)``, ``param_specs(config, mesh)``, ``param_shardings(config,
   mesh)`` (e.g. to shard optimizer state), ``validate(config, mesh, shape)``.
 
@@ -54,13 +54,13 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding
 
+from models.config import PRESETS, LlamaConfig, RopeScaling, get_config, num_params
+from models.flops import batch_flops, flops_per_token
+from models.hf import load_hf, save_hf
+from models.loss import chunked_cross_entropy_sum, cross_entropy_sum
+from models.modules import Llama, default_positions, head_weight, soft_cap_logits
+from models.sharding import axis_size, check_mesh, constrain, logical_spec
 from ringattention import layouts
-from ringattention_models.config import PRESETS, LlamaConfig, RopeScaling, get_config, num_params
-from ringattention_models.flops import batch_flops, flops_per_token
-from ringattention_models.hf import load_hf, save_hf
-from ringattention_models.loss import chunked_cross_entropy_sum, cross_entropy_sum
-from ringattention_models.modules import Llama, default_positions, head_weight, soft_cap_logits
-from ringattention_models.sharding import axis_size, check_mesh, constrain, logical_spec
 
 __all__ = ["PRESETS", "LlamaConfig", "RopeScaling", "abstract_params", "batch_flops", "flops_per_token",
            "forward", "get_config", "init_params", "load_hf", "loss_fn", "num_params",

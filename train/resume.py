@@ -19,8 +19,8 @@ import fsspec
 import jax
 import yaml
 
-from ringattention_train import config as config_lib
-from ringattention_train.config import ConfigError
+from train import config as config_lib
+from train.config import ConfigError
 
 GUARDED = ("data.", "model.", "mesh.", "optim.accum_steps", "deterministic")
 VOLATILE = ("run_dir", "stop_at", "checkpoint.resume", "resume.")

@@ -1,6 +1,6 @@
 """Sharded, asynchronous, keep-last-k checkpoints with orbax-checkpoint.
 
-One checkpoint holds three items: ``params``; ``ringattention_train`` (optimizer state, rng key data and the
+One checkpoint holds three items: ``params``; ``train`` (optimizer state, rng key data and the
 ``[accum, rows, 3]`` data position, sharded like the batch); and ``meta`` (JSON: step and config).
 Orbax writes a step into a temporary directory and renames it only once every process has
 finished, so an interrupted save is never listed and resume picks the newest *complete* step; a

@@ -1,6 +1,0 @@
-"""Training for ring-attention LLaMA models: ``python -m ringattention_train --config
-configs/debug.yaml`` (or the ``ringattention-train`` command).
-
-Importing this package does not import jax, so ``python -m ringattention_train`` can set XLA flags
-(virtual CPU devices) from the config before jax starts. Ring Attention (Liu, Zaharia & Abbeel 2023).
-"""
