@@ -242,3 +242,38 @@ def test_options_every_variant_is_exact_and_timed(bench, tmp_path):
     assert json.load(open(out + ".json"))["rows"][0]["fwd_vs_plain"] == 1.0
     assert "| sinks | xla |" in open(out + ".md").read()
 
+
+def _png_size(path: str) -> tuple[int, int]:
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", path
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_plot_redraws_exactly_the_cited_charts_from_the_committed_results(bench, tmp_path):
+    """``python benchmarks/plot.py`` redraws every chart in results/plots/ (each cited by a doc, each
+    small) from the committed result files, every pallas_hopper record as one point."""
+    plot = bench("plot")
+    root = os.path.dirname(BENCH)
+    written = plot.main(["--out", str(tmp_path)])
+    committed = os.path.join(BENCH, "results", "plots")
+    assert sorted(os.path.basename(p) for p in written) == sorted(os.listdir(committed))
+    docs = [os.path.join(root, "README.md")] + [
+        os.path.join(root, "docs", n) for n in os.listdir(os.path.join(root, "docs"))]
+    text = "".join(open(p).read() for p in docs if p.endswith(".md"))
+    for path in written:
+        name = os.path.basename(path)
+        assert f"benchmarks/results/plots/{name}" in text, f"{name} is cited by no doc"
+        assert os.path.getsize(os.path.join(committed, name)) < 150_000
+        assert _png_size(path) == _png_size(os.path.join(committed, name))
+    source = os.path.join(BENCH, "results", "pallas_hopper_h200.json")
+    with open(source) as f:
+        records = [r for section in json.load(f).values() if isinstance(section, dict)
+                   for r in section.get("records", [])]
+    expected = {(r["mode"], r["causal"], r["heads"], r["kv_heads"], r["head_dim"], r["seq"]): r["vs_cudnn"]
+                for r in records
+                if r.get("kind") == "time" and r["name"] == "pallas_hopper backward=default"}
+    ratios = plot.plot_hopper_vs_cudnn(source, str(tmp_path / "again.png"))
+    plotted = {(mode, causal, *shape, seq): v for (mode, causal), by_shape in ratios.items()
+               for shape, pts in by_shape.items() for seq, v in pts}
+    assert plotted == expected and {k[4] for k in plotted} == {64, 128, 256}
