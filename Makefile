@@ -8,7 +8,7 @@ JOBS ?= 2
 SRC := $(wildcard ringattention models train tests benchmarks tools)
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: demo demo-ring test test-all lint bench-work aot clean
+.PHONY: demo demo-ring test test-matrix test-all test-gpu lint bench-work aot clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml Makefile
 	# CPU torch (only for the Hugging Face parity tests); a local wheel is used where one exists.
 	$(PIP) install -q torch==2.13.0 $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 	$(PIP) install -q -e ".[test]"
+	# XLA's GPU plugin, for the deviceless compiles for an H200 (tests/test_gpu_aot.py); nothing
+	# runs on a GPU, and the tests set JAX_PLATFORMS=cpu.
+	$(PIP) install -q "jax-cuda13-plugin==$$($(PY) -c 'import jax; print(jax.__version__)')" \
+		"jax-cuda13-pjrt==$$($(PY) -c 'import jax; print(jax.__version__)')"
 	# The TPU compiler (libtpu) matching the installed jax, for the TPU compile tests
 	# (tests/test_contract.py); they skip, saying why, where no such libtpu exists.
 	$(PIP) install -q "jax[tpu]==$$($(PY) -c 'import jax; print(jax.__version__)')" \
@@ -34,6 +38,43 @@ demo-ring: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check $(SRC)
 	$(PY) -m pytest -q -rs -n $(JOBS) --durations=15 tests
+	$(MAKE) --no-print-directory test-matrix
+
+# The jax matrix: what a GPU user's jax would see. The kernel, contract, model and deviceless-H200
+# tests again on Python 3.12 with the newest jax and with 0.11.2 (the jax of current CUDA images),
+# each in a virtualenv of its own (.venv-jax<version>: jax, its CUDA plugin and libtpu, the model's
+# dependencies; no torch, so the Hugging Face parity tests run on .venv's jax only). Python 3.12 is
+# found on PATH or under pyenv (MATRIX_PYTHON=/path/to/python3.12 to choose one); where none
+# exists the matrix is skipped, saying so.
+MATRIX_JAX ?= 0.12.1 0.11.2
+MATRIX_PYTHON ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
+	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
+MATRIX_TESTS := tests/test_pallas_hopper.py tests/test_pallas_gpu.py tests/test_pallas_tpu.py \
+	tests/test_contract.py tests/test_gpu_aot.py tests/test_model.py tests/test_model_window.py \
+	tests/test_remat.py tests/test_ring.py
+MATRIX_DEPS := einops "flax>=0.10" "optax>=0.2" "safetensors>=0.4" numpy "orbax-checkpoint>=0.11" \
+	"pyyaml>=6" fsspec tqdm "chex>=0.1.88" "pytest>=8" "pytest-xdist>=3"
+
+.venv-jax%/.installed: Makefile
+	$(MATRIX_PYTHON) -m venv .venv-jax$*
+	.venv-jax$*/bin/pip install -q --upgrade pip
+	.venv-jax$*/bin/pip install -q "jax==$*" "jaxlib==$*" "jax-cuda13-plugin==$*" \
+		"jax-cuda13-pjrt==$*" $(MATRIX_DEPS)
+	.venv-jax$*/bin/pip install -q "jax[tpu]==$*" \
+		|| echo "no libtpu for jax $* on this platform: its TPU compile tests will skip"
+	touch $@
+
+test-matrix:
+ifeq ($(strip $(MATRIX_PYTHON)),)
+	@echo "jax matrix SKIPPED: no Python 3.12 found on PATH or under pyenv (set MATRIX_PYTHON=...);" \
+		"only .venv's jax was tested"
+else
+	@for v in $(MATRIX_JAX); do \
+		$(MAKE) --no-print-directory .venv-jax$$v/.installed || exit 1; \
+		echo "== jax $$v (Python 3.12): $(MATRIX_TESTS)"; \
+		.venv-jax$$v/bin/python -m pytest -q -rs -n $(JOBS) -p no:cacheprovider $(MATRIX_TESTS) || exit 1; \
+	done
+endif
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -rs -n $(JOBS) -m "" tests
@@ -63,5 +104,18 @@ $(AOT_STAMP): Makefile
 aot: $(AOT_STAMP)
 	$(AOT_VENV)/bin/python tools/hopper_aot.py $(ARGS)
 
+# What only a GPU shows (tests/test_gpu_suite.py), on the GPU machine's own Python and jax (no
+# virtualenv: such machines often have no network): `make test-gpu` there, under 8 minutes on one
+# H100 or H200. Writes benchmarks/results/gpu_suite.md (GPU_SUITE_MD=... to write elsewhere).
+GPU_PYTHON ?= python3
+GPU_SUITE_MD ?= benchmarks/results/gpu_suite.md
+# The suite allocates GPU memory as it goes (the trainer it launches takes what it needs); COMMIT=
+# names the commit where the machine's copy of the tree has no .git.
+test-gpu:
+	JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false $(GPU_PYTHON) -m pytest -q -rs \
+		-p no:cacheprovider --durations=10 --junitxml=$(GPU_SUITE_MD:.md=.xml) tests/test_gpu_suite.py; \
+		rc=$$?; $(GPU_PYTHON) tools/gpu_suite_summary.py $(GPU_SUITE_MD:.md=.xml) $(GPU_SUITE_MD) \
+		$(if $(COMMIT),--commit $(COMMIT),); exit $$rc
+
 clean:
-	rm -rf $(VENV) $(AOT_VENV) .pytest_cache
+	rm -rf $(VENV) $(AOT_VENV) .venv-jax* .pytest_cache

@@ -1,14 +1,17 @@
-"""Test setup: 8 virtual CPU devices, set before jax is imported anywhere."""
+"""Test setup: 8 virtual CPU devices, set before jax is imported anywhere (JAX_PLATFORMS=cpu unless
+set otherwise: ``make test-gpu`` sets cuda and runs on the GPU it finds)."""
 
 import os
 
-# LLVM optimization level 0: the suite is dominated by compiling many small programs, which this
-# makes ~30% faster; HLO passes (collectives, buffer assignment, memory analysis) are unchanged.
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ["JAX_PLATFORMS"] == "cpu":
+    # LLVM optimization level 0: the suite is dominated by compiling many small programs, which
+    # this makes ~30% faster; HLO passes (collectives, buffer assignment, memory analysis) are
+    # unchanged.
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "")
+        + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    ).strip()
 # libtpu (installed by `make test` for the TPU compile tests) takes a lock per process otherwise, and
 # the suite's parallel workers each load it to compile for a TPU topology.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

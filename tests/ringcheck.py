@@ -10,6 +10,7 @@ With ``ulysses=U`` the mesh is ``n x U`` ("sp", "usp"): the sequence in layout o
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -232,3 +233,43 @@ def tpu_devices(topology: str = "v5e:2x2"):
         reason = f"no libtpu for jax {jax.__version__} here ({type(e).__name__}: {e})"
         print(reason)
         pytest.skip(reason)
+
+
+@functools.cache
+def _h200_topology(n: int):
+    import importlib.util
+    import os
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "tools" / "hopper_aot.py"
+    spec = importlib.util.spec_from_file_location("hopper_aot", path)
+    hopper_aot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hopper_aot)
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # no CUDA runtime to check
+    from jax._src import xla_bridge
+    from jax.experimental import topologies
+
+    xla_bridge._discover_and_register_pjrt_plugins()
+    return topologies.get_topology_desc(platform="cuda", topology=f"1x1x{n}",
+                                        target_config=hopper_aot.H200_TARGET_CONFIG).devices
+
+
+def h200_devices(n: int = 1):
+    """``n`` H200s of one host for XLA's deviceless GPU compile (a topology plus the device
+    description an H200 reports, ``tools/hopper_aot.py``): this CPU host lowers and compiles CUDA
+    programs for them, Mosaic GPU and Triton kernels included, and runs nothing. Skips, printing
+    why, where jax's CUDA plugin (``jax-cuda13-plugin``, which ``make test`` installs) is missing."""
+    try:
+        return _h200_topology(n)
+    except Exception as e:  # noqa: BLE001  no CUDA plugin: ImportError, RuntimeError, ...
+        reason = f"no CUDA plugin for jax {jax.__version__} here ({type(e).__name__}: {e})"
+        print(reason)
+        pytest.skip(reason)
+
+
+def on_device(device, *structs):
+    """``structs`` (ShapeDtypeStructs or None) placed on ``device``: a jitted function traced with
+    them lowers for that device's platform."""
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    return tuple(None if s is None else jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+                 for s in structs)

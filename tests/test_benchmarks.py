@@ -237,10 +237,32 @@ def test_options_every_variant_is_exact_and_timed(bench, tmp_path):
     result = bench("options").main(["--tiny", "--out", out])
     names = [r["variant"] for r in result["rows"]]
     assert names[0] == "plain" and {"sinks", "softcap 50", "check_vma=False"} <= set(names)
-    assert all(r["max_abs_err"] < 1e-5 and r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0
+    assert all(r["max_abs_err"] < 1e-5 and r["fwd_tflops"] > 0 and r["fwdbwd_tflops"] > 0
                for r in result["rows"])
     assert json.load(open(out + ".json"))["rows"][0]["fwd_vs_plain"] == 1.0
-    assert "| sinks | xla |" in open(out + ".md").read()
+    assert "| 0K | sinks | xla |" in open(out + ".md").read()
+
+
+def test_options_count_the_pairs_each_mask_lets_through(bench):
+    """``options.visible_pairs`` against ``masks.visible`` on every (query, key) pair of 64 tokens,
+    for the plain causal mask, a prefix and the four bidirectional / causal documents."""
+    import jax.numpy as jnp
+
+    from ringattention import masks
+
+    opt = bench("options")
+    L = 64
+    i = jnp.arange(L)
+    seg = opt._segments(L)[0]
+    cases = {"plain": ({}, {}), "prefix": (dict(prefix_length=L // 4),
+                                           dict(prefix=jnp.full((1,), L // 4, jnp.int32))),
+             "bidirectional": (dict(bidirectional_segments=True),
+                               dict(q_seg=seg[None], k_seg=seg[None], bidirectional=True))}
+    for name, (opts, kw) in cases.items():
+        q_seg, k_seg = kw.pop("q_seg", None), kw.pop("k_seg", None)
+        vis = masks.visible(i, i, q_seg, k_seg, True, **kw)
+        assert opt.visible_pairs(opts, L) == int(jnp.sum(vis)), name
+    assert opt.variant_flops(dict(qk_dim=192), L, 2, 128, "fwd") == 2 * 2 * (L * (L + 1) // 2) * 320
 
 
 def _png_size(path: str) -> tuple[int, int]:

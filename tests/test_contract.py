@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from ringcheck import F32_RTOL, Problem, check_ring, reference64, rel_err, tpu_devices
+from ringcheck import F32_RTOL, Problem, check_ring, h200_devices, reference64, rel_err, tpu_devices
 
 import ringattention as ra
 from ringattention import implementations
@@ -82,12 +82,12 @@ def _h200_mesh_device(mesh=None):
 def test_pallas_gpu_lowers_for_cuda_under_check_vma():
     """The compiled Triton kernels type-check inside shard_map(check_vma=True) over a 2-D mesh
     whose batch axis the ring does not use, forward and gradients, lowered for CUDA."""
-    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "sp"))
+    mesh = Mesh(np.array(h200_devices(4)).reshape(2, 2), ("dp", "sp"))
     fn = _ring_fn(mesh, True, implementation="pallas_gpu")
-    with mock.patch.object(implementations, "mesh_device", _h200_mesh_device):
-        assert implementations.resolve("auto").name == "pallas_hopper"  # "auto" on an H200
-        args = _abstract(B=2, L=2 * 256, H=4, K=2, D=64)
-        text = jax.jit(_grad_of(fn)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert implementations.resolve("auto", mesh).name == "pallas_hopper"  # "auto" on an H200
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, SPEC))
+            for a in _abstract(B=2, L=2 * 256, H=4, K=2, D=64)]
+    text = jax.jit(_grad_of(fn)).trace(*args).lower().as_text()
     assert text.count("triton") >= 3  # forward, dq and dk/dv kernels
 
 

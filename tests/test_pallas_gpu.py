@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ringcheck import BF16_RTOL, F32_RTOL, Problem, check_ring, rel_err
+from ringcheck import BF16_RTOL, F32_RTOL, Problem, check_ring, h200_devices, on_device, rel_err
 
 from ringattention import masks, reference_attention
 from ringattention.kernels import pallas_gpu as pg
@@ -137,6 +137,14 @@ def test_block_sizes_are_validated():
     with pytest.raises(ValueError, match="fwd_warps"):
         pg.BlockSizes(fwd_warps=0)
     assert pg.default_block_sizes(64) != pg.default_block_sizes(256)
+
+
+def test_float32_defaults_fit_shared_memory():
+    """float32 tiles are twice bf16's: at head dim 128 the backward keeps 2 stages (3 ask for 289 KB
+    of shared memory; tests/test_gpu_aot.py compiles both for an H200); other fields unchanged."""
+    wide, narrow = pg.default_block_sizes(128, jnp.float32), pg.default_block_sizes(128, jnp.bfloat16)
+    assert wide == dataclasses.replace(narrow, bwd_stages=2) and narrow.bwd_stages == 3
+    assert pg.default_block_sizes(64, jnp.float32) == pg.default_block_sizes(64)
 
 
 # ---- the ring matrix ---------------------------------------------------------------------------
@@ -422,8 +430,11 @@ def test_step_features_match_references(case):
 
 
 def _lowered_triton_calls(fn, *args) -> int:
-    """Triton custom calls of ``fn`` lowered for CUDA (Pallas' Triton lowering; no GPU needed)."""
-    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    """Triton custom calls of ``fn`` lowered for an H200 (Pallas' Triton lowering, which since jax
+    0.11 reads the target GPU from the devices: XLA's deviceless ones, no GPU needed)."""
+    h200 = h200_devices(1)[0]
+    with jax.default_device(h200):
+        text = jax.jit(fn).trace(*on_device(h200, *args)).lower().as_text()
     return text.count("xla.gpu.triton")
 
 

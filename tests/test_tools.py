@@ -498,3 +498,23 @@ def test_hopper_aot_reads_ptxas_output(bench):
     log += ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are "
             "serialized due to insufficient register resources for the function 'k'\n")
     assert bench("hopper_aot").ptxas_info(log)["serialized"] == ["C7512"]
+
+
+def test_gpu_suite_summary_lists_every_case(bench, tmp_path):
+    """``make test-gpu``'s summary: each case of the JUnit XML with its result, and the counts."""
+    xml = tmp_path / "s.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_gpu_suite" name="test_a[xla]" time="1.5"/>'
+        '<testcase classname="tests.test_gpu_suite" name="test_b" time="2.0">'
+        '<failure message="AssertionError: too far">trace</failure></testcase>'
+        '<testcase classname="tests.test_gpu_suite" name="test_c" time="0">'
+        '<skipped message="needs an H100"/></testcase></testsuite></testsuites>')
+    gs = bench("gpu_suite_summary")
+    rows = gs.cases(str(xml))
+    assert [r[:2] for r in rows] == [("test_gpu_suite::test_a[xla]", "pass"),
+                                     ("test_gpu_suite::test_b", "FAIL"), ("test_gpu_suite::test_c", "skip")]
+    text = gs.render(rows, commit="abc1234", device="NVIDIA H100 80GB HBM3", jax_version="0.11.2",
+                     date="2026-12-06")
+    assert "**1 passed, 1 failed, 1 skipped**" in text and "`abc1234`" in text
+    assert "| `test_gpu_suite::test_b` | FAIL | 2.0 | AssertionError: too far |" in text

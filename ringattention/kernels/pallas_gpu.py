@@ -85,9 +85,19 @@ _DEFAULTS = {  # H200 sweeps, bf16: benchmarks/results/pallas_gpu_h200_notes.md 
 }
 
 
-def default_block_sizes(head_dim: int) -> BlockSizes:
-    """Tuned defaults for the (padded) head dim: 64, 128 or 256 (smaller dims use the 64 row)."""
-    return _DEFAULTS[min((d for d in _DEFAULTS if d >= head_dim), default=256)]
+# 4-byte inputs (float32) double every tile: at head dim 128 the dq kernel's 3 stages ask for 289 KB
+# of shared memory, over an H100/H200's 227 KB (a compile error on the device and in the deviceless
+# H200 compile of tests/test_gpu_aot.py); 2 stages fit. Untimed: float32 is a correctness path.
+_WIDE_DTYPE_FIELDS = {128: dict(bwd_stages=2)}
+
+
+def default_block_sizes(head_dim: int, dtype=jnp.bfloat16) -> BlockSizes:
+    """Tuned defaults for the (padded) head dim: 64, 128 or 256 (smaller dims use the 64 row), with
+    fewer pipeline stages where 4-byte ``dtype`` tiles would not fit shared memory."""
+    d = min((d for d in _DEFAULTS if d >= head_dim), default=256)
+    if jnp.dtype(dtype).itemsize > 2 and d in _WIDE_DTYPE_FIELDS:
+        return dataclasses.replace(_DEFAULTS[d], **_WIDE_DTYPE_FIELDS[d])
+    return _DEFAULTS[d]
 
 
 def _next_pow2(x: int) -> int:
@@ -274,7 +284,7 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_s
     _check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True)
     prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)
     mask = _Mask(causal, window, None if softcap is None else float(softcap), bidirectional)
-    bs = block_sizes or default_block_sizes(max(q.shape[3], v.shape[3]))
+    bs = block_sizes or default_block_sizes(max(q.shape[3], v.shape[3]), q.dtype)
     B, Sq, H, D = q.shape
     Dv = v.shape[3]
     geo = _geometry(q, k, bs.block_q, bs.block_k, v)
@@ -329,7 +339,7 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     if do.shape != (B, Sq, H, Dv) or lse.shape != delta.shape or lse.shape != (B, H, Sq):
         raise ValueError(f"pallas_gpu: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=}")
     prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)
-    bs = block_sizes or default_block_sizes(max(D, Dv))
+    bs = block_sizes or default_block_sizes(max(D, Dv), q.dtype)
     lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * kern.LOG2E  # [B, H, Sq] log2 units
     mask = _Mask(causal, window, None if softcap is None else float(softcap), bidirectional)
     kw = dict(scale=softmax_scale, bs=bs, interpret=interpret, mask=mask, prefix=prefix)

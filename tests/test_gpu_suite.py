@@ -1,0 +1,148 @@
+"""What only a GPU shows: ``make test-gpu`` on one H100 or H200 (skipped elsewhere).
+
+Every implementation inside a user's ``shard_map`` under both ``check_vma`` settings, in float32 and
+bfloat16, forward and gradients against the float64 reference at head dims 64 and 128 with GQA and
+packed documents; each optional feature on each kernel that claims it; every strategy; the README's
+code blocks verbatim; three training steps of ``configs/llama1b_long.yaml`` at 16K tokens through
+the CLI with a checkpoint, a resume, and 32 tokens of ``generate`` from it. On one GPU the ring has
+one device: rings of 2 and more are compiled for H200s in ``tests/test_gpu_aot.py``. The summary,
+``benchmarks/results/gpu_suite.md``, is written by ``tools/gpu_suite_summary.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from ringcheck import Problem, check_ring, rel_err
+
+import ringattention as ra
+from ringattention import implementations
+
+if jax.default_backend() != "gpu":
+    pytest.skip("needs a CUDA GPU (make test-gpu runs this on one)", allow_module_level=True)
+
+ROOT = pathlib.Path(__file__).parents[1]
+IMPLS = ("xla", "pallas_gpu", "pallas_hopper")
+# The features of the step contract (implementations.FEATURES) and what every implementation has
+FEATURE_PROBLEMS = {
+    "softcap": dict(softcap=30.0, logit_scale=3.0),
+    "prefix": dict(prefix=True, batch=3),
+    "bidirectional": dict(segments=True, bidirectional=True),
+    "v_head_dim": dict(head_dim=192, v_head_dim=128),
+    "sinks": dict(sinks=True),
+    "window": dict(window=300),
+    "segments": dict(segments=True),
+}
+COMMON = ("sinks", "window", "segments")  # ring-level or in every kernel
+
+
+def _needs_hopper(impl: str) -> None:
+    if impl == "pallas_hopper" and not implementations.resolve(impl).available():
+        pytest.skip(f"pallas_hopper needs an H100/H200; this is {jax.devices()[0].device_kind}")
+
+
+def test_auto_picks_pallas_hopper_on_hopper():
+    _needs_hopper("pallas_hopper")
+    assert implementations.resolve("auto").name == "pallas_hopper"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("check_vma", [True, False], ids=["vma", "novma"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_implementation_matches_reference(impl, check_vma, dtype, head_dim):
+    """GQA 8:2, causal, packed documents with boundaries anywhere, 2048 tokens."""
+    _needs_hopper(impl)
+    pb = Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=2048, heads=8,
+                 kv_heads=2, head_dim=head_dim, dtype=dtype)
+    check_ring(pb, check_vma=check_vma, implementation=impl)
+
+
+def _claims(impl: str) -> list[str]:
+    return sorted(implementations.resolve(impl).features) + list(COMMON)
+
+
+@pytest.mark.parametrize("feature", list(FEATURE_PROBLEMS))
+@pytest.mark.parametrize("impl", IMPLS)
+def test_feature_matches_reference(impl, feature):
+    """Each feature alone, bfloat16, on each implementation that claims it (causal, GQA 8:2)."""
+    _needs_hopper(impl)
+    if feature not in _claims(impl):
+        pytest.skip(f"{impl} does not claim {feature} (implementations.py: 'auto' passes over it)")
+    fields = dict(n=1, layout="zigzag", causal=True, batch=1, shard=1024, heads=8, kv_heads=2,
+                  head_dim=128, dtype="bfloat16")
+    fields.update(FEATURE_PROBLEMS[feature])
+    check_ring(Problem(**fields), implementation=impl)
+
+
+@pytest.mark.parametrize("strategy", ["ring", "all_gather", "ulysses", "auto"])
+def test_strategy_matches_reference(strategy):
+    pb = Problem(n=1, layout="contiguous", causal=True, segments=True, batch=1, shard=1024, heads=8,
+                 kv_heads=2, head_dim=128, dtype="bfloat16", strategy=strategy)
+    check_ring(pb)
+
+
+def _readme_python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+
+
+def test_readme_code_blocks_verbatim():
+    """The README's Python blocks, run as written in one namespace (the GPU's mesh of one), and
+    both outputs checked against the single-device reference."""
+    blocks = _readme_python_blocks()
+    assert len(blocks) == 2
+    ns: dict = {}
+    exec(compile(blocks[0], "README.md:block1", "exec"), ns)  # noqa: S102
+    first = np.asarray(ns["out"])
+    exec(compile(blocks[1], "README.md:block2", "exec"), ns)  # noqa: S102
+    want = ra.reference_attention(ns["q"], ns["k"], ns["v"], causal=True)
+    for got in (first, ns["out"]):
+        assert rel_err(got, want) <= 1e-5
+
+
+def _cli(args: list[str], env_extra: dict | None = None, timeout: int = 400,
+         stderr: bool = True) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": "/tmp/ra-jax-cache",
+           **(env_extra or {})}
+    env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)  # the trainer takes the GPU as a user's would
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout + (out.stderr if stderr else "")
+
+
+def _metrics(run_dir: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_llama1b_long_trains_checkpoints_resumes_and_generates(tmp_path):
+    """configs/llama1b_long.yaml at 16K tokens: 3 steps stopping with a checkpoint at step 3, a
+    relaunch that resumes it and runs step 4 (step 3 is not run again), then 32 tokens of
+    ``python -m train.generate`` from the newest checkpoint."""
+    run = tmp_path / "run"
+    common = ["-m", "train", "--config", "configs/llama1b_long.yaml", f"--run_dir={run}",
+              "--data.seq_len=16384", "--data.batch_size=1", "--optim.accum_steps=1",
+              "--log.tensorboard=false", "--log.every=1", "--log.progress=false",
+              "--data.eval_fraction=0", "--sample.tokens=0", "--checkpoint.every=3",
+              "--checkpoint.async_save=false"]
+    _cli([*common, "--steps=4", "--stop_at=3"])  # one schedule for both launches
+    first = _metrics(run)
+    train_steps = [r["step"] for r in first if "loss" in r]
+    assert train_steps[-1] == 3 and all(np.isfinite(r["loss"]) for r in first if "loss" in r)
+    assert any(r.get("mfu", 0) > 0.05 for r in first if "mfu" in r), first  # the GPU did the work
+    assert (run / "checkpoints").exists()
+    log = _cli([*common, "--steps=4"])
+    assert re.search(r"resum\w+ .*step 3", log, re.I), log[-2000:]
+    steps = [r["step"] for r in _metrics(run) if "loss" in r]
+    assert steps.count(4) == 1 and steps.count(3) == 1, steps
+    text = _cli(["-m", "train.generate", "--run_dir", str(run), "--prompt", "In the beginning",
+                 "--max-new-tokens", "32"], stderr=False)
+    assert 0 < len(text.encode()) <= 4 * 32 + 1, text  # the continuation: 32 byte tokens
