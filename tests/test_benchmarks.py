@@ -62,6 +62,8 @@ def test_model_on_a_ring_of_two_reports_per_device_rates(bench, tmp_path):
         assert r["tokens_per_s_per_device"] == pytest.approx(r["tokens_per_s"] / 2)
         peak = result["peak_tflops"] * 1e12
         assert r["mfu"] == pytest.approx(r["model_flops"] / r["step_seconds"] / (2 * peak))
+    assert (result["peak_tflops"], result["peak_source"]) == (0.1, "nominal")  # CPU
+    assert "datasheet" in result["mfu_definition"]
     assert result["fit"]["longest"]["train_step"] == "fwd+bwd+AdamW"
     assert np.isfinite(result["fit"]["longest"]["loss"])
     saved = json.load(open(out))
