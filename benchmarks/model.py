@@ -1,11 +1,12 @@
 """Training throughput of the LLaMA model with ring attention on a ring of N devices (one process).
 
 Measures forward+backward tokens/s per device and MFU (model FLOPs from
-``models.llama.flops_per_token``: 6N plus causal attention, one document per row, against a
-measured bf16 matmul peak, 790 TFLOP/s per H200) of a preset at several context lengths, then the longest
-context whose full training step (forward, backward, AdamW update) runs on the ring. With ``--sp N`` the
-sequence is sharded over a mesh ``sp=N`` (weights and optimizer state sharded over the ring too; zigzag layout
-by default). Ring Attention with Blockwise Transformers (Liu, Zaharia & Abbeel 2023).
+``models.llama.flops_per_token``: 6N plus causal attention, one document per row, over step seconds x
+devices x the datasheet dense bf16 peak, ``models.flops.peak_tflops``: 989 TFLOP/s per H100 or H200)
+of a preset at several context lengths, then the longest context whose full training step (forward,
+backward, AdamW update) runs on the ring. With ``--sp N`` the sequence is sharded over a mesh
+``sp=N`` (weights and optimizer state sharded over the ring too; zigzag layout by default). Ring
+Attention with Blockwise Transformers (Liu, Zaharia & Abbeel 2023).
 
     python benchmarks/model.py                       # 1B at 8K/32K/128K, then 256K..4M, one device
     python benchmarks/model.py --sp 2 --seqs 65536,131072,262144 --fit-seqs 2097152
@@ -68,8 +69,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--peak-tflops", type=float, default=0.0,
-                   help="per-device peak the MFU divides by; 0: models.flops.peak_tflops of the "
-                        "device (H200: the measured 790 TFLOP/s bf16 matmul rate)")
+                   help="per-device peak the MFU divides by; 0: the device's datasheet dense bf16 "
+                        "peak, models.flops.peak_tflops (H100 and H200: 989 TFLOP/s)")
     p.add_argument("--tiny", action="store_true", help="debug preset, tiny contexts (CPU test)")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
@@ -311,7 +312,7 @@ def main(argv=None) -> dict:
               "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
               "peak_tflops": args.peak_tflops, "peak_source": peak_source,
               "mfu_definition": "model FLOPs (6N + causal attention, one document per row) / step "
-                                "seconds / (devices x peak_tflops)",
+                                "seconds / (devices x peak_tflops, the datasheet dense bf16 peak)",
               "command": " ".join(sys.argv[1:] if argv is None else argv),
               "num_params": llama.num_params(config), "throughput": [], "fit_rows": [],
               "attention_resolved": resolved_attention(config),

@@ -17,14 +17,18 @@ from its segment ids on the host (numpy, any layout order: the count depends onl
 carry each id). Padding rows are a document of their own and count like one (the kernels compute
 them).
 
-Peak rates (:func:`peak_tflops`), one convention everywhere: the dense bf16 matmul rate the project
-measured on the device where it did (H200: 790 TFLOP/s, ``benchmarks/results/model_1b_h200.md``),
-else the vendor's dense bf16 datasheet figure; ``source`` says which ("measured", "datasheet",
-"nominal" for CPUs, "config" for a given override, "unknown").
+Peak rates (:func:`peak_tflops`), one convention everywhere, as PaLM, MaxText, Megatron and TRL
+use it: MFU = model FLOPs / (seconds x devices x the vendor's datasheet dense bf16 peak per device or
+chip), never a measured rate, so H100 and H200 (the same tensor cores) divide by the same 989 TFLOP/s
+and an MFU can be compared across devices and projects. ``source`` says where the peak came from
+("datasheet"; "nominal" for CPUs, where MFU is only indicative; "config" for a given override;
+"unknown", NaN, for a device not in :data:`PEAK_TFLOPS`). A measured matmul rate may be reported
+beside MFU, named as such, never as a peak.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -109,27 +113,40 @@ def flops_per_token(config: LlamaConfig, seq_len: int, *, causal: bool = True,
 
 
 class Peak(NamedTuple):
-    tflops: float  # dense bf16 TFLOP/s per device (NaN when unknown)
-    source: str  # "measured", "datasheet", "nominal", "config" or "unknown"
+    tflops: float  # datasheet dense bf16 TFLOP/s per device (NaN when unknown)
+    source: str  # "datasheet", "nominal" (CPU), "config" (an override) or "unknown"
 
 
-# Matched by substring of ``device.device_kind`` (lower case), first match wins (GH200 before H200).
+# Datasheet dense (not 2:4 sparse) bf16 TFLOP/s per device (GPU) or chip (TPU), as MFU divides by.
+# Each pattern is searched (re.search) in the lower-cased ``device.device_kind``; first match wins.
+# Word boundaries keep "gh200" from matching "h200", "l40s" from "l4" and "gb200" from "b200"; kinds
+# not listed give NaN ("unknown") rather than a neighbour's peak.
 PEAK_TFLOPS = (
-    ("gh200", 989.0, "datasheet"), ("h200", 790.0, "measured"), ("h100", 989.0, "datasheet"),
-    ("a100", 312.0, "datasheet"), ("l4", 121.0, "datasheet"), ("b200", 2250.0, "datasheet"),
-    ("v6", 918.0, "datasheet"), ("v5p", 459.0, "datasheet"), ("v5 lite", 197.0, "datasheet"),
-    ("v5e", 197.0, "datasheet"), ("v4", 275.0, "datasheet"),
-    ("cpu", 0.1, "nominal"),  # MFU on a CPU is only indicative
+    (r"\bgh200\b", 989.0, "datasheet"),  # "NVIDIA GH200 480GB": the H100/H200 tensor cores
+    (r"\bh200 nvl\b", 835.0, "datasheet"),  # "NVIDIA H200 NVL": lower clocks and power than SXM
+    (r"\bh200\b", 989.0, "datasheet"),  # "NVIDIA H200": SXM, the H100 SXM's tensor cores
+    (r"\bh100 nvl\b", 835.0, "datasheet"),  # "NVIDIA H100 NVL"
+    (r"\bh100 pcie\b", 756.0, "datasheet"),  # "NVIDIA H100 PCIe"
+    (r"\bh100\b", 989.0, "datasheet"),  # "NVIDIA H100 80GB HBM3" (SXM)
+    (r"\ba100\b", 312.0, "datasheet"),  # "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB"
+    (r"\bl4\b", 121.0, "datasheet"),  # "NVIDIA L4"
+    (r"\bb200\b", 2250.0, "datasheet"),  # "NVIDIA B200"
+    (r"\btpu v4$", 275.0, "datasheet"),  # "TPU v4" ("TPU v4 lite", v4i, is another chip)
+    (r"\btpu v5( lite|e)$", 197.0, "datasheet"),  # v5e: "TPU v5 lite" (or "TPU v5e")
+    (r"\btpu v5p?$", 459.0, "datasheet"),  # v5p: "TPU v5" (or "TPU v5p")
+    (r"\btpu v6( lite|e)$", 918.0, "datasheet"),  # v6e (Trillium): "TPU v6 lite" (or "TPU v6e")
+    (r"^cpu$", 0.1, "nominal"),  # MFU on a CPU is only indicative
 )
 
 
 def peak_tflops(device_kind: str, override: float = 0.0) -> Peak:
-    """The peak MFU divides by: ``override`` if > 0, else the table's entry for ``device_kind``."""
+    """The datasheet peak MFU divides by: ``override`` if > 0 (``source`` "config"), else the
+    :data:`PEAK_TFLOPS` entry whose pattern ``device_kind`` matches, else NaN ("unknown")."""
     if override > 0:
         return Peak(float(override), "config")
-    kind = device_kind.lower()
-    for name, tflops, source in PEAK_TFLOPS:
-        if name in kind:
+    kind = device_kind.strip().lower()
+    for pattern, tflops, source in PEAK_TFLOPS:
+        if re.search(pattern, kind):
             return Peak(tflops, source)
     return Peak(float("nan"), "unknown")
 

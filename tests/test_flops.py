@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import chex
 import jax.numpy as jnp
@@ -63,13 +64,37 @@ def test_flops_inputs_are_checked():
         llama.flops_per_token(CONFIG, 0)
 
 
+# Datasheet dense bf16 TFLOP/s per device or chip, by the device_kind strings jax reports.
+DATASHEET = {
+    "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H200": 989.0, "NVIDIA GH200 480GB": 989.0,
+    "NVIDIA H100 PCIe": 756.0, "NVIDIA H100 NVL": 835.0, "NVIDIA H200 NVL": 835.0,
+    "NVIDIA A100-SXM4-80GB": 312.0, "NVIDIA A100-SXM4-40GB": 312.0, "NVIDIA A100 80GB PCIe": 312.0,
+    "NVIDIA B200": 2250.0, "NVIDIA L4": 121.0,
+    "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5": 459.0, "TPU v5p": 459.0,
+    "TPU v6 lite": 918.0, "TPU v6e": 918.0,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DATASHEET))
+def test_peak_is_the_datasheet_dense_bf16_peak(kind):
+    assert flops.peak_tflops(kind) == (DATASHEET[kind], "datasheet")
+
+
 def test_one_peak_convention():
-    assert flops.peak_tflops("NVIDIA H200") == (790.0, "measured")
-    assert flops.peak_tflops("NVIDIA GH200 480GB") == (989.0, "datasheet")
-    assert flops.peak_tflops("NVIDIA H100 80GB HBM3") == (989.0, "datasheet")
+    """MFU divides by the datasheet peak on every accelerator, never a measured rate: H100 and H200
+    (the same tensor cores) give the same peak, and every entry but the CPU's is a datasheet one."""
+    assert flops.peak_tflops("NVIDIA H200") == flops.peak_tflops("NVIDIA H100 80GB HBM3")
+    assert {source for _, _, source in flops.PEAK_TFLOPS} == {"datasheet", "nominal"}
+    assert [p for p, _, source in flops.PEAK_TFLOPS if source == "nominal"] == [r"^cpu$"]
+    assert flops.peak_tflops("cpu") == (0.1, "nominal")
+    # every table entry is exercised by a device kind above
+    reached = {pattern for pattern, _, _ in flops.PEAK_TFLOPS
+               for kind in [*DATASHEET, "cpu"] if re.search(pattern, kind.lower())}
+    assert reached == {pattern for pattern, _, _ in flops.PEAK_TFLOPS}
     assert flops.peak_tflops("NVIDIA H200", override=500.0) == (500.0, "config")
-    assert flops.peak_tflops("cpu").source == "nominal"
-    unknown = flops.peak_tflops("unknown accelerator")
-    assert math.isnan(unknown.tflops) and unknown.source == "unknown"
+    # neighbours' names never borrow a peak: unknown (NaN) instead
+    for kind in ("NVIDIA L40S", "NVIDIA GB200", "TPU v4 lite", "unknown accelerator"):
+        unknown = flops.peak_tflops(kind)
+        assert math.isnan(unknown.tflops) and unknown.source == "unknown", kind
     # 1e12 FLOP in 1 s on one device of 2 TFLOP/s peak is half the peak
     assert flops.mfu(1e12, 1.0, 1, 2.0) == pytest.approx(0.5)

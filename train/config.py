@@ -155,7 +155,8 @@ class LogSection:
     every: int = opt(10, "Write metrics every this many steps.")
     tensorboard: bool = opt(True, "Also write TensorBoard event files to run_dir/tensorboard.")
     progress: bool = opt(True, "Show a progress bar with ETA (process 0 only).")
-    peak_tflops: float = opt(0.0, "Peak dense TFLOP/s per device for MFU (0: guess from device).")
+    peak_tflops: float = opt(0.0, "Datasheet dense bf16 TFLOP/s per device for MFU (0: the device's, "
+                             "models.flops.PEAK_TFLOPS).")
 
 
 @dataclasses.dataclass(frozen=True)

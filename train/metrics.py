@@ -2,10 +2,11 @@
 
 MFU (model FLOPs utilisation, PaLM, Chowdhery et al. 2022) = the model FLOPs of the batches trained
 in a logging window, counted from their documents (``models.flops.batch_flops``: attention only
-within each packed document, as the kernels compute it), per second, over the devices' peak
-(``models.flops.peak_tflops``: the measured bf16 matmul rate where the project measured one,
-else the datasheet figure). Every record carries ``flops_per_token`` (counted), ``peak_tflops`` and
-``peak_source``.
+within each packed document, as the kernels compute it), per second, over the devices' datasheet
+dense bf16 peak (``models.flops.peak_tflops``: H100 and H200 989 TFLOP/s each, as PaLM, MaxText,
+Megatron and TRL divide), never a measured rate. Every record carries ``flops_per_token`` (counted),
+``peak_tflops`` and ``peak_source`` ("datasheet"; "nominal" on a CPU, "config" for
+``log.peak_tflops``).
 """
 
 from __future__ import annotations
