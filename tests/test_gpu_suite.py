@@ -1,12 +1,14 @@
 """What only a GPU shows: ``make test-gpu`` on one H100 or H200 (skipped elsewhere).
 
 Every implementation inside a user's ``shard_map`` under both ``check_vma`` settings, in float32 and
-bfloat16, forward and gradients against the float64 reference at head dims 64 and 128 with GQA and
-packed documents; each optional feature on each kernel that claims it; every strategy; the README's
-code blocks verbatim; three training steps of ``configs/llama1b_long.yaml`` at 16K tokens through
-the CLI with a checkpoint, a resume, and 32 tokens of ``generate`` from it. On one GPU the ring has
-one device: rings of 2 and more are compiled for H200s in ``tests/test_gpu_aot.py``. The summary,
-``benchmarks/results/gpu_suite.md``, is written by ``tools/gpu_suite_summary.py``.
+bfloat16, forward and gradients at head dims 64 and 128 with GQA and packed documents, against the
+float32 reference computed on the GPU (:func:`check_ring`: the float64 numpy reference of the CPU
+suite takes half a minute per case at these lengths); each optional feature on each kernel that
+claims it; every strategy; the README's code blocks verbatim; three training steps of
+``configs/llama1b_long.yaml`` at 16K tokens through the CLI with a checkpoint, a resume, and 32
+tokens of ``generate`` from it. On one GPU the ring has one device: rings of 2 and more are
+compiled for H200s in ``tests/test_gpu_aot.py``. The summary, ``benchmarks/results/gpu_suite.md``,
+is written by ``tools/gpu_suite_summary.py``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from ringcheck import Problem, check_ring, rel_err
+from ringcheck import RTOL, Problem, make_extras, make_inputs, rel_err, run_ring
 
 import ringattention as ra
 from ringattention import implementations
@@ -42,6 +45,32 @@ FEATURE_PROBLEMS = {
     "segments": dict(segments=True),
 }
 COMMON = ("sinks", "window", "segments")  # ring-level or in every kernel
+
+
+def check_ring(pb: Problem, **kwargs) -> list[float]:
+    """``ringcheck.check_ring`` with the reference on the GPU: the ring (``run_ring``, inside
+    ``jax.shard_map``) against ``reference_attention`` and its ``jax.vjp`` in float32 at
+    ``precision="highest"`` (conftest) on the same rounded inputs; relative errors within ringcheck's
+    ``RTOL`` for the dtype."""
+    q, k, v, do, seg = make_inputs(pb)
+    extras = make_extras(pb)
+    got = run_ring(pb, q, k, v, do, seg, extras=extras, **kwargs)
+    sinks, prefix = extras.get("sinks"), extras.get("prefix")
+
+    def ref(q, k, v, sinks):
+        return ra.reference_attention(q, k, v, causal=pb.causal, segment_ids=seg,
+                                      sliding_window=pb.window, sinks=sinks,
+                                      logits_soft_cap=pb.softcap, prefix_length=prefix,
+                                      bidirectional_segments=pb.bidirectional)
+
+    args = (q, k, v, None if sinks is None else jnp.asarray(sinks))
+    o, vjp = jax.vjp(jax.jit(ref), *args)
+    want = (o, *vjp(jnp.asarray(do)))
+    want = want[:4] if sinks is None else want
+    errs = [rel_err(g, w) for g, w in zip(got, want)]
+    tol = RTOL[pb.dtype]
+    assert max(errs) <= tol, f"{pb}: errors {errs} exceed {tol=}"
+    return errs
 
 
 def _needs_hopper(impl: str) -> None:
