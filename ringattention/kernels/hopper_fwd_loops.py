@@ -26,10 +26,21 @@ if TYPE_CHECKING:
     from ringattention.kernels.hopper_kernels import FwdConfig, Ops
 
 
+def capped(cfg: FwdConfig, s):
+    """s [bq, bk]: the raw logits q.k, or with a soft cap C their ``tanh(softmax_scale * s / C)``
+    (one multiply and one tanh per element: ``approx_math`` lowers it to ``tanh.approx.f32``),
+    which ``softmax_stats`` scales by ``C * log2(e)`` (``FwdConfig.logit_scale``). The tanh is
+    monotonic, so the row maximum of these is the capped row maximum. Masks apply after it."""
+    if cfg.softcap is None:
+        return s
+    return jnp.tanh(s * cfg.cap_scale)
+
+
 def online_softmax(cfg: FwdConfig, s, acc, m, l, masked: bool):
-    """One key block of the online softmax: s [bq, bk] raw logits (-inf where hidden); acc [bq, D],
-    m, l [bq] (m in log2 units of the scaled logits). The row maximum is taken of the raw logits,
-    so each probability is one FMA and one exp2 (FA3): p = 2^(s*c - m). Returns acc, m, l, p."""
+    """One key block of the online softmax: s [bq, bk] logits from :func:`capped` (-inf where
+    hidden); acc [bq, Dv], m, l [bq] (m in log2 units of the scaled logits). The row maximum is
+    taken of the unscaled logits, so each probability is one FMA and one exp2 (FA3):
+    p = 2^(s*c - m). Returns acc, m, l, p."""
     m_new, l, p, alpha = softmax_stats(cfg, s, m, l, masked)
     return rescale(acc, alpha), m_new, l, p
 
@@ -37,15 +48,16 @@ def online_softmax(cfg: FwdConfig, s, acc, m, l, masked: bool):
 def softmax_stats(cfg: FwdConfig, s, m, l, masked: bool):
     """``online_softmax`` without the accumulator: (m, l, p [bq, bk], alpha [bq]), where the
     accumulator's rescale is ``acc * alpha``."""
-    m_new = jnp.maximum(m, s.max(axis=1) * cfg.qk_scale)  # qk_scale > 0 (checked by the wrapper)
+    c = cfg.logit_scale  # qk_scale > 0 (checked by the wrapper), or C * log2(e) with a soft cap
+    m_new = jnp.maximum(m, s.max(axis=1) * c)
     m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
-    p = jnp.exp2(s * cfg.qk_scale - lax.broadcast_in_dim(m_use, s.shape, [0]))  # [bq, bk]
+    p = jnp.exp2(s * c - lax.broadcast_in_dim(m_use, s.shape, [0]))  # [bq, bk]
     alpha = jnp.exp2(m - m_use)  # [bq]
     return m_new, l * alpha + p.sum(axis=1), p, alpha
 
 
 def rescale(acc, alpha):
-    return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])  # [bq, D] * [bq]
+    return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])  # [bq, Dv] * [bq]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +67,8 @@ class Warpgroup:
     cfg: FwdConfig
     ops: Ops
     q: Any  # SMEM [bq, D]
-    k: Any  # SMEM [S, bk, D] (and v)
-    v: Any
+    k: Any  # SMEM [S, bk, D]
+    v: Any  # SMEM [S, bk, Dv]
     k_bar: Any
     v_bar: Any
     k_free: Any
@@ -91,12 +103,12 @@ class Warpgroup:
 def loops(w: Warpgroup):
     """One key block per iteration: QK^T, softmax, then P.V; returns (acc, m, l)."""
     cfg, ops = w.cfg, w.ops
-    bq, d = w.q.shape
+    bq, d = w.q.shape[0], w.v.shape[-1]  # d: the accumulator's (v's) head dim
 
     def body(j, carry, masked: bool):
-        acc, m, l = carry  # float32 [bq, D], [bq], [bq]; m in log2 units (scaled logits)
+        acc, m, l = carry  # float32 [bq, Dv], [bq], [bq]; m in log2 units (scaled logits)
         slot = w.slot(j)
-        s = ops.qk(w.q, w.k.at[slot], (bq, cfg.bk), after_issue=w.turn)  # [bq, bk]
+        s = capped(cfg, ops.qk(w.q, w.k.at[slot], (bq, cfg.bk), after_issue=w.turn))  # [bq, bk]
         if masked:
             s = w.mask(s, slot)
         plgpu.barrier_arrive(w.k_free.at[slot])
@@ -125,10 +137,11 @@ def overlap_loops(w: Warpgroup):
     together, block j's softmax while P.V is in flight, then the accumulator rescaled by block
     j's alpha (FA3's order at head dims <= 128). Returns (acc, m, l)."""
     cfg, ops = w.cfg, w.ops
-    bq, d = w.q.shape
+    bq, d = w.q.shape[0], w.v.shape[-1]  # d: the accumulator's (v's) head dim
 
     def softmax(j, m, l, masked: bool):  # on_s: block j's logits -> m, l, p (float32), alpha
         def on_s(s):  # p stays float32 until P.V has landed: converting it now defines registers
+            s = capped(cfg, s)
             if masked:  # the next wgmma reads while one is in flight (ptxas C7513, FA3's order)
                 s = w.mask(s, w.slot(j))
             plgpu.barrier_arrive(w.k_free.at[w.slot(j)])
@@ -141,7 +154,7 @@ def overlap_loops(w: Warpgroup):
         return on_s
 
     def body(j, carry, masked: bool):
-        acc, m, l, p = carry  # [bq, D] (scaled to m), [bq], [bq], [bq, bk] 16-bit (block j-1)
+        acc, m, l, p = carry  # [bq, Dv] (scaled to m), [bq], [bq], [bq, bk] 16-bit (block j-1)
         prev = w.slot(j - 1)
         w.turn()
         (m, l, p, alpha), acc = ops.qk_pv(

@@ -19,6 +19,16 @@ all other blocks are never loaded. Key positions / ids travel with their key blo
 sliding window (``|q_pos - k_pos| < window``) adds a bound ``edge``: blocks ``[lo, edge)`` at the
 window's far edge run masked before the fully visible ones (without a window the kernel is as before).
 
+Optional features (``implementations.py``), each a static ``FwdConfig`` field, off by default (the
+kernel is then lowered exactly as without it): a soft cap (``softcap``: each logit pays one multiply
+and one ``tanh.approx.f32``, ``hopper_fwd_loops.capped``; the row maximum of the tanh values is the
+capped one, so the softmax stays one pass), a bidirectional prefix per batch row (``prefix``: one
+scalar per CTA) and bidirectional segments (``bidirectional``): both relax the causal mask, whose
+relaxed form is folded into a per-row limit (``causal_limit``), so partially visible blocks still
+pay one compare per element for it (fully visible ones, prefix and bidirectional blocks included,
+none: ``masks.block_table``). v may have its own head dim (``Dv``: v slots ``[S, bk, Dv]``, the
+accumulator ``[bq, Dv]``).
+
 ``Ops`` isolates the few operations that only exist on the device (wgmma through accumulator refs,
 register layouts); with ``interpret=True`` they become plain ``jnp`` so the same kernel, barriers
 and TMA pipeline run in Mosaic GPU's interpret mode on CPU. Shapes in comments: ``bq`` rows per
@@ -280,11 +290,33 @@ class FwdConfig:
     registers: int = 232  # per compute-warpgroup thread (REGISTER_CHOICES)
     window: int | None = None  # sliding window: keys with |q_pos - k_pos| >= window are hidden
     overlap: bool = False  # softmax of block j while P.V of block j-1 is in flight (FA3)
+    # Optional features (implementations.py), each off by default, when the kernel is the one
+    # without it (gated statically: nothing of it is lowered)
+    softcap: float | None = None  # logits C * tanh(softmax_scale * q.k / C) (Gemma 2)
+    prefix: bool = False  # a bidirectional prefix per batch row: one more input, int32 [B]
+    bidirectional: bool = False  # queries of negative segments see their whole segment
 
     @property
     def positions(self) -> bool:
         """Whether query / key positions are loaded (causal masks and windows compare them)."""
         return self.causal or self.window is not None
+
+    @property
+    def logit_scale(self) -> float:
+        """The factor of a logit in the exponent (log2 units): ``qk_scale``, or with ``softcap``
+        ``C * log2(e)`` (the loops' logits are then ``tanh(softmax_scale * q.k / C)``)."""
+        return self.qk_scale if self.softcap is None else self.softcap * LOG2E
+
+    @property
+    def cap_scale(self) -> float:
+        """``softmax_scale / C``: what a raw logit q.k is multiplied by inside the tanh."""
+        return self.qk_scale / (LOG2E * self.softcap)
+
+    @property
+    def relaxed(self) -> bool:
+        """Whether the causal mask is relaxed (prefix or bidirectional segments): keys after a
+        query may be visible, so a window is then checked on both sides."""
+        return self.prefix or self.bidirectional
 
 
 def window_mask(causal: bool, window: int, q_pos, k_pos):
@@ -294,15 +326,31 @@ def window_mask(causal: bool, window: int, q_pos, k_pos):
     return d < window if causal else (d < window) & (-d < window)
 
 
-def _mask(cfg: FwdConfig, ops: Ops, s, q_pos, q_seg, kpos_smem, kseg_smem):
-    """s [bq, bk] with hidden entries set to -inf (positions / ids: row vectors or SMEM refs)."""
+def causal_limit(cfg: FwdConfig, q_pos, q_seg, prefix):
+    """int32 [bq]: the last key position each query row sees under the causal mask relaxed by
+    ``prefix`` (a scalar: keys before it are visible) and ``bidirectional`` (rows of negative
+    segments see every position), so the relaxed mask is one compare per element, like the plain
+    one (``masks.visible``: kp <= qp or kp < prefix or q_seg < 0). None without either."""
+    if not cfg.relaxed:
+        return None
+    if cfg.prefix:  # kp < prefix <=> kp <= prefix - 1 (prefix clamped so that it cannot wrap)
+        lim = jnp.maximum(q_pos, jnp.maximum(prefix, jnp.int32(-(2**31) + 1)) - 1)
+    else:
+        lim = q_pos
+    return jnp.where(q_seg < 0, jnp.int32(2**31 - 1), lim) if cfg.bidirectional else lim
+
+
+def _mask(cfg: FwdConfig, ops: Ops, s, q_pos, q_seg, kpos_smem, kseg_smem, q_lim=None):
+    """s [bq, bk] with hidden entries set to -inf (positions / ids: row vectors or SMEM refs;
+    ``q_lim``: :func:`causal_limit`'s rows where the causal mask is relaxed)."""
     vis = None
     col = lambda ref: lax.broadcast_in_dim(ops.cols(ref), s.shape, [1])  # noqa: E731
     if cfg.causal:
-        vis = col(kpos_smem) <= lax.broadcast_in_dim(q_pos, s.shape, [0])
+        vis = col(kpos_smem) <= lax.broadcast_in_dim(q_pos if q_lim is None else q_lim, s.shape,
+                                                      [0])
     if cfg.window is not None:
-        near = window_mask(cfg.causal, cfg.window, lax.broadcast_in_dim(q_pos, s.shape, [0]),
-                           col(kpos_smem))
+        near = window_mask(cfg.causal and not cfg.relaxed, cfg.window,
+                           lax.broadcast_in_dim(q_pos, s.shape, [0]), col(kpos_smem))
         vis = near if vis is None else vis & near
     if cfg.segments:
         same = col(kseg_smem) == lax.broadcast_in_dim(q_seg, s.shape, [0])
@@ -315,16 +363,18 @@ def fwd_kernel(*refs, cfg: FwdConfig):
 
     GMEM inputs: lo/mid/hi int32 [B, nq]; q [B, Sq, H, D]; k, v [B, Sk, K, D]; then (causal or
     window) q_pos [Sq], k_pos [Sk]; then (segments) q_seg [B, Sq], k_seg [B, Sk]; then (window) edge
-    int32 [B, nq]. GMEM outputs: o f32 [B, Sq, H, D] (the step's layout: a warpgroup's tile is 64
-    rows of D contiguous floats, H * D apart, and no transpose follows the kernel), lse f32
-    [B, H, Sq] (natural log).
+    int32 [B, nq]; then (prefix) prefix int32 [B]. v may have its own head dim Dv: v [B, Sk, K, Dv].
+    GMEM outputs: o f32 [B, Sq, H, Dv] (the step's layout: a warpgroup's tile is 64 rows of Dv
+    contiguous floats, H * Dv apart, and no transpose follows the kernel), lse f32 [B, H, Sq]
+    (natural log).
     """
-    n_in = 6 + 2 * cfg.positions + 2 * cfg.segments + (cfg.window is not None)
+    n_in = 6 + 2 * cfg.positions + 2 * cfg.segments + (cfg.window is not None) + cfg.prefix
     ins, (o_ref, lse_ref), scratch = refs[:n_in], refs[n_in:n_in + 2], refs[n_in + 2:]
     lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, *rest = ins
     qp_ref, kp_ref = (rest.pop(0), rest.pop(0)) if cfg.positions else (None, None)
     qs_ref, ks_ref = (rest.pop(0), rest.pop(0)) if cfg.segments else (None, None)
     edge_ref = rest.pop(0) if cfg.window is not None else None
+    pf_ref = rest.pop(0) if cfg.prefix else None
     b, h, qi = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("i")
     if cfg.causal:  # the heaviest query blocks (latest positions) start first
         qi = cfg.nq - 1 - qi
@@ -334,6 +384,8 @@ def fwd_kernel(*refs, cfg: FwdConfig):
              lse_ref=lse_ref)
     if edge_ref is not None:
         g["edge"] = bound(edge_ref[b, qi])
+    if pf_ref is not None:  # one scalar per CTA: its batch row's prefix
+        g["prefix"] = bound(pf_ref[b])
     wg = lax.axis_index("wg")
     pl.when(wg < COMPUTE_WGS)(lambda: _compute(cfg, wg, *scratch, **g))
     pl.when(wg == COMPUTE_WGS)(lambda: _produce(cfg, *scratch, **g))
@@ -380,11 +432,11 @@ def _produce(cfg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_
 
 def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_smem, q_bar,
              k_bar, v_bar, k_free, v_free, sched, *, b, h, qi, lo, mid, hi, q_ref, qp_ref, qs_ref,
-             o_ref, lse_ref, edge=None, **_):
+             o_ref, lse_ref, edge=None, prefix=None, **_):
     """Compute warpgroup ``wg``: rows [row0, row0 + bq) of the CTA's query block."""
     set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
     ops = Ops(cfg.interpret)
-    bq, d = q_smem.shape[1], q_smem.shape[2]
+    bq, dv = q_smem.shape[1], v_smem.shape[2]  # dv: v's (padded) head dim, the accumulator's
     row0 = qi * (COMPUTE_WGS * bq) + wg * bq
     rows = pl.ds(row0, bq)
     plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[wg], q_bar.at[wg])
@@ -395,6 +447,7 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
     plgpu.barrier_wait(q_bar.at[wg])
     q_pos = ops.rows(qpos_smem.at[wg]) if cfg.positions else None  # [bq]
     q_seg = ops.rows(qseg_smem.at[wg]) if cfg.segments else None
+    q_lim = causal_limit(cfg, q_pos, q_seg, prefix)  # [bq] | None (prefix / bidirectional)
 
     def turn():  # hand the tensor cores to the other compute warpgroup
         if cfg.pingpong:
@@ -408,7 +461,7 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
 
     def mask(s, slot):  # s [bq, bk] with hidden entries -inf
         at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
-        return _mask(cfg, ops, s, q_pos, q_seg, at(kpos_smem), at(kseg_smem))
+        return _mask(cfg, ops, s, q_pos, q_seg, at(kpos_smem), at(kseg_smem), q_lim)
 
     def write(acc, m, l):
         seen = l > 0.0
@@ -433,5 +486,5 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
         pl.when(wg == 0)(turn)
         write(*carry)
 
-    pl.when(lo >= hi)(lambda: write(ops.full((bq, d), 0.0), ops.full((bq,), -jnp.inf),
+    pl.when(lo >= hi)(lambda: write(ops.full((bq, dv), 0.0), ops.full((bq,), -jnp.inf),
                                     ops.full((bq,), 0.0)))

@@ -12,6 +12,11 @@ positions (any layout) and segment ids are padded with the same sentinels, block
 ``masks.block_table`` and turned into the same lo/mid/hi bounds (hidden blocks are never loaded,
 fully visible ones run without the elementwise mask). GQA reads kv head ``h // G`` in place.
 
+The forward takes the contract's optional features (soft-capping, a bidirectional prefix,
+bidirectional segments and v's own head dim, e.g. MLA's 192 / 128): the Mosaic GPU kernel for
+16-bit inputs (each feature a static switch: off, the kernel is the one without it), the Triton
+step's for float32. The backward's Mosaic kernels do not take them yet.
+
 What runs where (stated plainly):
 
 * forward, bfloat16/float16: the Mosaic GPU kernel (head dims padded to a multiple of 64, <= 256).
@@ -163,12 +168,33 @@ _FULL_DEFAULTS = {128: dataclasses.replace(_DEFAULTS[128], schedule="overlap"),
 _DETERMINISTIC_TILES = {64: dict(bwd_stages=2, registers=232, bwd_block_k=128)}
 
 
-def default_block_sizes(head_dim: int, causal: bool = True) -> BlockSizes:
+def default_block_sizes(head_dim: int, causal: bool = True,
+                        v_head_dim: int | None = None) -> BlockSizes:
     """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above.
     ``causal``: whether the step has a causal mask (without one, head dim 128 runs the forward with
-    ``schedule="overlap"`` and head dim 64 its kernels with 232 registers per compute thread, not 240)."""
+    ``schedule="overlap"`` and head dim 64 its kernels with 232 registers per compute thread, not 240).
+    ``v_head_dim``: v's own head dim where it differs: the row of the larger of the two, with MLA's
+    forward tiles (:data:`_MLA_FORWARD`) where they pad to 192 and 128."""
+    if v_head_dim is not None and v_head_dim != head_dim:
+        bs = default_block_sizes(max(head_dim, v_head_dim), causal)
+        if (_pad64(head_dim), _pad64(v_head_dim)) == (192, 128):
+            return dataclasses.replace(bs, **_MLA_FORWARD, schedule=default_block_sizes(
+                128, causal).schedule)
+        return bs
     d = _tuned_dim(head_dim)
     return _DEFAULTS[d] if causal else _FULL_DEFAULTS.get(d, _DEFAULTS[d])
+
+
+# MLA (q/k head dim 192, v 128; DeepSeek-V2), untuned: the forward's registers are those of head
+# dim 128 (a [64, 128] accumulator and [64, 128] logits per warpgroup, the q/k width only lengthens
+# the QK^T wgmma in shared memory), so it takes head dim 128's tiles and schedule: 128-key blocks in
+# 2 stages (208 KiB of shared memory; 3 do not fit), 240 registers. The backward's fields are those
+# of head dim 256 (the larger head dim).
+_MLA_FORWARD = dict(block_k=128, stages=2, registers=240)
+
+
+def _pad64(d: int) -> int:
+    return -(-d // 64) * 64
 
 
 def _tuned_dim(head_dim: int) -> int:
@@ -222,8 +248,8 @@ def available(mesh=None) -> bool:
 interpret_params = hk.interpret_params
 
 
-def _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale):
-    pg._check(q, k, v, q_pos, k_pos, q_seg, k_seg)
+def _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale, own_v_dim: bool = False):
+    pg._check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=own_v_dim)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"pallas_hopper: {q.dtype=} {k.dtype=} {v.dtype=} must be equal")
     if not softmax_scale > 0:  # the kernels take row maxima of the unscaled logits
@@ -240,67 +266,91 @@ class Geometry(pg._Geometry):
         return hk.COMPUTE_WGS * self.bq
 
 
-def geometry(sq: int, sk: int, d: int, bs: BlockSizes) -> Geometry:
+def geometry(sq: int, sk: int, d: int, bs: BlockSizes, dv: int | None = None) -> Geometry:
+    """Padded sizes; ``dv``: v's own head dim (None: ``d``), padded to a multiple of 64 apart."""
     rows = hk.COMPUTE_WGS * BLOCK_Q
     bk = min(bs.block_k, -(-sk // 64) * 64)  # short shards: one block of the padded length
-    return Geometry(sq, sk, d, BLOCK_Q, bk, -(-sq // rows) * rows, -(-sk // bk) * bk,
-                    -(-d // 64) * 64)
+    dv_pad = 0 if dv is None or dv == d else _pad64(dv)
+    return Geometry(sq, sk, d, BLOCK_Q, bk, -(-sq // rows) * rows, -(-sk // bk) * bk, _pad64(d),
+                    dv_pad)
 
 
 def _pad(geo: Geometry, q, k, v, q_pos, k_pos, q_seg, k_seg):
     """Pads to the CTA/block grid with pallas_gpu's sentinels (padded keys are seen by no query)."""
     pg_geo = pg._Geometry(geo.sq, geo.sk, geo.d, geo.cta_rows, geo.bk, geo.sq_pad, geo.sk_pad,
-                          geo.d_pad)
+                          geo.d_pad, geo.dv_pad)
     return pg._pad_inputs(pg_geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
+
+
+def _features(q, q_seg, causal: bool, softcap, prefix, bidirectional: bool):
+    """The optional features' keywords checked as the Triton step checks them (``pg._features``,
+    its ValueErrors naming pallas_hopper): (softcap float | None, prefix int32 [B] | None)."""
+    try:
+        prefix = pg._features(q, q_seg, causal, softcap, prefix, bidirectional)
+    except ValueError as e:
+        raise ValueError(str(e).replace("pallas_gpu:", "pallas_hopper:", 1)) from None
+    return (None if softcap is None else float(softcap)), prefix
 
 
 def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_scale: float,
                  block_sizes: BlockSizes | None = None, interpret: bool = False,
-                 window: int | None = None):
-    """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
-    _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale)
-    bs = block_sizes or default_block_sizes(q.shape[3], causal)
+                 window: int | None = None, softcap: float | None = None, prefix=None,
+                 bidirectional: bool = False):
+    """One ring step forward (contract in ``implementations.py``, with the optional features
+    softcap, prefix, bidirectional and v_head_dim). Returns (o f32, lse f32)."""
+    _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale, own_v_dim=True)
+    softcap, prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)
+    B, Sq, H, D = q.shape
+    Dv = v.shape[3]
+    bs = block_sizes or default_block_sizes(D, causal, v_head_dim=Dv)
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
     if jnp.dtype(q.dtype) not in HALF_DTYPES:  # float32: the Triton kernel, exact to ~1e-6
         return pg.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, causal=causal,
                                softmax_scale=softmax_scale, block_sizes=bs.triton,
-                               interpret=interpret, window=window)
-    B, Sq, H, D = q.shape
-    geo = geometry(Sq, k.shape[1], D, bs)
+                               interpret=interpret, window=window, softcap=softcap, prefix=prefix,
+                               bidirectional=bidirectional)
+    geo = geometry(Sq, k.shape[1], D, bs, Dv)
     q, k, v, q_pos, k_pos, q_seg, k_seg = _pad(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.cta_rows, geo.bk, window)
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.cta_rows, geo.bk, window,
+                              prefix=prefix, bidirectional=bidirectional)  # [B|1, nq, nk]
     *bounds, edge = pg.block_bounds(table, B, window)  # 3 x int32 [B, nq]; edge: window only
     extra = (q_pos, k_pos) if causal or window is not None else ()
     extra += (q_seg, k_seg) if q_seg is not None else ()
     extra += (edge,) if window is not None else ()
+    extra += (prefix,) if prefix is not None else ()
+    features = dict(softcap=softcap, prefix=prefix is not None, bidirectional=bidirectional)
     o, lse = _fwd_call(geo, bs, *bounds, q, k, v, *extra, causal=causal, segments=q_seg is not None,
-                       scale=softmax_scale, interpret=interpret, window=window)
-    return o[:, :Sq, :, :D], lse[:, :, :Sq]
+                       scale=softmax_scale, interpret=interpret, window=window, **features)
+    return o[:, :Sq, :, :Dv], lse[:, :, :Sq]
 
 
 def _fwd_call(geo: Geometry, bs: BlockSizes, lo, mid, hi, q, k, v, *extra, causal: bool,
-              segments: bool, scale: float, interpret: bool, window: int | None = None):
+              segments: bool, scale: float, interpret: bool, window: int | None = None,
+              **features):
+    """``features``: ``hk.FwdConfig``'s softcap, prefix, bidirectional (off where not given)."""
     B, Sq, H, D = q.shape  # padded
-    K = k.shape[2]
+    K, Dv = k.shape[2], v.shape[3]  # v [B, Sk, K, Dv]
     nq = Sq // geo.cta_rows
     cfg = hk.FwdConfig(bq=geo.bq, bk=geo.bk, stages=bs.stages, causal=causal, segments=segments,
                        groups=H // K, nq=nq, qk_scale=scale * hk.LOG2E, pingpong=bs.schedule == "pingpong",
                        interpret=interpret, registers=bs.registers, window=window,
-                       overlap=bs.schedule == "overlap")
-    smem = (hk.COMPUTE_WGS * geo.bq + 2 * bs.stages * geo.bk) * D * q.dtype.itemsize
+                       overlap=bs.schedule == "overlap", **features)
+    smem = (hk.COMPUTE_WGS * geo.bq * D + bs.stages * geo.bk * (D + Dv)) * q.dtype.itemsize
     smem += 4 * (hk.COMPUTE_WGS * geo.bq + bs.stages * geo.bk) * (cfg.positions + segments)
     if smem > SMEM_LIMIT - 1024:
-        raise ValueError(f"pallas_hopper: block_k={geo.bk}, stages={bs.stages} at head dim {D} need "
+        dims = f"head dim {D}" + (f", v head dim {Dv}" if Dv != D else "")
+        raise ValueError(f"pallas_hopper: block_k={geo.bk}, stages={bs.stages} at {dims} need "
                          f"{smem} bytes of shared memory (limit {SMEM_LIMIT}); use fewer/smaller")
-    out_type = (jax.ShapeDtypeStruct((B, Sq, H, D), F32), jax.ShapeDtypeStruct((B, H, Sq), F32))
+    out_type = (jax.ShapeDtypeStruct((B, Sq, H, Dv), F32), jax.ShapeDtypeStruct((B, H, Sq), F32))
     kernel = hk.launch(functools.partial(hk.fwd_kernel, cfg=cfg), out_type,
-                       _scratch(cfg, D, q.dtype), grid=(H, nq, B), interpret=interpret)
+                       _scratch(cfg, D, q.dtype, Dv), grid=(H, nq, B), interpret=interpret)
     return kernel(lo, mid, hi, q, k, v, *extra)
 
 
-def _scratch(cfg: hk.FwdConfig, d: int, dtype):
-    """SMEM buffers and barriers, in the order ``hk._compute`` / ``hk._produce`` take them."""
+def _scratch(cfg: hk.FwdConfig, d: int, dtype, dv: int | None = None):
+    """SMEM buffers and barriers, in the order ``hk._compute`` / ``hk._produce`` take them
+    (``dv``: v's head dim where it has its own)."""
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     wgs, s = hk.COMPUTE_WGS, cfg.stages
     ivec = lambda n, length, on: plgpu.SMEM((n, length), jnp.int32) if on else None  # noqa: E731
@@ -308,7 +358,7 @@ def _scratch(cfg: hk.FwdConfig, d: int, dtype):
     return [
         plgpu.SMEM((wgs, cfg.bq, d), dtype, transforms=tiles),  # q per compute warpgroup
         plgpu.SMEM((s, cfg.bk, d), dtype, transforms=tiles),  # k slots
-        plgpu.SMEM((s, cfg.bk, d), dtype, transforms=tiles),  # v slots
+        plgpu.SMEM((s, cfg.bk, dv or d), dtype, transforms=tiles),  # v slots
         ivec(wgs, cfg.bq, cfg.positions), ivec(s, cfg.bk, cfg.positions),  # q / k positions
         ivec(wgs, cfg.bq, cfg.segments), ivec(s, cfg.bk, cfg.segments),  # q / k segment ids
         plgpu.Barrier(num_arrivals=q_copies, num_barriers=wgs),  # q loaded
