@@ -52,7 +52,7 @@ class Row:
 
 
 def _attention(c: LlamaConfig) -> tuple:
-    return c.num_heads, c.num_kv_heads, c.head_dim, getattr(c, "v_head_dim", None), c.sliding_window
+    return c.num_heads, c.num_kv_heads, c.head_dim, c.v_head_dim, c.sliding_window
 
 
 def _config_shapes() -> dict[tuple, list[str]]:
