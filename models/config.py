@@ -52,7 +52,10 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-    """A LLaMA decoder. ``head_dim`` 0 means ``hidden_size // num_heads``. ``sliding_window`` W (Mistral):
+    """A LLaMA decoder. ``head_dim`` 0 means ``hidden_size // num_heads``; ``v_head_dim`` gives v its
+    own head dim (the output projection then takes ``num_heads * v_head_dim``): the attention shapes
+    of DeepSeek-V2/V3's multi-head latent attention (q/k 192, v 128; DeepSeek-AI 2024), with plain
+    projections in place of its low-rank ones. ``sliding_window`` W (Mistral):
     every layer's query at position i attends to the keys at i - W < j <= i only; with ``layer_types``
     only the "sliding_attention" layers do (Gemma 2, gpt-oss, Qwen3 with use_sliding_window).
 
@@ -69,6 +72,7 @@ class LlamaConfig:
     num_heads: int = 4
     num_kv_heads: int = 2
     head_dim: int = 0
+    v_head_dim: int | None = None  # v's own head dim (MLA shapes, DeepSeek-V2/V3); None: head_dim
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = 1e-5
@@ -123,6 +127,9 @@ class LlamaConfig:
                              f"num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+        v = self.v_head_dim
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+            raise ValueError(f"v_head_dim={v!r} must be None (= head_dim) or a positive int")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"{name}={getattr(self, name)!r}; choose one of {DTYPES}")
@@ -186,6 +193,11 @@ class LlamaConfig:
         """The attention softmax scale (None: ring attention's default head_dim ** -0.5)."""
         q = self.query_pre_attn_scalar
         return None if q is None else float(q) ** -0.5
+
+    @property
+    def v_dim(self) -> int:
+        """The head dim of v and of the attention output (``v_head_dim``, else ``head_dim``)."""
+        return self.head_dim if self.v_head_dim is None else int(self.v_head_dim)
 
     @property
     def kv_groups(self) -> int:
@@ -287,15 +299,15 @@ def rope_attention_factor(config: LlamaConfig) -> float:
 def num_params(config: LlamaConfig) -> int:
     """Number of trainable parameters (embedding, blocks, final norm, untied head); for gpt_oss
     every expert counts (total, not active, parameters)."""
-    e, d, f = config.hidden_size, config.head_dim, config.intermediate_size
+    e, d, dv, f = config.hidden_size, config.head_dim, config.v_dim, config.intermediate_size
     h, k, x = config.num_heads, config.num_kv_heads, config.num_experts
-    attn = e * d * (2 * h + 2 * k)
+    attn = e * (h + k) * (d + dv)  # wq, wk (d), wv, wo (dv)
     block = attn + 3 * e * f + 2 * e
     if config.family == "qwen3":
         block += 2 * d  # q_norm, k_norm
     elif config.family == "gemma2":
         block += 2 * e  # post-attention and post-MLP norms
     elif config.family == "gpt_oss":  # biases, sinks, router, experts instead of one MLP
-        block += (h + 2 * k) * d + e + h + (e + 1) * x + x * (3 * e * f + 2 * f + e) - 3 * e * f
+        block += (h + k) * d + k * dv + e + h + (e + 1) * x + x * (3 * e * f + 2 * f + e) - 3 * e * f
     head = 0 if config.tie_embeddings else e * config.vocab_size
     return config.vocab_size * e + config.num_layers * block + e + head

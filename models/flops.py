@@ -6,8 +6,9 @@ training = forward + backward = 3x forward), whatever the implementation execute
 
 * matmuls: ``2 N`` per token forward, ``6 N`` training; ``N`` (:func:`matmul_params`) counts every
   weight matrix including the output projection (tied or not), not the embedding lookup.
-* attention: per layer and query head, ``4 * head_dim`` per visible (query, key) pair forward (``q.k``
-  and ``p.v``), ``12 * head_dim`` training. Only pairs the mask lets through count: with packed
+* attention: per layer and query head, ``2 * (head_dim + v_head_dim)`` per visible (query, key)
+  pair forward (``q.k`` over the q/k head dim, ``p.v`` over v's), 3x that training: ``4 * head_dim``
+  and ``12 * head_dim`` where the two are equal. Only pairs the mask lets through count: with packed
   documents a query sees the keys of its own document (segment id) only, and a causal document of
   ``n`` tokens has ``n (n + 1) / 2`` pairs (:func:`attention_pairs`). Ring attention skips the other
   blocks, so counting them (as one ``seq_len``-token document per row would) overstates MFU.
@@ -28,6 +29,7 @@ beside MFU, named as such, never as a peak.
 
 from __future__ import annotations
 
+import collections
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -40,13 +42,18 @@ if TYPE_CHECKING:
 def matmul_params(config: LlamaConfig) -> int:
     """Weights that take part in a matmul per token: attention and MLP matrices of every layer and
     the output projection (``num_params`` minus the embedding lookup and the norms)."""
-    e, d = config.hidden_size, config.head_dim
-    attn = e * d * (2 * config.num_heads + 2 * config.num_kv_heads)
+    e, d, dv = config.hidden_size, config.head_dim, config.v_dim
+    attn = e * (config.num_heads + config.num_kv_heads) * (d + dv)  # wq, wk (d); wv, wo (dv)
     return config.num_layers * (attn + 3 * e * config.intermediate_size) + e * config.vocab_size
 
 
-def _per_pair(config: LlamaConfig, training: bool) -> int:
-    return (12 if training else 4) * config.num_layers * config.num_heads * config.head_dim
+def _attention_flops(config: LlamaConfig, training: bool, pairs_of) -> int:
+    """Attention FLOPs of every layer: per head and visible pair q.k (2 head_dim) and p.v (2
+    v_head_dim), 3x training; ``pairs_of(window)`` counts the pairs under a layer's window (layers
+    differ where ``config.layer_types`` says)."""
+    per_pair = (3 if training else 1) * 2 * (config.head_dim + config.v_dim) * config.num_heads
+    windows = collections.Counter(config.layer_window(i) for i in range(config.num_layers))
+    return sum(layers * per_pair * int(pairs_of(w)) for w, layers in windows.items())
 
 
 def segment_lengths(segment_ids) -> np.ndarray:
@@ -91,25 +98,26 @@ def attention_pairs(segment_ids, *, causal: bool = True, window: int | None = No
 def batch_flops(config: LlamaConfig, segment_ids, *, causal: bool = True,
                 training: bool = True) -> int:
     """Model FLOPs of a batch with int ``segment_ids`` [..., seq] (one id per row when nothing is
-    packed): matmuls of every token plus attention over the visible pairs (within
-    ``config.sliding_window`` when set). Exact (a Python int)."""
+    packed): matmuls of every token plus attention over the visible pairs (within each layer's
+    sliding window, ``config.layer_window``). Exact (a Python int)."""
     tokens = int(np.asarray(segment_ids).size)
     matmul = (6 if training else 2) * matmul_params(config) * tokens
-    pairs = attention_pairs(segment_ids, causal=causal, window=config.sliding_window)
-    return matmul + _per_pair(config, training) * pairs
+    lengths = segment_lengths(segment_ids)
+    pairs_of = lambda w: document_pairs(lengths, causal=causal, window=w).sum()  # noqa: E731
+    return matmul + _attention_flops(config, training, pairs_of)
 
 
 def flops_per_token(config: LlamaConfig, seq_len: int, *, causal: bool = True,
                     training: bool = True) -> float:
     """Training (or forward) FLOPs per token of rows that hold one ``seq_len``-token document:
-    ``6 N`` plus ``12 * layers * heads * head_dim`` times the pairs per token, ``(seq_len + 1) / 2``
-    when causal, ``seq_len`` when not (fewer within a sliding window, :func:`document_pairs`).
-    Equals :func:`batch_flops` per token of such a batch."""
+    ``6 N`` plus ``6 * layers * heads * (head_dim + v_head_dim)`` times the pairs per token,
+    ``(seq_len + 1) / 2`` when causal, ``seq_len`` when not (fewer within a layer's sliding
+    window, :func:`document_pairs`). Equals :func:`batch_flops` per token of such a batch."""
     if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
         raise ValueError(f"{seq_len=} must be a positive int")
     matmul = (6 if training else 2) * matmul_params(config)
-    pairs = document_pairs(seq_len, causal=causal, window=config.sliding_window)
-    return float(matmul + _per_pair(config, training) * int(pairs) / seq_len)
+    pairs_of = lambda w: document_pairs(seq_len, causal=causal, window=w)  # noqa: E731
+    return float(matmul + _attention_flops(config, training, pairs_of) / seq_len)
 
 
 class Peak(NamedTuple):

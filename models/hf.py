@@ -113,7 +113,12 @@ def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
 
 def config_to_hf(config: LlamaConfig, torch_dtype: str) -> dict:
     """A transformers config.json dict (readable by transformers 4.x and 5.x): LLaMA, or Mistral
-    when the config has a sliding window, or the config's family (Qwen3, Gemma 2, gpt-oss)."""
+    when the config has a sliding window, or the config's family (Qwen3, Gemma 2, gpt-oss).
+    ValueError for v's own head dim, which none of them has."""
+    if config.v_dim != config.head_dim:
+        raise ValueError(f"v_head_dim={config.v_head_dim} != head_dim={config.head_dim}: no "
+                         "transformers family with plain projections has v's own head dim "
+                         "(DeepSeek's MLA factors them); such a model saves no HF checkpoint")
     out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
            "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
            "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
@@ -241,10 +246,11 @@ def save_hf(config: LlamaConfig, params, path: str, *, dtype: str | None = None,
             max_shard_bytes: int = 5 * 2**30) -> None:
     """Writes config.json + safetensors (sharded with an index above ``max_shard_bytes``)."""
     dtype = dtype or config.param_dtype
+    hf_config = config_to_hf(config, dtype)  # its ValueErrors before anything is written
     os.makedirs(path, exist_ok=True)
     tensors = params_to_hf(config, params, jnp.dtype(dtype))
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config_to_hf(config, dtype), f, indent=2)
+        json.dump(hf_config, f, indent=2)
     shards, size = [{}], 0
     for name, x in tensors.items():
         if size and size + x.nbytes > max_shard_bytes:

@@ -90,10 +90,15 @@ def slot(pos: jax.Array, layout: str, shard_len: int, ring: int):
 
 
 def check_decodable(config: LlamaConfig) -> None:
-    """Raises ValueError for a model family that decoding does not support (all but LLaMA/Mistral)."""
+    """Raises ValueError for a model that decoding does not support: families other than
+    LLaMA/Mistral, and v's own head dim (the cache and its kernels hold one head dim)."""
     if config.family != "llama":
         raise ValueError(f"KV-cache decoding supports LLaMA and Mistral only; family="
                          f"{config.family!r} ({_FAMILY_OPTIONS[config.family]}) is forward / loss only")
+    if config.v_dim != config.head_dim:
+        raise ValueError(f"KV-cache decoding needs v_head_dim == head_dim; got v_head_dim="
+                         f"{config.v_head_dim} != head_dim={config.head_dim} (MLA shapes are "
+                         "forward / loss only)")
 
 
 _FAMILY_OPTIONS = {"qwen3": "q/k norms", "gemma2": "soft caps, per-layer windows",

@@ -6,11 +6,12 @@ pytrees of arrays, ready for optax / orbax):
 
 - ``LlamaConfig`` (frozen dataclass), ``PRESETS`` ("debug", "1b", "3b", "7b", "8b", "70b"),
   ``get_config(name, **overrides)``. Fields: vocab_size, hidden_size, intermediate_size, num_layers,
-  num_heads, num_kv_heads, head_dim, rope_theta, rope_scaling (None | RopeScaling), rms_norm_eps,
-  tie_embeddings, max_position_embeddings, sliding_window (None | W: Mistral's window of the last W
-  tokens), family / layer_types / query_pre_attn_scalar / attn_logit_softcap / final_logit_softcap /
-  num_experts / experts_per_token / swiglu_alpha / swiglu_limit (Qwen3, Gemma 2, gpt-oss:
-  docs/api.md "Model families"), dtype / param_dtype ("bfloat16" | "float32"),
+  num_heads, num_kv_heads, head_dim, v_head_dim (None | v's own head dim: MLA shapes), rope_theta,
+  rope_scaling (None | RopeScaling), rms_norm_eps, tie_embeddings, max_position_embeddings,
+  sliding_window (None | W: Mistral's window of the last W tokens), family / layer_types /
+  query_pre_attn_scalar / attn_logit_softcap / final_logit_softcap / num_experts /
+  experts_per_token / swiglu_alpha / swiglu_limit (Qwen3, Gemma 2, gpt-oss: docs/api.md "Model
+  families"), dtype / param_dtype ("bfloat16" | "float32"),
   attention ("auto" | "xla" | registered kernel | "reference" | "cudnn" (one GPU, no packing)),
   layout ("zigzag" (default: balanced causal work) | "striped" | "contiguous"),
   remat ("none" | "full" | "save_dots" | "save_attn" | "offload_attn"),

@@ -90,10 +90,18 @@ def attention_options(config: LlamaConfig, sinks: jax.Array | None = None) -> di
     return out
 
 
+def attention_needs(config: LlamaConfig) -> frozenset[str]:
+    """The optional ring-step features (``ringattention.implementations.FEATURES``) the model's
+    attention uses: "softcap" (Gemma 2), "v_head_dim" (MLA shapes)."""
+    used = {"softcap": config.attn_logit_softcap is not None,
+            "v_head_dim": config.v_dim != config.head_dim}
+    return frozenset(name for name, on in used.items() if on)
+
+
 def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids, layer: int = 0,
            sinks: jax.Array | None = None):
-    """Causal attention of q [B, S, H, D], k/v [B, S, K, D] in ring-layout order -> [B, S, H, D]
-    over the last ``config.layer_window(layer)`` positions when set, with the family's options
+    """Causal attention of q/k [B, S, H | K, D], v [B, S, K, Dv] in ring-layout order -> [B, S, H,
+    Dv] over the last ``config.layer_window(layer)`` positions when set, with the family's options
     (``sinks`` [H] float32: one extra softmax logit per head that takes weight but has no value)."""
     n = axis_size(mesh, "sp")
     window = config.layer_window(layer)
@@ -107,8 +115,8 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids, layer: 
     if config.attention == "cudnn":
         return _cudnn_attention(q, k, v, segment_ids, mesh, window, config, sinks)
     # for the mesh's platform (not the host's) and the ring's shard length
-    needs = frozenset({"softcap"} if config.attn_logit_softcap is not None else ())
-    impl = ra_impl.resolve(config.attention, mesh, shard=q.shape[1] // n, needs=needs).name
+    impl = ra_impl.resolve(config.attention, mesh, shard=q.shape[1] // n,
+                           needs=attention_needs(config)).name
     blocks = BlockSizes(config.q_chunk, config.kv_chunk) if impl == "xla" else None
     seq, ulysses_axis = attention_axes(mesh)  # ("sp", "usp") with Ulysses: ring axis major
     kw = dict(causal=True, layout=config.layout, implementation=impl, block_sizes=blocks,
@@ -135,8 +143,10 @@ def _cudnn_attention(q, k, v, segment_ids, mesh, window: int | None = None,
                      config: LlamaConfig | None = None, sinks: jax.Array | None = None):
     """Single-device causal attention through cuDNN's fused kernel (a speed baseline for one GPU)."""
     platform, ring = ra_impl.platform(mesh), seq_shards(mesh)
-    if sinks is not None or (config is not None and config.attn_logit_softcap is not None):
-        option = "sinks" if sinks is not None else "attn_logit_softcap"
+    if sinks is not None or (config is not None and attention_needs(config)):
+        fields = {"softcap": "attn_logit_softcap", "v_head_dim": "v_head_dim"}
+        option = "sinks" if sinks is not None else " and ".join(
+            fields[n] for n in sorted(attention_needs(config)))
         raise ValueError(f"attention='cudnn' cannot do {option} ({config.family}); use "
                          "attention='auto' or 'xla'")
     if platform != "gpu" or ring != 1 or segment_ids is not None:
@@ -168,7 +178,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Grouped-query attention of layer ``layer`` (which picks its sliding window).
+    """Grouped-query attention of layer ``layer`` (which picks its sliding window); v and the
+    output projection's input have ``config.v_dim`` per head (MLA shapes).
     Family extras: qwen3 RMSNorms q and k per head before RoPE; gpt_oss adds q/k/v/o biases and
     per-head sink logits."""
 
@@ -179,17 +190,17 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x, cos, sin, segment_ids):  # x [B, S, E]
         c, dt = self.config, jnp.dtype(self.config.dtype)
-        E, H, K, D = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        E, H, K, D, Dv = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.v_dim
         bias = c.family == "gpt_oss"
         wq = _param(self, "wq", (E, H, D), ("embed", "heads", "head_dim"), _dense_init())
         wk = _param(self, "wk", (E, K, D), ("embed", "kv_heads", "head_dim"), _dense_init())
-        wv = _param(self, "wv", (E, K, D), ("embed", "kv_heads", "head_dim"), _dense_init())
-        wo = _param(self, "wo", (H, D, E), ("heads", "head_dim", "embed"), _dense_init())
+        wv = _param(self, "wv", (E, K, Dv), ("embed", "kv_heads", "head_dim"), _dense_init())
+        wo = _param(self, "wo", (H, Dv, E), ("heads", "head_dim", "embed"), _dense_init())
 
-        def proj(name, w, heads, names):  # -> [B, S, heads, D]
+        def proj(name, w, heads, names):  # -> [B, S, heads, D (v: Dv)]
             y = jnp.einsum("bse,ehd->bshd", x, w.astype(dt))
             if bias:
-                b = _param(self, f"b{name[1]}", (heads, D),  # "act_heads" -> "heads"
+                b = _param(self, f"b{name[1]}", (heads, w.shape[-1]),  # "act_heads" -> "heads"
                            (names.removeprefix("act_"), "head_dim"), nn.initializers.zeros)
                 y = y + b.astype(dt)
             return constrain(y, ("act_batch", "act_seq", names, None), self.mesh)
@@ -203,7 +214,7 @@ class Attention(nn.Module):
         if c.family == "gpt_oss":
             sinks = _param(self, "sinks", (H,), ("heads",), _dense_init()).astype(F32)
         o = attend(c, self.mesh, q, k, v, segment_ids, self.layer, sinks).astype(dt)
-        out = jnp.einsum("bshd,hde->bse", o, wo.astype(dt))  # [B, S, E]
+        out = jnp.einsum("bshd,hde->bse", o, wo.astype(dt))  # [B, S, H, Dv] -> [B, S, E]
         if bias:
             out = out + _param(self, "bo", (E,), ("norm",), nn.initializers.zeros).astype(dt)
         return constrain(out, ("act_batch", "act_seq", "act_embed"), self.mesh)

@@ -160,13 +160,25 @@ def _cuda_mesh(mesh=None) -> bool:
     return platform(mesh) == "gpu" and "nvidia" in str(mesh_device(mesh).device_kind).lower()
 
 
+def _triton_available(mesh=None) -> bool:
+    """An NVIDIA mesh, and jax still has the Pallas Triton backend (deprecated since jax 0.11):
+    where importing it fails, "auto" passes over pallas_gpu (docs/kernels.md)."""
+    if not _cuda_mesh(mesh):
+        return False
+    try:
+        importlib.import_module("ringattention.kernels.pallas_gpu")
+        return True
+    except ImportError:
+        return False
+
+
 register(Implementation("pallas_gpu", "ringattention.kernels.pallas_gpu", platforms=("gpu",),
-                        available=_cuda_mesh,
+                        available=_triton_available,
                         features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))
 
 
 def _hopper_available(mesh=None) -> bool:
-    try:  # importing Mosaic GPU can fail on jax builds without it
+    try:  # importing Mosaic GPU (or pallas_gpu's Triton helpers it uses) can fail on some jax
         return importlib.import_module("ringattention.kernels.pallas_hopper").available(mesh)
     except ImportError:
         return False

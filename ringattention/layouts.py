@@ -118,3 +118,51 @@ def causal_work(layout: str, ring_size: int, shard_len: int, block: int) -> np.n
             kp = kp.reshape(nb, block)
             out[r, t] = int((kp.min(1)[None, :] <= qp.max(1)[:, None]).sum())
     return out
+
+
+def _runs(layout: str, ring_size: int, shard_len: int) -> tuple[np.ndarray, int, int]:
+    """Every shard's positions as runs of an arithmetic progression: (first positions int64
+    [ring, runs], stride, run length). Zigzag: two runs of consecutive positions; striped: one of
+    stride N; contiguous (and a ring of one): one of stride 1."""
+    r = np.arange(ring_size, dtype=np.int64)[:, None]
+    if layout == "contiguous" or ring_size == 1:
+        return r * shard_len, 1, shard_len
+    if layout == "striped":
+        return r, ring_size, shard_len
+    half = shard_len // 2
+    return np.concatenate([r * half, (2 * ring_size - 1 - r) * half], axis=1), 1, half
+
+
+def _pairs_in_band(c: np.ndarray, stride: int, m: int, lo: int, hi: int) -> np.ndarray:
+    """#{(a, b) in [0, m)^2 : lo <= c + stride (a - b) < hi}, elementwise over int64 ``c``.
+
+    d = a - b occurs m - |d| times; the band holds d in [first, last], and the pairs of
+    d <= k sum to (m + k)(m + k + 1) / 2 for -m <= k <= 0, m(m + 1)/2 + k m - k(k + 1)/2 above."""
+    first = np.maximum(-((c - lo) // stride), -(m - 1))  # ceil((lo - c) / stride)
+    last = np.minimum(-((c - hi) // stride) - 1, m - 1)  # ceil((hi - c) / stride) - 1
+
+    def upto(k):
+        below = (m + k) * (m + k + 1) // 2
+        return np.where(k <= 0, below, m * (m + 1) // 2 + k * m - k * (k + 1) // 2)
+
+    return np.where(last >= first, upto(last) - upto(first - 1), 0)
+
+
+def visible_pairs(layout: str, ring_size: int, shard_len: int, causal: bool,
+                  window: int | None = None) -> np.ndarray:
+    """(query, key) pairs the mask lets through when device ``r`` holds the key shard of device
+    ``r - t``: int64 [ring_size (device), ring_size (step)], in closed form (no [S, S] mask).
+
+    ``causal``: key position <= query position; ``window`` W: ``|i - j| < W`` too (segment ids are
+    data and not counted). The attention work of a ring step, pair by pair (``causal_work`` counts
+    block pairs); the sum over steps is the same in every layout.
+    """
+    check_layout(layout)
+    starts, stride, m = _runs(layout, ring_size, shard_len)
+    big = ring_size * shard_len + 1  # beyond any difference of two positions
+    lo = 0 if causal else (-big if window is None else 1 - window)
+    hi = big if window is None else int(window)
+    c = starts[:, None, :, None] - starts[None, :, None, :]  # [query shard, key shard, run, run]
+    pairs = _pairs_in_band(c, stride, m, lo, hi).sum((2, 3))  # [query shard r, key shard s]
+    r = np.arange(ring_size)
+    return pairs[r[:, None], (r[:, None] - r[None, :]) % ring_size]  # [r, t]: key shard r - t

@@ -431,11 +431,15 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     if gather_chunks is not None and strategy in ("ring", "ulysses"):
         raise ValueError(f"gather_chunks={gather_chunks!r} applies to strategy='all_gather' (or "
                          f"'auto' where it picks all_gather); got strategy={strategy!r}")
-    strategy = strategies.resolve(strategy, q.shape, k.shape, q.dtype.itemsize, axis_name,
-                                  ring_size, u, causal, implementations.mesh_device())
     shard = q.shape[1] * (u or 1)  # the ring's: with Ulysses, the U pieces of the Ulysses group
-    step = shard * ring_size if strategy == "ulysses" else shard  # keys a step attends to
+    if layout == "zigzag" and ring_size > 1 and shard % 2:
+        raise ValueError(f"zigzag needs an even shard length on a ring of {ring_size}; got "
+                         f"{q.shape[1]=} (x {shard // q.shape[1]} Ulysses pieces)")
     relaxed = prefix is not None or bidirectional  # causal, but some keys after a query visible
+    strategy = strategies.resolve(strategy, q.shape, k.shape, q.dtype.itemsize, axis_name,
+                                  ring_size, u, causal and not relaxed, implementations.mesh_device(),
+                                  layout=layout, window=sliding_window, v_head_dim=v.shape[-1])
+    step = shard * ring_size if strategy == "ulysses" else shard  # keys a step attends to
     cfg = _Config(axis_name, bool(causal), layout, 1.0, "", None, bool(interpret), ring_size,
                   softcap=softcap, prefix=prefix is not None, bidirectional=bidirectional)
     impl = implementations.resolve(implementation, shard=step, needs=_features(cfg, q, v))
@@ -443,9 +447,6 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     if deterministic:
         block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1],
                                                                 causal)
-    if layout == "zigzag" and ring_size > 1 and shard % 2:
-        raise ValueError(f"zigzag needs an even shard length on a ring of {ring_size}; got "
-                         f"{q.shape[1]=} (x {shard // q.shape[1]} Ulysses pieces)")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     window, hops = _window_plan(sliding_window, layout, ring_size, shard, causal and not relaxed)
     cfg = dataclasses.replace(cfg, softmax_scale=scale, implementation=impl.name,

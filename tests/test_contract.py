@@ -9,6 +9,7 @@ lowers the ring for a TPU slice (compiled here by the TPU compiler, from libtpu)
 from __future__ import annotations
 
 import collections
+import importlib
 import re
 import types
 from unittest import mock
@@ -77,6 +78,26 @@ def test_sharded_attention_resolves_for_its_mesh():
 
 def _h200_mesh_device(mesh=None):
     return types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H200")
+
+
+@pytest.mark.parametrize("kind,today", [("NVIDIA A100-SXM4-80GB", "pallas_gpu"),
+                                        ("NVIDIA H200", "pallas_hopper")])
+def test_auto_runs_xla_where_the_pallas_kernels_cannot_be_imported(kind, today):
+    """jax deprecates Pallas Triton (0.11). Where the kernel modules fail to import (pallas_gpu is
+    Triton; pallas_hopper imports pallas_gpu's helpers), "auto" passes over them: every NVIDIA GPU
+    then runs the XLA step instead of failing at the first call (docs/kernels.md)."""
+    device = types.SimpleNamespace(platform="gpu", device_kind=kind)
+    real = importlib.import_module
+
+    def gone(name, *args, **kw):
+        if name.startswith("ringattention.kernels.pallas_"):
+            raise ImportError(f"{name}: no Pallas Triton backend in this jax")
+        return real(name, *args, **kw)
+
+    with mock.patch.object(implementations, "mesh_device", lambda mesh=None: device):
+        assert implementations.resolve("auto").name == today
+        with mock.patch.object(importlib, "import_module", gone):
+            assert implementations.resolve("auto").name == "xla"
 
 
 def test_pallas_gpu_lowers_for_cuda_under_check_vma():

@@ -98,3 +98,20 @@ def test_one_peak_convention():
         assert math.isnan(unknown.tflops) and unknown.source == "unknown", kind
     # 1e12 FLOP in 1 s on one device of 2 TFLOP/s peak is half the peak
     assert flops.mfu(1e12, 1.0, 1, 2.0) == pytest.approx(0.5)
+
+
+def test_each_layer_counts_its_window_and_both_head_dims():
+    """Sliding and full layers (``layer_types``) each count their own pairs; a pair costs q.k over
+    head_dim and p.v over v_head_dim; wv and wo are v_head_dim wide."""
+    types = ("sliding_attention", "full_attention") * 2
+    config = llama.get_config("debug", num_layers=4, head_dim=32, v_head_dim=8, sliding_window=8,
+                              layer_types=types)
+    seq, rows = 64, 2
+    seg = np.ones((rows, seq), np.int32)
+    e, h, k, f = config.hidden_size, config.num_heads, config.num_kv_heads, config.intermediate_size
+    matmul = 4 * (e * (h + k) * (32 + 8) + 3 * e * f) + e * config.vocab_size
+    assert flops.matmul_params(config) == matmul
+    pairs = rows * 2 * (flops.document_pairs(seq, window=8) + flops.document_pairs(seq))
+    total = llama.batch_flops(config, seg)
+    assert total == 6 * matmul * seg.size + 6 * h * (32 + 8) * pairs
+    assert total / seg.size == llama.flops_per_token(config, seq)

@@ -6,7 +6,11 @@ of 1, 2, 3, 4 and 8, every layout, causal or not, GQA, segment ids, sliding wind
 takes a rotating sample; the whole product is ``@pytest.mark.slow``.
 """
 
+import dataclasses
+import importlib
 import itertools
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +21,8 @@ from jax.sharding import PartitionSpec as P
 from ringcheck import F32_RTOL, Problem, check_ring, make_inputs, reference64, rel_err
 
 import ringattention
-from ringattention import BlockSizes, layouts
+from models.config import get_config
+from ringattention import BlockSizes, layouts, masks, ring
 from ringattention import strategy as st
 from ringattention._vma import _vma
 
@@ -108,7 +113,8 @@ def test_all_gather_inside_ulysses_groups():
                        kv_heads=1, strategy="all_gather"), implementation="xla", block_sizes=BS)
     cpu = jax.devices()[0]
     # auto with a Ulysses axis decides on the ring's view: 16-token shards, 2 heads, 1 kv head
-    want = st.choose(st.Shape(2, 32, 2, 1, 16, 2, 4), st.platform_of(cpu)).strategy
+    want = st.choose(st.Shape(2, 32, 2, 1, 16, 2, 4, layout="contiguous"),
+                     st.platform_of(cpu)).strategy
     got = st.resolve("auto", (2, 8, 4, 16), (2, 8, 1, 16), 4, "sp", 2, 2, True, cpu)
     assert got == want and got in ("ring", "all_gather")
     with pytest.raises(ValueError, match="ulysses_axis set"):
@@ -173,12 +179,6 @@ def test_choose_on_llama_8b(seq, n, want):
     assert by["ulysses"]["feasible"] == (32 % n == 0)
 
 
-def test_memory_budget_keeps_the_ring():
-    shape = st.Shape(1, 32768, 32, 8, 128, 64)
-    assert st.choose(shape, H100).strategy == "all_gather"
-    small = st.kv_bytes(shape, "all_gather") / 2
-    dec = st.choose(shape, H100, memory_budget=small)
-    assert dec.strategy == "ring" and "budget" in dec.reason
 
 
 def test_bytes_match_the_ulysses_docstring():
@@ -191,40 +191,229 @@ def test_bytes_match_the_ulysses_docstring():
     assert st.bytes_sent(s, "all_gather") == (3 * hop * 4, 3 * hop * 4 + 3 * hop * 4)
 
 
-# (heads, kv heads, shard, ring) on the CPU constants -> the strategy auto must pick
-AUTO_CASES = [((4, 2, 16, 4), "ulysses"), ((2, 2, 16, 4), "all_gather"), ((3, 1, 64, 2), "ring")]
+# (heads, kv heads, shard, ring, window) on the CPU constants -> the strategy auto must pick
+AUTO_CASES = [((4, 2, 16, 4, None), "ulysses"), ((2, 2, 16, 4, None), "all_gather"),
+              ((3, 1, 64, 2, None), "ring"),
+              ((2, 2, 16, 4, 4), "ring")]  # all_gather without the window: its short lap wins
 SIGNATURE = {"ulysses": "all_to_all", "all_gather": "all_gather", "ring": "collective_permute"}
 
 
-@pytest.mark.parametrize("dims,want", AUTO_CASES, ids=[w for _, w in AUTO_CASES])
+@pytest.mark.parametrize("dims,want", AUTO_CASES, ids=[f"{w}-w{d[-1]}" for d, w in AUTO_CASES])
 def test_auto_picks_what_the_cost_model_says(dims, want):
-    h, kvh, shard, n = dims
+    h, kvh, shard, n, w = dims
     cpu = st.platform_of(jax.devices()[0])
-    assert st.choose(st.Shape(2, shard * n, h, kvh, 16, n, 4), cpu).strategy == want
+    assert st.choose(st.Shape(2, shard * n, h, kvh, 16, n, 4, layout="zigzag", window=w),
+                     cpu).strategy == want
     mesh = Mesh(np.array(jax.devices()[:n]), ("sp",))
     f = jax.shard_map(lambda q, k: ringattention.ring_attention(
-        q, k, k, "sp", causal=True, strategy="auto", implementation="xla"), mesh=mesh,
-        in_specs=(P(None, "sp"),) * 2, out_specs=P(None, "sp"))
+        q, k, k, "sp", causal=True, layout="zigzag", sliding_window=w, strategy="auto",
+        implementation="xla"), mesh=mesh, in_specs=(P(None, "sp"),) * 2, out_specs=P(None, "sp"))
     text = jax.jit(f).lower(jnp.ones((2, shard * n, h, 16)), jnp.ones((2, shard * n, kvh, 16))
                             ).as_text()
     used = {name for name, op in SIGNATURE.items() if f"stablehlo.{op}" in text}
     assert used == {want}, used
     check_ring(Problem(n=n, heads=h, kv_heads=kvh, shard=shard, layout="zigzag", segments=True,
-                       strategy="auto"), implementation="xla", block_sizes=BlockSizes(16, 16))
+                       window=w, strategy="auto"), implementation="xla",
+               block_sizes=BlockSizes(16, 16))
+
+
+# ---- sliding windows, memory and the documented table in the cost model -------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _bench(name: str):
+    """A script of benchmarks/ as a module."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_visible_pairs_count_the_mask(layout):
+    for n, shard, causal, w in itertools.product((1, 3, 4), (4, 8), (True, False), (None, 1, 5)):
+        got = layouts.visible_pairs(layout, n, shard, causal, w)
+        for r, t in itertools.product(range(n), range(n)):
+            q_pos = layouts.shard_positions(layout, shard, n, r)
+            k_pos = layouts.shard_positions(layout, shard, n, (r - t) % n)
+            assert got[r, t] == int(masks.visible(q_pos, k_pos, None, None, causal, w).sum())
+
+
+def _planned_lap(layout, n, shard, causal, window):
+    """(forward, backward) hops straight from ring._lap_plan (a full lap: N - 1 forward)."""
+    positions = layouts.permutation(n * shard, layout, n).reshape(n, shard)
+    hops = ring._lap_plan(positions, 2 if layout == "zigzag" else 1, causal, window)
+    return hops if hops is not None else (n - 1, 0)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_window_steps_and_bytes_follow_the_lap_plan(layout):
+    shortened = False
+    for (n, shard, w), causal in itertools.product(((3, 16, 6), (4, 16, 6), (8, 16, 20),
+                                                    (8, 16, 40)), (True, False)):
+        s = st.Shape(1, n * shard, 4, 2, 8, n, 4, causal, layout=layout, window=w, v_head_dim=4)
+        f, b = _planned_lap(layout, n, shard, causal, w)
+        assert st.lap(s) == (f, b)
+        shortened |= f + b < n - 1
+        steps = st.ring_steps(s)
+        assert sorted(steps) == sorted({0, *range(1, f + 1), *(n - j for j in range(1, b + 1))})
+        skipped = [t for t in range(n) if t not in steps]
+        assert not st.step_pairs(s)[:, skipped].any()  # what the lap leaves out sees nothing
+        kv = shard * 2 * (8 + 4)  # elements of one k (head dim 8) and v (4) shard
+        assert st.bytes_sent(s, "ring")[0] == (f + b) * kv * 4
+        full = dataclasses.replace(s, window=None)  # a gather and the all-to-alls ignore windows
+        for other in ("all_gather", "ulysses"):
+            assert st.bytes_sent(s, other) == st.bytes_sent(full, other)
+    assert shortened == (layout != "striped")  # striped shards span the sequence: full laps
+
+
+@pytest.mark.parametrize("layout,strategy", [
+    ("contiguous", "ring"), ("striped", "ring"), ("zigzag", "ring"),
+    pytest.param("zigzag", "all_gather", marks=pytest.mark.slow)])  # as without a window
+def test_window_bytes_match_the_compiled_hlo(layout, strategy):
+    # n 8, shard 16, W 20: contiguous causal laps 2 hops forward (the backward's second is the
+    # forward's: XLA unrolls the one-iteration loop), zigzag 3 each way, striped a full lap
+    cb = _bench("cp_bytes")
+    n, shard, w = 8, 16, 20
+    mesh = Mesh(np.array(jax.devices()[:n]), ("sp",))
+    attn = jax.shard_map(lambda q, k, v: ringattention.ring_attention(
+        q, k, v, "sp", causal=True, layout=layout, sliding_window=w, implementation="xla",
+        block_sizes=BS, strategy=strategy), mesh=mesh, in_specs=(P(None, "sp"),) * 3,
+        out_specs=P(None, "sp"))
+    grad = jax.grad(lambda q, k, v: attn(q, k, v).sum(), argnums=(0, 1, 2))
+    args = [jax.ShapeDtypeStruct((1, n * shard, h, d), jnp.float32) for h, d in ((4, 8), (2, 8),
+                                                                                 (2, 4))]
+    got = tuple(cb.total(cb.hlo_collective_bytes(jax.jit(f).lower(*args).compile().as_text()))
+                for f in (attn, grad))
+    s = st.Shape(1, n * shard, 4, 2, 8, n, 4, layout=layout, window=w, v_head_dim=4)
+    assert got == st.bytes_sent(s, strategy)
+
+
+def test_window_compute_counts_the_pairs_in_the_window():
+    from models.flops import document_pairs
+
+    L, W, n = 1 << 20, 4096, 8
+    per_pair = 2 * 32 * (128 + 64) / H100.attention_flops_per_s  # q.k and p.v of 32 heads
+    for layout in LAYOUTS:
+        s = st.Shape(1, L, 32, 8, 128, n, layout=layout, window=W, v_head_dim=64)
+        pairs = st.step_pairs(s)
+        assert pairs.sum() == document_pairs(L, window=W)  # every visible pair once, any layout
+        assert st.compute_seconds(s, H100, "ulysses") == pytest.approx(pairs.sum() / n * per_pair)
+        gather = st.compute_seconds(s, H100, "all_gather")
+        assert gather == pytest.approx(pairs.sum(1).max() * per_pair)
+        assert st.compute_seconds(s, H100, "ring") >= gather  # a step waits for its slowest device
+        unwindowed = dataclasses.replace(s, window=None)
+        shrink = document_pairs(L, window=W) / document_pairs(L)
+        assert st.compute_seconds(s, H100, "ulysses") == pytest.approx(
+            st.compute_seconds(unwindowed, H100, "ulysses") * shrink)
+
+
+def test_memory_counts_each_strategys_buffers():
+    s = st.Shape(2, 4096, 8, 2, 64, 4, dtype_bytes=2, v_head_dim=32)
+    B, S, L, H, K, D, Dv, b = 2, 1024, 4096, 8, 2, 64, 32, 2
+    q_side = B * S * H * ((D + Dv) * b + 4 + D * 4)  # q, o; float32 lse and dq
+    kv_side = B * S * K * (D + Dv) * (b + 4)  # k, v; float32 dk, dv
+    assert st.memory_bytes(s, "ring") == q_side + 3 * kv_side  # + a shard held, one in flight
+    piece = B * L // 2 * K * (D + Dv)  # of the gathered k/v, in 2 pieces
+    assert st.memory_bytes(s, "all_gather") == q_side + kv_side + 2 * piece * b + piece * 4
+    assert st.memory_bytes(s, "ulysses") == q_side + 2 * kv_side  # 2 kv heads repeated to 4
+
+
+MQA = st.Shape(1, 131072, 8, 1, 128, 8)  # one kv head, which Ulysses repeats 8 times
+# a shape where each strategy is the pick with memory to spare
+ROOMY = {"ring": st.Shape(1, 1 << 20, 64, 8, 128, 8, window=4096),  # the window's lap sends least
+         "all_gather": st.Shape(1, 32768, 32, 8, 128, 64),  # 512-token shards cannot hide a hop
+         "ulysses": MQA}  # 8 heads: the all-to-alls send least, but K' = 8 kv heads need memory
+
+
+@pytest.mark.parametrize("strategy", st.STRATEGIES)
+def test_a_strategy_over_the_budget_is_never_picked(strategy):
+    free = st.choose(ROOMY[strategy], H100, memory_budget=float("inf"))
+    assert free.strategy == strategy, free.reason
+    memory = {r["strategy"]: r["memory_bytes"] for r in free.rows}
+    budget = memory[strategy] - 1
+    assert min(memory.values()) <= budget  # another one fits
+    dec = st.choose(ROOMY[strategy], H100, memory_budget=budget)
+    by = {r["strategy"]: r for r in dec.rows}
+    assert dec.strategy != strategy and by[dec.strategy]["memory_bytes"] <= budget, dec.reason
+    assert not by[strategy]["feasible"] and "budget" in by[strategy]["why_not"]
+
+
+def test_none_fits_takes_the_least_memory_and_says_so():
+    dec = st.choose(ROOMY["all_gather"], H100, memory_budget=1.0)
+    runs = [r for r in dec.rows if r["runs"]]
+    assert dec.strategy == min(runs, key=lambda r: r["memory_bytes"])["strategy"]
+    assert "none fits" in dec.reason
+    for r in runs:  # the reason names every size
+        assert f"{r['strategy']} {r['memory_bytes'] / st.GIB:,.2f} GiB" in dec.reason
+    with pytest.raises(ValueError, match="strategy='tree'"):
+        st.memory_bytes(MQA, "tree")
 
 
 def test_docs_table_is_generated():
-    doc = open(__file__.replace("tests/test_strategy.py", "docs/api.md")).read()
-    for platform in ("h100", "tpu_v5p"):
-        assert st.markdown(platform) in doc, f"regenerate with strategy.markdown({platform!r})"
+    table = _bench("strategy_table")
+    doc = (ROOT / "docs" / "api.md").read_text()
+    assert table.doc_block(doc) == table.markdown(), \
+        "regenerate it: python benchmarks/strategy_table.py --write-doc"
 
 
-def test_representative_shapes_are_the_presets():
-    from models.config import get_config
+def _doc_pick(label: str, tokens: str, n: int) -> str:
+    """The h100 pick docs/api.md shows for a model row, length and device count."""
+    doc = (ROOT / "docs" / "api.md").read_text()
+    h100 = doc[doc.index("| h100: model"):doc.index("| tpu_v5p: model")]
+    (line,) = [x for x in h100.splitlines() if x.startswith(f"| {label} | ")
+               and f"| {tokens} |" in x]
+    return line.split(" | ")[4 + (1, 8, 64).index(n)].split(",")[0].strip(" |")
 
-    for name, (h, k, d) in st.REPRESENTATIVE.items():
-        c = get_config(name)
-        assert (c.num_heads, c.num_kv_heads, c.head_dim) == (h, k, d)
+
+def _preset(name: str, seq: int, n: int, window=None) -> st.Shape:
+    c = get_config(name)
+    return st.Shape(1, seq, c.num_heads, c.num_kv_heads, c.head_dim, n, window=window)
+
+
+def _ring_step(s: st.Shape) -> tuple[float, float]:
+    """A zigzag causal step's compute (S^2 / 2 pairs, 2 H E flops each) and one k/v hop."""
+    return (s.shard ** 2 / 2 * 2 * s.heads * s.kv_dims / H100.attention_flops_per_s,
+            s.shard * s.kv_heads * s.kv_dims * 2 / H100.link_bytes_per_s)
+
+
+def test_table_ulysses_where_heads_divide_and_it_sends_less():
+    s, n = _preset("8b", 131072, 8), 8
+    kv = s.shard * s.kv_heads * s.kv_dims  # one k, v shard
+    ring = (2 * n - 3) * kv * 2 + n * kv * 4  # forward and backward k/v hops, float32 dk/dv home
+    ulysses = 2 * (n - 1) / n * s.shard * (s.heads + s.kv_heads) * s.kv_dims * 2
+    assert s.heads % n == 0 and ulysses < ring
+    assert st.choose(s, H100).strategy == "ulysses" == _doc_pick("8b", "128K", 8)
+    s70 = _preset("70b", 32768, 64)  # 64 heads divide over 64 devices too
+    assert st.choose(s70, H100).strategy == "ulysses" == _doc_pick("70b", "32K", 64)
+
+
+def test_table_all_gather_where_a_short_shard_cannot_hide_its_hop():
+    s = _preset("8b", 32768, 64)  # 512-token shards; 32 heads do not divide over 64
+    compute, hop = _ring_step(s)
+    assert s.heads % 64 and compute < hop
+    assert st.choose(s, H100).strategy == "all_gather" == _doc_pick("8b", "32K", 64)
+
+
+def test_table_ring_where_it_hides_or_its_window_lap_is_short():
+    s = _preset("8b", 1 << 20, 64)  # 16K-token shards hide every hop
+    compute, hop = _ring_step(s)
+    assert compute >= hop and st.choose(s, H100).strategy == "ring" == _doc_pick("8b", "1M", 64)
+    w = _preset("8b", 32768, 64, window=4096)  # the same 512-token shards, lapped in fewer hops
+    assert sum(_planned_lap("zigzag", 64, w.shard, True, 4096)) < 63
+    assert st.choose(w, H100).strategy == "ring" == _doc_pick("8b, window 4096", "32K", 64)
+
+
+def test_table_one_device_over_budget_runs_the_ring_and_says_so():
+    s = _preset("70b", 1 << 20, 1)
+    L, H, K, D, E = s.seq, s.heads, s.kv_heads, s.head_dim, s.kv_dims
+    memory = L * H * (2 * D * 2 + 4 + 4 * D) + L * K * E * (2 + 4)  # q, o, lse, dq; k, v, dk, dv
+    assert memory > st.MEMORY_BUDGET_FRACTION * H100.memory_bytes
+    dec = st.choose(s, H100)
+    assert dec.strategy == "ring" and "budget" in dec.reason
+    assert _doc_pick("70b", "1M", 1) == "ring"  # shown as "ring, over budget (...)"
 
 
 # ---- errors -------------------------------------------------------------------------------------
