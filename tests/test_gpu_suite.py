@@ -137,6 +137,49 @@ def test_readme_code_blocks_verbatim():
         assert rel_err(got, want) <= 1e-5
 
 
+# Gemma 2- and DeepSeek-shaped attention through the model (2 layers, byte vocabulary), 32K tokens
+GPU_TINY = dict(vocab_size=256, hidden_size=1024, intermediate_size=2048, num_layers=2,
+                max_position_embeddings=32768, dtype="bfloat16", attention="auto")
+MODEL_SHAPES = {
+    "gemma2": dict(family="gemma2", num_heads=8, num_kv_heads=4, head_dim=256,
+                   query_pre_attn_scalar=256, attn_logit_softcap=50.0, final_logit_softcap=30.0,
+                   sliding_window=4096, layer_types=("sliding_attention", "full_attention")),
+    "deepseek_mla": dict(num_heads=16, num_kv_heads=16, head_dim=192, v_head_dim=128),
+}
+
+
+@pytest.mark.parametrize("shape", list(MODEL_SHAPES))
+def test_model_shapes_train_at_32k_on_pallas_hopper(shape):
+    """A training step (loss and gradients) of the shape at 32K tokens with ``attention="auto"``:
+    every attention call runs ``pallas_hopper`` (soft-capping, head dim 256, a value head dim of
+    its own) and the loss and gradients are finite."""
+    _needs_hopper("pallas_hopper")
+    import dataclasses
+    from unittest import mock
+
+    from models import llama
+    from models.config import LlamaConfig
+    from models.sharding import MeshConfig, make_mesh
+
+    config = LlamaConfig(**GPU_TINY, **MODEL_SHAPES[shape])
+    mesh = make_mesh(MeshConfig(sp=1), jax.devices()[:1])
+    params = llama.init_params(dataclasses.replace(config, attention="xla"), jax.random.key(0))
+    ids = jax.random.randint(jax.random.key(1), (1, 32768), 0, 256)
+    batch = {"input_ids": ids, "targets": jnp.roll(ids, -1, axis=1)}
+    loaded, load = set(), implementations.Implementation.load
+
+    def recorded(impl):
+        loaded.add(impl.name)
+        return load(impl)
+
+    with mock.patch.object(implementations.Implementation, "load", recorded):
+        step = jax.jit(jax.value_and_grad(lambda p: llama.loss_fn(config, p, batch, mesh=mesh)[0]))
+        loss, grads = step(params)
+    assert loaded == {"pallas_hopper"}, loaded
+    assert np.isfinite(float(loss)) and all(np.isfinite(np.asarray(g, np.float32)).all()
+                                            for g in jax.tree.leaves(grads))
+
+
 def _cli(args: list[str], env_extra: dict | None = None, timeout: int = 400,
          stderr: bool = True) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": "/tmp/ra-jax-cache",
