@@ -317,3 +317,32 @@ def test_features_off_pass_nothing(backward_used):
     [(_, _, kw)] = backward_used
     assert set(kw) == {"causal", "softmax_scale", "interpret"}
     assert hb.features(None, None, False) == {}
+
+
+@pytest.mark.parametrize("name", list(BACKWARDS))
+def test_features_lower_inside_shard_map_check_vma(name):
+    """Every feature at once inside a user's ``shard_map(check_vma=True)`` (the prefix sharded over
+    the batch axis, so it varies like q), lowered for CUDA: the prefix scalar a kernel reads and
+    the float32 dq accumulator Ref of the fused backward type-check."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    dim, v_dim, bs = BACKWARDS[name]
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "sp"))
+
+    def local(q, k, v, do, lse, delta, seg, prefix):
+        pos = jnp.arange(q.shape[1], dtype=jnp.int32) + jax.lax.axis_index("sp") * q.shape[1]
+        return ph.backward_step(q, k, v, do, lse, delta, pos, pos, seg, seg, causal=True,
+                                softmax_scale=0.1, block_sizes=bs, softcap=30.0, prefix=prefix,
+                                bidirectional=True, window=100)
+
+    rows, heads = P("dp", "sp"), P("dp", None, "sp")
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(rows,) * 4 + (heads, heads, rows, P("dp")),
+                       out_specs=(rows,) * 3, check_vma=True)
+    sd = jax.ShapeDtypeStruct
+    args = (sd((2, 512, 4, dim), jnp.bfloat16), sd((2, 512, 2, dim), jnp.bfloat16),
+            sd((2, 512, 2, v_dim), jnp.bfloat16), sd((2, 512, 4, v_dim), jnp.bfloat16),
+            sd((2, 4, 512), jnp.float32), sd((2, 4, 512), jnp.float32), sd((2, 512), jnp.int32),
+            sd((2,), jnp.int32))
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("stablehlo.custom_call @mosaic_gpu") == (1 if name.startswith("fused") else 2)
