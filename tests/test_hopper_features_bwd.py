@@ -346,3 +346,14 @@ def test_features_lower_inside_shard_map_check_vma(name):
             sd((2,), jnp.int32))
     text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("stablehlo.custom_call @mosaic_gpu") == (1 if name.startswith("fused") else 2)
+
+
+def test_split_pair_pads_each_head_dim():
+    """The head-dim-split pair pads q/k and v separately only where v has its own head dim (MLA's
+    192 / 128 stay 192 / 128), plain head dims 129-256 to 256 as before; every such pair fits
+    shared memory with the default 2 stages."""
+    assert hsb.padded_dims(192, 192) == (256, 256) and hsb.padded_dims(256, 256) == (256, 256)
+    assert hsb.padded_dims(192, 128) == (192, 128) and hsb.padded_dims(130, 64) == (192, 64)
+    assert hsb.padded_dims(64, 200) == (64, 256)
+    for d, dv in ((256, 256), (192, 128), (256, 128), (128, 256), (64, 256)):
+        assert hsb.smem_bytes(jnp.bfloat16, 2, True, True, d, dv) <= hb.SMEM_LIMIT - 4096, (d, dv)
