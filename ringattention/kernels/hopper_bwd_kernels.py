@@ -21,7 +21,16 @@ Per block pair the two products that read only shared memory (s and dp) are issu
 the probabilities computed while the second is in flight; the two register-operand products (dk
 and dv) are issued together too (``Ops.pair``, ``Ops.mma``).
 
-Shapes in comments: ``r`` own rows per warpgroup, ``c`` streamed block length, ``D`` padded head dim.
+Optional features (``implementations.py``), each a static ``BwdConfig`` field, off by default,
+when the kernels are those without it: ``softcap`` (the capped logit recomputed with one tanh per
+element, ``log2_logits``; ``ds`` times ``1 - tanh**2``, ``capped``), ``prefix`` (one int32 per batch
+row, the kernels' last input, read as a scalar by the compute warpgroups) and ``bidirectional``;
+both of these are folded into the causal comparison's positions (``causal_rows``), the block table
+having already made the blocks they open up fully visible (unmasked). v may have its own head dim
+``Dv`` (do, dv too): every shape is read from the buffers.
+
+Shapes in comments: ``r`` own rows per warpgroup, ``c`` streamed block length, ``D`` padded head dim
+(``Dv`` v's).
 """
 
 from __future__ import annotations
@@ -35,7 +44,17 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention.kernels import pallas_gpu as pg
-from ringattention.kernels.hopper_kernels import COMPUTE_WGS, Ops, Smem, bound, set_registers, window_mask
+from ringattention.kernels.hopper_kernels import (
+    COMPUTE_WGS,
+    LOG2E,
+    Ops,
+    Smem,
+    bound,
+    set_registers,
+    window_mask,
+)
+
+INT_MAX, INT_MIN = 2**31 - 1, -(2**31)  # causal positions seen by / seeing every position
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +71,15 @@ class BwdConfig:
     interpret: bool
     registers: int = 232  # per compute-warpgroup thread (hopper_kernels.REGISTER_CHOICES)
     window: int | None = None  # sliding window: |q_pos - k_pos| >= window is hidden
+    softcap: float | None = None  # logits C * tanh(scale * q.k / C) (Gemma 2)
+    prefix: bool = False  # a bidirectional prefix per batch row (int32 [B], the last input)
+    bidirectional: bool = False  # queries of negative segments see their whole segment
+
+    @property
+    def widened(self) -> bool:
+        """Whether the causal comparison reads positions widened by a prefix or bidirectional
+        segments (``causal_rows``)."""
+        return self.prefix or self.bidirectional
 
     @property
     def positions(self) -> bool:
@@ -64,9 +92,14 @@ class BwdConfig:
         return self.causal or self.segments or self.window is not None
 
 
+def _n_in(cfg: BwdConfig) -> int:
+    return 9 + 2 * cfg.positions + 2 * cfg.segments + (cfg.window is not None) + cfg.prefix
+
+
 def _split(refs, cfg: BwdConfig, n_out: int):
-    """Inputs lo, mid, hi, q, k, v, do, lse, delta, [q_pos, k_pos], [q_seg, k_seg], [edge]."""
-    n_in = 9 + 2 * cfg.positions + 2 * cfg.segments + (cfg.window is not None)
+    """Inputs lo, mid, hi, q, k, v, do, lse, delta, [q_pos, k_pos], [q_seg, k_seg], [edge],
+    [prefix] (``row_prefix`` reads the last)."""
+    n_in = _n_in(cfg)
     ins, outs, scratch = refs[:n_in], refs[n_in:n_in + n_out], refs[n_in + n_out:]
     lo, mid, hi, q, k, v, do, lse, delta, *rest = ins
     pos = (rest.pop(0), rest.pop(0)) if cfg.positions else (None, None)
@@ -105,21 +138,71 @@ def _stream(cfg: BwdConfig, n, issue, loaded, free):
     lax.fori_loop(jnp.maximum(0, n - cfg.stages), n, drain, None)
 
 
-def _vis(cfg, ops, shape, own_pos, own_seg, pos_ref, seg_ref, own_is_query: bool):
-    """bool [r, c] visibility (own rows x streamed columns), or None when nothing masks."""
-    col = lambda ref: lax.broadcast_in_dim(ops.cols(ref), shape, [1])  # noqa: E731
+def row_prefix(refs, cfg: BwdConfig, b):
+    """The batch row's prefix, an int32 scalar read from the last input; None without one."""
+    return refs[_n_in(cfg) - 1][b] if cfg.prefix else None
+
+
+def causal_rows(cfg: BwdConfig, pos, seg, prefix, queries: bool):
+    """The own rows' positions as the causal comparison reads them (``masks.visible``): a query at
+    q sees a key at k if k <= q, or k < prefix, or its segment id is negative, i.e. if
+    k <= max(q, prefix - 1), or always (INT_MAX); a key below the prefix is seen by every query
+    (INT_MIN). ``pos``, ``seg``: row vectors (None when unused); ``prefix``: a scalar (the wrapper
+    keeps it above INT_MIN) or None. Without either feature ``pos`` itself (no operation). Queries
+    streamed as columns are widened per block (``_vis``)."""
+    if not (cfg.causal and cfg.widened):
+        return pos
+    if queries:
+        if prefix is not None:
+            pos = jnp.maximum(pos, prefix - 1)
+        return jnp.where(seg < 0, INT_MAX, pos) if cfg.bidirectional else pos
+    return pos if prefix is None else jnp.where(pos < prefix, INT_MIN, pos)
+
+
+def _vis(cfg, ops, shape, own, pos_ref, seg_ref, own_is_query: bool):
+    """bool [r, c] visibility (own rows x streamed columns), or None when nothing masks. own: the
+    own rows' (positions, ids, ``causal_rows``)."""
+    own_pos, own_seg, own_causal = own
+    col = lambda x: lax.broadcast_in_dim(x, shape, [1])  # noqa: E731
     row = lambda x: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
+    seg_cols = ops.cols(seg_ref) if cfg.bidirectional and not own_is_query else None  # read once
     vis = None
     if cfg.causal:
-        vis = col(pos_ref) <= row(own_pos) if own_is_query else row(own_pos) <= col(pos_ref)
+        if own_is_query:
+            vis = col(ops.cols(pos_ref)) <= row(own_causal)
+        else:  # streamed queries: those of negative segments see every position
+            keys = row(own_causal)
+            q_cols = ops.cols(pos_ref)
+            if seg_cols is not None:
+                q_cols = jnp.where(seg_cols < 0, INT_MAX, q_cols)
+            vis = keys <= col(q_cols)
     if cfg.window is not None:
-        q_pos, k_pos = (row(own_pos), col(pos_ref)) if own_is_query else (col(pos_ref), row(own_pos))
-        near = window_mask(cfg.causal, cfg.window, q_pos, k_pos)
+        if own_is_query:
+            q_pos, k_pos = row(own_pos), col(ops.cols(pos_ref))
+        else:
+            q_pos, k_pos = col(ops.cols(pos_ref)), row(own_pos)
+        # one-sided where the causal mask covers the other side: not where it is widened
+        near = window_mask(cfg.causal and not cfg.widened, cfg.window, q_pos, k_pos)
         vis = near if vis is None else vis & near
     if cfg.segments:
-        same = col(seg_ref) == row(own_seg)
+        same = col(ops.cols(seg_ref) if seg_cols is None else seg_cols) == row(own_seg)
         vis = same if vis is None else vis & same
     return vis
+
+
+def log2_logits(cfg: BwdConfig, s):
+    """Raw logits q.k (float32 [r, c]) -> the scaled logits in log2 units, and None; with a soft cap
+    C the capped ones, C log2(e) tanh(scale q.k / C), and the tanh (one per element, approximate on
+    the device: ``CompilerParams(approx_math=True)``) for ``capped``."""
+    if cfg.softcap is None:
+        return s * cfg.qk_scale, None
+    t = jnp.tanh(s * (cfg.scale / cfg.softcap))
+    return t * (cfg.softcap * LOG2E), t
+
+
+def capped(p, t):
+    """What multiplies ``dp - delta`` in ds: p, or with a soft cap (tanh t) p (1 - t^2)."""
+    return p if t is None else p * (1.0 - t * t)
 
 
 def _wgmma_ops(cfg):
@@ -142,9 +225,10 @@ def _load_queries(cfg: BwdConfig, ops: Ops, wg, gmem, smem, bar):
 
 
 def dq_kernel(*refs, cfg: BwdConfig):
-    """Grid ("h", "i", "b"), warpgroups "wg". GMEM: lo/mid/hi [B, nq]; q, do [B, Sq, H, D]; k, v
-    [B, Sk, K, D]; lse2, delta f32 [B, H, Sq]; positions / ids as in the forward. Out: dq f32
-    [B, Sq, H, D] (the step's layout: no transpose after the kernel)."""
+    """Grid ("h", "i", "b"), warpgroups "wg". GMEM: lo/mid/hi [B, nq]; q [B, Sq, H, D], do
+    [B, Sq, H, Dv]; k [B, Sk, K, D], v [B, Sk, K, Dv]; lse2, delta f32 [B, H, Sq]; positions / ids
+    as in the forward; [edge]; [prefix int32 [B]]. Out: dq f32 [B, Sq, H, D] (the step's layout: no
+    transpose after the kernel)."""
     bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
         (dq_ref,), scratch = _split(refs, cfg, 1)
     (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free) = scratch
@@ -176,18 +260,19 @@ def dq_kernel(*refs, cfg: BwdConfig):
                            dl_ref.at[b, h, rows], qp_ref.at[rows] if cfg.positions else None,
                            qs_ref.at[b, rows] if cfg.segments else None),
             (q_s, do_s, lse_s, dl_s, qp_s, qs_s), own_bar.at[wg])
+        own = (own_pos, own_seg, causal_rows(cfg, own_pos, own_seg, row_prefix(refs, cfg, b), True))
 
         def body(j, dq, masked: bool):
             slot = lax.rem(j - lo, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
 
-            def probs(s):  # raw logits [r, c] -> probabilities, 0 where hidden
-                p = jnp.exp2(s * cfg.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
-                if not masked:
-                    return p
-                at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
-                return jnp.where(_vis(cfg, ops, s.shape, own_pos, own_seg, at(kp_s), at(ks_s),
-                                      True), p, 0.0)
+            def probs(s):  # raw logits [r, c] -> probabilities (capped), 0 where hidden
+                x, t = log2_logits(cfg, s)
+                p = jnp.exp2(x - lax.broadcast_in_dim(lse, s.shape, [0]))
+                if masked:
+                    at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
+                    p = jnp.where(_vis(cfg, ops, s.shape, own, at(kp_s), at(ks_s), True), p, 0.0)
+                return capped(p, t)
 
             # s = q k^T and dp = do v^T issued together; p is computed while dp is in flight.
             p, dp = ops.pair((Smem(q_s.at[wg]), Smem(k_s.at[slot], transposed=True)),
@@ -272,9 +357,10 @@ def query_issuer(cfg: BwdConfig, b, kvh, bounds, shift, gmem, smem):
     return issue
 
 
-def load_keys(cfg: BwdConfig, ops: Ops, b, kvh, wg, rows, gmem, smem, bar):
+def load_keys(cfg: BwdConfig, ops: Ops, b, kvh, wg, rows, gmem, smem, bar, prefix=None):
     """Loads warpgroup ``wg``'s own key rows (k, v, positions, ids; gmem/smem 4-tuples) and returns
-    the key positions / ids as row vectors (None when unused)."""
+    the key positions, ids (row vectors, None when unused) and their ``causal_rows`` (``prefix``:
+    the batch row's, ``row_prefix``)."""
     (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s) = gmem, smem
     for src, dst in ((k_ref.at[b, rows, kvh], k_s), (v_ref.at[b, rows, kvh], v_s),
                      (kp_ref.at[rows] if cfg.positions else None, kp_s),
@@ -284,14 +370,16 @@ def load_keys(cfg: BwdConfig, ops: Ops, b, kvh, wg, rows, gmem, smem, bar):
     plgpu.barrier_wait(bar)
     own_pos = ops.rows(kp_s.at[wg]) if cfg.positions else None
     own_seg = ops.rows(ks_s.at[wg]) if cfg.segments else None
-    return own_pos, own_seg
+    return own_pos, own_seg, causal_rows(cfg, own_pos, own_seg, prefix, queries=False)
 
 
 def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool,
              columns_first: bool = False):
     """One (own key rows, streamed query block) pair: p^T and ds^T, float32 [r keys, c queries], 0
-    where hidden or the row sees nothing. own: (key positions, ids); smem: (k, v, q, do, lse2,
-    delta, q_pos, q_seg) refs.
+    where hidden or the row sees nothing (with a soft cap p^T is 16-bit, as dv's wgmma reads it,
+    so that it and the float32 p^T (1 - t^2) are what stays live while dp^T is in flight). own:
+    ``load_keys``' (key positions, ids, causal positions); smem: (k, v, q, do, lse2, delta, q_pos,
+    q_seg) refs.
 
     lse2 and delta of the streamed queries are column vectors here (16 values per thread each at
     c = 64). ``columns_first`` loads them before the two wgmmas are issued instead of after they
@@ -304,34 +392,38 @@ def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool,
     wide = lambda x: lax.broadcast_in_dim(x, shape, [1])  # noqa: E731
     early = (col(lse_s), col(dl_s)) if columns_first else None  # [c] each
 
-    def probs(s_t):  # raw logits [r, c] -> probabilities
-        p_t = jnp.exp2(s_t * cfg.qk_scale - wide(early[0] if columns_first else col(lse_s)))
-        if not masked:
-            return p_t
-        at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
-        return jnp.where(_vis(cfg, ops, s_t.shape, *own, at(qp_s), at(qs_s), False), p_t, 0.0)
+    def probs(s_t):  # raw logits [r, c] -> probabilities (and with a soft cap p^T (1 - t^2))
+        x, t = log2_logits(cfg, s_t)
+        p_t = jnp.exp2(x - wide(early[0] if columns_first else col(lse_s)))
+        if masked:
+            at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
+            p_t = jnp.where(_vis(cfg, ops, s_t.shape, own, at(qp_s), at(qs_s), False), p_t, 0.0)
+        return p_t if t is None else (p_t.astype(k_s.dtype), capped(p_t, t))
 
     # s^T = k q^T and dp^T = v do^T issued together; p^T is computed while dp^T is in flight.
     p_t, dp_t = ops.pair((Smem(k_s.at[wg]), Smem(q_s.at[slot], transposed=True)),
                          (Smem(v_s.at[wg]), Smem(do_s.at[slot], transposed=True)), shape, probs)
-    ds_t = p_t * (dp_t - wide(early[1] if columns_first else col(dl_s)))
+    p_t, g_t = (p_t, p_t) if cfg.softcap is None else p_t
+    ds_t = g_t * (dp_t - wide(early[1] if columns_first else col(dl_s)))
     return p_t, ds_t
 
 
 def kv_update(ops: Ops, carry, p_t, ds_t, q_smem, do_smem):
-    """dk += ds^T q, dv += p^T do (float32 [r, D]), issued together; ds^T, p^T in registers."""
+    """dk += ds^T q, dv += p^T do (float32 [r, D], [r, Dv]), issued together; ds^T, p^T in
+    registers."""
     dk, dv = carry
     dv, dk = ops.mma((dv, p_t.astype(q_smem.dtype), Smem(do_smem)),
                      (dk, ds_t.astype(q_smem.dtype), Smem(q_smem)))
     return dk, dv
 
 
-def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs) -> None:
+def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs, dv: int | None = None) -> None:
     """dk/dv of one warpgroup's own keys: ``body(j, (dk, dv), g, masked)`` over query block j in
     [lo, mid) unmasked then [mid, hi) masked, for each query head g of the kv group; writes dk (scaled)
-    and dv [r, D] to ``out_refs``. With a window (bounds lo, mid, hi, edge): [lo, edge) masked first,
-    then [edge, mid) unmasked. Without any mask, one flat loop over the group's (head, block) pairs
-    in the same order (a loop nest carries dk and dv through every level: more registers)."""
+    [r, d] and dv [r, dv] (None: d) to ``out_refs``. With a window (bounds lo, mid, hi, edge):
+    [lo, edge) masked first, then [edge, mid) unmasked. Without any mask, one flat loop over the
+    group's (head, block) pairs in the same order (a loop nest carries dk and dv through every
+    level: more registers)."""
 
     def head(g, carry):  # query head kvh * G + g: full blocks, then masked ones
         return block_loops(functools.partial(body, g=g), bounds, masked, carry)
@@ -341,13 +433,14 @@ def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs) -> None:
         return body(j, carry, g=g, masked=False)
 
     zeros = ops.full((cfg.rows, d), 0.0)
+    zeros_v = zeros if dv in (None, d) else ops.full((cfg.rows, dv), 0.0)
     lo, n = bounds[0], bounds[2] - bounds[0]
     if cfg.groups == 1:
-        dk, dv = head(jnp.int32(0), (zeros, zeros))
+        dk, dv = head(jnp.int32(0), (zeros, zeros_v))
     elif nothing_masked(bounds, masked):  # one flat loop: no loop nest carrying dk, dv
-        dk, dv = lax.fori_loop(0, cfg.groups * n, pair, (zeros, zeros))
+        dk, dv = lax.fori_loop(0, cfg.groups * n, pair, (zeros, zeros_v))
     else:
-        dk, dv = lax.fori_loop(0, cfg.groups, head, (zeros, zeros))
+        dk, dv = lax.fori_loop(0, cfg.groups, head, (zeros, zeros_v))
     dk_ref, dv_ref = out_refs
     dk_ref[...] = dk * cfg.scale
     dv_ref[...] = dv
@@ -355,7 +448,7 @@ def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs) -> None:
 
 def dkv_kernel(*refs, cfg: BwdConfig):
     """Grid ("h", "i", "b") over kv heads and key CTAs. Inputs as ``dq_kernel`` (lo/mid/hi [B, nk]
-    over query blocks). Out: dk, dv f32 [B, Sk, K, D]."""
+    over query blocks). Out: dk f32 [B, Sk, K, D], dv f32 [B, Sk, K, Dv]."""
     bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
         (dk_ref, dv_ref), scratch = _split(refs, cfg, 2)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch
@@ -375,7 +468,7 @@ def dkv_kernel(*refs, cfg: BwdConfig):
         ops = _wgmma_ops(cfg)
         rows = pl.ds(i * (COMPUTE_WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
         own = load_keys(cfg, ops, b, kvh, wg, rows, (k_ref, v_ref, kp_ref, ks_ref),
-                        (k_s, v_s, kp_s, ks_s), own_bar.at[wg])
+                        (k_s, v_s, kp_s, ks_s), own_bar.at[wg], row_prefix(refs, cfg, b))
         smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
         masked = cfg.masked
 
@@ -389,4 +482,4 @@ def dkv_kernel(*refs, cfg: BwdConfig):
             return carry
 
         group_loop(cfg, ops, body, bounds, masked, k_s.shape[2],
-                   (dk_ref.at[b, rows, kvh], dv_ref.at[b, rows, kvh]))
+                   (dk_ref.at[b, rows, kvh], dv_ref.at[b, rows, kvh]), v_s.shape[2])

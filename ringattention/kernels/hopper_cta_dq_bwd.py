@@ -166,12 +166,12 @@ def _take_turns(c: hfb.KeyCta):
     ops.flush()
 
 
-def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool):
-    """The dk/dv kernel's buffers, ds^T per warpgroup, half a dq tile per warpgroup, then the
-    barriers: ds^T of both written, ds^T of both read."""
+def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool, dv: int | None = None):
+    """The dk/dv kernel's buffers (v's and do's ``dv`` columns wide; None: d), ds^T per warpgroup,
+    half a dq tile per warpgroup, then the barriers: ds^T of both written, ds^T of both read."""
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # 16-bit, 128 bytes
     f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
-    common = hb._scratch(ROWS, ROWS, d, dtype, stages, 0, 2, positions, segments)
+    common = hb._scratch(ROWS, ROWS, d, dtype, stages, 0, 2, positions, segments, dv)
     if d == 64:  # alternating_kernel: ds^T per parity, a whole dq tile per warpgroup
         return [*common, plgpu.SMEM((2, WGS, ROWS, ROWS), dtype, transforms=tiles),
                 plgpu.SMEM((WGS, ROWS, d), F32, transforms=f32_tiles),
@@ -183,9 +183,10 @@ def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool):
             plgpu.Barrier(num_arrivals=WGS), plgpu.Barrier(num_arrivals=WGS)]
 
 
-def smem_bytes(d: int, dtype, stages: int) -> int:
-    """Shared memory of the tiles (k, v own; q, do streamed; ds^T; dq staging), ints excluded."""
-    tiles = 2 * (WGS + stages) * ROWS * d * jnp.dtype(dtype).itemsize
+def smem_bytes(d: int, dtype, stages: int, dv: int | None = None) -> int:
+    """Shared memory of the tiles (k, v own; q, do streamed; ds^T; dq staging), ints excluded;
+    ``dv``: v's padded head dim (None: d)."""
+    tiles = (WGS + stages) * ROWS * (d + (d if dv is None else dv)) * jnp.dtype(dtype).itemsize
     if d == 64:  # two parities of ds^T, a whole dq tile per warpgroup
         return tiles + WGS * ROWS * (2 * ROWS * jnp.dtype(dtype).itemsize + d * 4)
     return tiles + WGS * ROWS * (ROWS * jnp.dtype(dtype).itemsize + d // WGS * 4)
@@ -193,19 +194,21 @@ def smem_bytes(d: int, dtype, stages: int) -> int:
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
-    """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk, dv f32 [B, Sk, K, D] (written as
-    ``hfb.dkv_out`` says)."""
+    """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk f32 [B, Sk, K, D], dv [B, Sk, K, Dv]
+    (written as ``hfb.dkv_out`` says)."""
     B, sq, H, d = q.shape
-    sk, K = k.shape[1], k.shape[2]
+    sk, K, d_v = k.shape[1], k.shape[2], v.shape[3]
     # The accumulator Ref is built invariant over the manual axes even inside shard_map(
     # check_vma=True): Mosaic GPU's mpmd_map (jax >= 0.11) refuses Refs that vary over them. Each
     # device still has its own buffer (a Ref is never shared); the sum read back below is typed
     # varying like q, as under check_vma=False, where no array carries manual axes.
     dq_acc = jax.new_ref(jnp.zeros((B, sq, H, d), F32), memory_space=plgpu.GMEM)
     out = hfb.dkv_out(B, sk, K, d)
+    out_v = out if d_v == d else hfb.dkv_out(B, sk, K, d, d_v)
     kernel = alternating_kernel if d == 64 else cta_dq_kernel
-    dk, dv = hfb._launch(functools.partial(kernel, cfg=cfg), (out, out),
-                         _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments),
+    dk, dv = hfb._launch(functools.partial(kernel, cfg=cfg), (out, out_v),
+                         _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments,
+                                  None if d_v == d else d_v),
                          grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
                                                                          lse2, delta, *extra, dq_acc)
     # the tiles are added unscaled (see the module docstring)
@@ -213,14 +216,19 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
 
 
 def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool, window: int | None = None):
-    """float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D] (contract in ``implementations.py``)."""
+             softmax_scale: float, interpret: bool, window: int | None = None,
+             softcap: float | None = None, prefix=None, bidirectional: bool = False):
+    """float32 dq [B, Sq, H, D], dk [B, Sk, K, D], dv [B, Sk, K, Dv] (contract in
+    ``implementations.py``; optional features as ``hopper_backward.backward``'s)."""
 
-    def check(D: int, d: int):
+    def check(D: int, d: int, dv: int):
         if d not in (64, 128):  # 128: halves of whole 64-column tiles; 64: alternating_kernel
             raise ValueError(f"pallas_hopper backward='fused': head dim {D} (padded {d}) must pad "
                              "to 64 or 128")
-        smem = smem_bytes(d, q.dtype, bs.bwd_stages)
+        if dv > 128:  # dv [64, Dv] float32 beside dk in registers
+            raise ValueError(f"pallas_hopper backward='fused': v's head dim {v.shape[3]} (padded "
+                             f"{dv}) must pad to at most 128")
+        smem = smem_bytes(d, q.dtype, bs.bwd_stages, dv)
         if smem > hb.SMEM_LIMIT - 4096:
             raise ValueError(f"pallas_hopper backward='fused': head dim {D} with "
                              f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
@@ -228,4 +236,5 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
 
     return hfb.key_cta_backward(_run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
                                 bs=bs, causal=causal, softmax_scale=softmax_scale,
-                                interpret=interpret, window=window)
+                                interpret=interpret, window=window, softcap=softcap, prefix=prefix,
+                                bidirectional=bidirectional)

@@ -73,13 +73,16 @@ def dkv_head_major(d: int) -> bool:
     return d != 64
 
 
-def dkv_out(B: int, sk: int, K: int, d: int) -> jax.ShapeDtypeStruct:
-    """The float32 dk (and dv) a key-CTA kernel writes, in ``dkv_head_major``'s layout."""
-    return jax.ShapeDtypeStruct((B, K, sk, d) if dkv_head_major(d) else (B, sk, K, d), F32)
+def dkv_out(B: int, sk: int, K: int, d: int, width: int | None = None) -> jax.ShapeDtypeStruct:
+    """The float32 dk (and dv: ``width`` columns where v has its own head dim) a key-CTA kernel of
+    padded head dim ``d`` writes, in ``dkv_head_major(d)``'s layout."""
+    w = d if width is None else width
+    return jax.ShapeDtypeStruct((B, K, sk, w) if dkv_head_major(d) else (B, sk, K, w), F32)
 
 
 def dkv_to_step(dk: jax.Array, dv: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """A key-CTA kernel's dk, dv ([B, K, Sk, D] or [B, Sk, K, D]) -> the step's [B, Sk, K, D]."""
+    """A key-CTA kernel's dk, dv ([B, K, Sk, D] or [B, Sk, K, D]; dv may have Dv columns) -> the
+    step's [B, Sk, K, D] (dv [B, Sk, K, Dv])."""
     if dkv_head_major(dk.shape[3]):
         return jnp.swapaxes(dk, 1, 2), jnp.swapaxes(dv, 1, 2)
     return dk, dv
@@ -121,7 +124,7 @@ class KeyCta:
     bounds: tuple  # lo, mid, hi (+ edge) over the reversed query blocks
     ops: FusedOps
     rows: pl.Slice  # the warpgroup's own 64 keys
-    own: tuple  # their positions, ids as row vectors (None when unused)
+    own: tuple  # their positions, ids, causal positions as row vectors (``hbk.load_keys``)
     smem: tuple  # k, v, q, do, lse2, delta, positions, ids: ``hbk.kv_probs``'s order
     loaded: object  # barriers: query slot loaded, slot free
     free: object
@@ -151,7 +154,7 @@ class KeyCta:
         d = self.smem[0].shape[2]
         at = (self.b, self.kvh, self.rows) if dkv_head_major(d) else (self.b, self.rows, self.kvh)
         hbk.group_loop(self.cfg, self.ops, body, self.bounds, self.cfg.masked, d,
-                       (dk_ref.at[at], dv_ref.at[at]))
+                       (dk_ref.at[at], dv_ref.at[at]), self.smem[1].shape[2])
 
 
 def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
@@ -180,7 +183,7 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
         ops = FusedOps(cfg.interpret)
         rows = pl.ds(i * (WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
         own = hbk.load_keys(cfg, ops, b, kvh, wg, rows, (k_ref, v_ref, kp_ref, ks_ref),
-                            (k_s, v_s, kp_s, ks_s), own_bar.at[wg])
+                            (k_s, v_s, kp_s, ks_s), own_bar.at[wg], hbk.row_prefix(refs, cfg, b))
         smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
         compute(KeyCta(cfg, b, i, kvh, wg, bounds, ops, rows, own, smem, loaded, free, q_ref,
                        tuple(outs), tuple(scratch[13:]), n))
@@ -237,24 +240,26 @@ def use_split_group(split_group: bool | None, q_shape: tuple, k_shape: tuple, d:
 
 
 def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs,
-                     causal: bool, softmax_scale: float, interpret: bool, window: int | None):
+                     causal: bool, softmax_scale: float, interpret: bool, window: int | None,
+                     softcap: float | None = None, prefix=None, bidirectional: bool = False):
     """What runs around the fused backward's kernel (``hopper_cta_dq_bwd``): pads, calls
-    ``check(D, padded D)`` (raises for shapes the kernel cannot take), builds the config, the
-    key-CTA bounds and the extra inputs, runs ``run`` (-> dq f32 [B, Sq, H, D], already scaled,
-    dk, dv f32 [B, Sk, K, D]) and cuts the padding: float32 dq [B, Sq, H, D], dk, dv [B, Sk, K, D].
+    ``check(D, padded D, padded Dv)`` (raises for shapes the kernel cannot take), builds the
+    config, the key-CTA bounds and the extra inputs, runs ``run`` (-> dq f32 [B, Sq, H, D], already
+    scaled, dk f32 [B, Sk, K, D], dv [B, Sk, K, Dv]) and cuts the padding: float32 dq
+    [B, Sq, H, D], dk [B, Sk, K, D], dv [B, Sk, K, Dv]. Optional features as ``hb.backward``'s.
 
     With GQA (H > K) and ``use_split_group``: the kernel runs as if every query head had its own kv
     head (k, v repeated over the group: one key CTA per query head and key block, no group loop),
     and dk, dv of the query heads are summed over each group here, in a fixed order."""
     B, Sq, H, D = q.shape
-    Sk, K = k.shape[1], k.shape[2]
+    Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     d_pad = -(-D // 64) * 64
     split = use_split_group(bs.split_group, q.shape, k.shape, d_pad, causal, q.dtype.itemsize)
     if split:  # query head h reads kv head h // (H // K), as the group loop does
         k, v = (jnp.repeat(x, H // K, axis=2) for x in (k, v))  # [B, Sk, H, D]
     q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg = hb._pad(q, k, v, do, lse, delta, q_pos,
                                                                    k_pos, q_seg, k_seg)
-    check(D, q.shape[3])
+    check(D, q.shape[3], v.shape[3])
     segments = q_seg is not None
     positions = causal or window is not None
     extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
@@ -262,13 +267,14 @@ def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k
                         causal=causal, segments=segments, groups=H // k.shape[2],
                         n_cta=k.shape[1] // CTA,
                         qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret,
-                        window=window)
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window)
+                        window=window, **hb.features(softcap, prefix, bidirectional))
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window, prefix=prefix,
+                              bidirectional=bidirectional)
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
-    extra += tuple(bounds[3:])  # a window's edge bound is the last input
+    extra += tuple(bounds[3:])  # a window's edge bound, then the prefix, are the last inputs
+    extra += () if prefix is None else (hb.keep_above_min(prefix),)
     dq, dk, dv = run(*bounds[:3], q, k, v, do, lse2, delta, *extra, cfg=cfg)
     if split:  # [B, Sk, H, D] per query head -> [B, Sk, K, D]
         dk, dv = (x.reshape(B, x.shape[1], K, H // K, x.shape[3]).sum(axis=3) for x in (dk, dv))
-    cut = lambda x, n: x[:, :n, :, :D]  # noqa: E731
-    return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)
+    return dq[:, :Sq, :, :D], dk[:, :Sk, :, :D], dv[:, :Sk, :, :Dv]
 

@@ -28,7 +28,15 @@ lost".)
 Masks as in ``hopper_bwd_kernels``: blocks outside the causal mask, the segments or a sliding window
 are never loaded; with a window (``window=W``) both kernels take the ``edge`` bound as their last
 input and run the blocks at the window's far edge masked before the fully visible ones, and
-positions are loaded whenever a window is set. Without a window the kernels are unchanged.
+positions are loaded whenever a window is set. Without a window the kernels are unchanged. The
+optional features (softcap, prefix, bidirectional) are ``hopper_bwd_kernels``' (``BwdConfig``).
+
+v's own head dim (MLA: 192 for q/k, 128 for v): q, k and v, do are padded separately, each to a
+multiple of 64 (``padded_dims``: 192 stays 192, where padding it to 256 would add a third to the
+q/k products); the warpgroups split dk's, dq's columns in halves of D and dv's in halves of Dv
+(``[64, 96]`` and ``[64, 64]`` float32 at 192 / 128: 80 registers per thread against 128 at 256),
+and s^T contracts D, dp^T Dv. Without a head dim of v's own both stay padded to 256, as timed on
+the device.
 
 Budgets (bf16/fp16, D = 256, per CTA of 2 compute warpgroups + 1 producer):
 
@@ -64,34 +72,50 @@ F32 = jnp.float32
 WGS = hk.COMPUTE_WGS
 ROWS = 64  # keys per CTA (shared by the warpgroups) and queries per streamed block
 HALF = ROWS // WGS  # streamed queries per warpgroup in s^T, dp^T
-D = 256  # padded head dim of this kernel
-DW = D // WGS  # head-dim columns of dk, dv, dq per warpgroup
+D = 256  # padded head dim of this kernel (the largest: ``padded_dims``)
+
+
+def padded_dims(Dh: int, Dv: int) -> tuple[int, int]:
+    """The padded head dims of q/k and of v: 256 both without a head dim of v's own (the kernels
+    timed on the device, docs/kernels.md); with one, each a multiple of 64 (module docstring)."""
+    if Dh == Dv:
+        return D, D
+    return -(-Dh // 64) * 64, -(-Dv // 64) * 64
+
+
+def _halves(wg, d: int, dv: int):
+    """Warpgroup wg's columns of dk, dq (head dim d) and of dv (dv): one slice where d == dv."""
+    dw = pl.ds(wg * (d // WGS), d // WGS)
+    return dw, dw if dv == d else pl.ds(wg * (dv // WGS), dv // WGS)
 
 
 def _probs(cfg: hbk.BwdConfig, ops: hk.Ops, w, slot, own, smem, masked: bool):
-    """Warpgroup w's half of one pair: p^T, ds^T float32 [64 keys, 32 queries] (0 where hidden)."""
+    """Warpgroup w's half of one pair: p^T, ds^T float32 [64 keys, 32 queries] (0 where hidden;
+    with a soft cap p^T 16-bit, as ``hbk.kv_probs``). own: ``hbk.load_keys``' triple."""
     k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s = smem
     cols = pl.ds(w * HALF, HALF)
     half = lambda ref: None if ref is None else ref.at[slot, cols]  # noqa: E731
 
-    def probs(s_t):  # raw logits [64, 32] -> probabilities
+    def probs(s_t):  # raw logits [64, 32] -> probabilities (and with a soft cap p^T (1 - t^2))
         lse = lax.broadcast_in_dim(ops.cols(half(lse_s)), s_t.shape, [1])
-        p_t = jnp.exp2(s_t * cfg.qk_scale - lse)
-        if not masked:
-            return p_t
-        return jnp.where(hbk._vis(cfg, ops, s_t.shape, *own, half(qp_s), half(qs_s), False), p_t,
-                         0.0)
+        x, t = hbk.log2_logits(cfg, s_t)
+        p_t = jnp.exp2(x - lse)
+        if masked:
+            vis = hbk._vis(cfg, ops, s_t.shape, own, half(qp_s), half(qs_s), False)
+            p_t = jnp.where(vis, p_t, 0.0)
+        return p_t if t is None else (p_t.astype(k_s.dtype), hbk.capped(p_t, t))
 
     p_t, dp_t = ops.pair((hk.Smem(k_s), hk.Smem(q_s.at[slot, cols], transposed=True)),
                          (hk.Smem(v_s), hk.Smem(do_s.at[slot, cols], transposed=True)),
                          (ROWS, HALF), probs)
-    ds_t = p_t * (dp_t - lax.broadcast_in_dim(ops.cols(half(dl_s)), dp_t.shape, [1]))
+    p_t, g_t = (p_t, p_t) if cfg.softcap is None else p_t
+    ds_t = g_t * (dp_t - lax.broadcast_in_dim(ops.cols(half(dl_s)), dp_t.shape, [1]))
     return p_t, ds_t
 
 
 def split_kernel(*refs, cfg: hbk.BwdConfig):
     """Grid ("h", "i", "b") over kv heads and key CTAs of 64 keys, warpgroups "wg". GMEM inputs as
-    ``hbk.dkv_kernel``. Out: dk, dv f32 [B, K, Sk, 256]."""
+    ``hbk.dkv_kernel``. Out: dk f32 [B, K, Sk, D], dv f32 [B, K, Sk, Dv] (``padded_dims``)."""
     bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
         (dk_ref, dv_ref), scratch = hbk._split(refs, cfg, 2)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, pt_s, dst_s, own_bar, loaded, free,
@@ -115,8 +139,10 @@ def split_kernel(*refs, cfg: hbk.BwdConfig):
         keys = pl.ds(i * ROWS, ROWS)
         own = _load_own_keys(cfg, ops, b, kvh, wg, keys, (k_ref, v_ref, kp_ref, ks_ref),
                              (k_s, v_s, kp_s, ks_s), own_bar)
+        own = (*own, hbk.causal_rows(cfg, *own, hbk.row_prefix(refs, cfg, b), queries=False))
         smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
-        dw = pl.ds(wg * DW, DW)
+        d, d_v = k_s.shape[1], v_s.shape[1]
+        dw, dwv = _halves(wg, d, d_v)
 
         def body(j, carry, g, masked: bool):
             t = g * n + j - lo
@@ -130,14 +156,14 @@ def split_kernel(*refs, cfg: hbk.BwdConfig):
             plgpu.barrier_arrive(pds_ready)
             plgpu.barrier_wait(pds_ready)  # both halves of p^T, ds^T written
             dk, dv = carry
-            dv, dk = ops.mma((dv, hk.Smem(pt_s), hk.Smem(do_s.at[slot, :, dw])),
+            dv, dk = ops.mma((dv, hk.Smem(pt_s), hk.Smem(do_s.at[slot, :, dwv])),
                              (dk, hk.Smem(dst_s), hk.Smem(q_s.at[slot, :, dw])))
             plgpu.barrier_arrive(free.at[slot])
             plgpu.barrier_arrive(pds_free)
             return dk, dv
 
-        hbk.group_loop(cfg, ops, body, bounds, cfg.masked, DW,
-                       (dk_ref.at[b, kvh, keys, dw], dv_ref.at[b, kvh, keys, dw]))
+        hbk.group_loop(cfg, ops, body, bounds, cfg.masked, d // WGS,
+                       (dk_ref.at[b, kvh, keys, dw], dv_ref.at[b, kvh, keys, dwv]), d_v // WGS)
         pl.when(n > 0)(lambda: plgpu.barrier_wait(pds_free))  # observe the last phase
 
 
@@ -146,7 +172,8 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
     rows shared by both warpgroups; key blocks of 64 streamed. Warpgroup w computes s, dp for the
     keys [32w, 32w + 32) ([64 queries, 32 keys]), writes its half of ds (16-bit) to a shared
     [64, 64] tile, and after a barrier accumulates dq[:, Dw] += ds k[:, Dw] in registers (64 per
-    thread); written once at the end. Inputs as ``hbk.dq_kernel``; out: dq f32 [B, H, Sq, 256]."""
+    thread at 256); written once at the end. Inputs as ``hbk.dq_kernel``; out: dq f32
+    [B, H, Sq, D]."""
     bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
         (dq_ref,), scratch = hbk._split(refs, cfg, 1)
     (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free, ds_s,
@@ -171,20 +198,24 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
                            dl_ref.at[b, h, rows], qp_ref.at[rows] if cfg.positions else None,
                            qs_ref.at[b, rows] if cfg.segments else None),
             (q_s, do_s, lse_s, dl_s, qp_s, qs_s), own_bar)
-        half, dw = pl.ds(wg * HALF, HALF), pl.ds(wg * DW, DW)
+        own = (own_pos, own_seg,
+               hbk.causal_rows(cfg, own_pos, own_seg, hbk.row_prefix(refs, cfg, b), queries=True))
+        d = q_s.shape[1]
+        half, dw = pl.ds(wg * HALF, HALF), pl.ds(wg * (d // WGS), d // WGS)
 
         def body(j, dq, masked: bool):
             t = j - lo
             slot = lax.rem(t, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
 
-            def probs(s):  # raw logits [64 queries, 32 keys] -> probabilities, 0 where hidden
-                p = jnp.exp2(s * cfg.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
-                if not masked:
-                    return p
-                at = lambda ref: None if ref is None else ref.at[slot, half]  # noqa: E731
-                vis = hbk._vis(cfg, ops, s.shape, own_pos, own_seg, at(kp_s), at(ks_s), True)
-                return jnp.where(vis, p, 0.0)
+            def probs(s):  # raw logits [64 queries, 32 keys] -> probabilities (capped), 0 where hidden
+                x, th = hbk.log2_logits(cfg, s)
+                p = jnp.exp2(x - lax.broadcast_in_dim(lse, s.shape, [0]))
+                if masked:
+                    at = lambda ref: None if ref is None else ref.at[slot, half]  # noqa: E731
+                    vis = hbk._vis(cfg, ops, s.shape, own, at(kp_s), at(ks_s), True)
+                    p = jnp.where(vis, p, 0.0)
+                return hbk.capped(p, th)
 
             p, dp = ops.pair((hk.Smem(q_s), hk.Smem(k_s.at[slot, half], transposed=True)),
                              (hk.Smem(do_s), hk.Smem(v_s.at[slot, half], transposed=True)),
@@ -199,7 +230,7 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
             plgpu.barrier_arrive(ds_free)
             return dq
 
-        dq = hbk.block_loops(body, bounds, cfg.masked, ops.full((ROWS, DW), 0.0))  # slots from lo
+        dq = hbk.block_loops(body, bounds, cfg.masked, ops.full((ROWS, d // WGS), 0.0))  # from lo
         pl.when(hi > lo)(lambda: plgpu.barrier_wait(ds_free))  # observe the last phase
         dq_ref.at[b, h, rows, dw][...] = dq * cfg.scale
 
@@ -251,20 +282,20 @@ def _load_own_keys(cfg, ops, b, kvh, wg, keys, gmem, smem, bar):
     return (ops.rows(kp_s) if cfg.positions else None), (ops.rows(ks_s) if cfg.segments else None)
 
 
-def _scratch(dtype, stages: int, positions: bool, segments: bool):
-    """Own k, v (+ positions, ids); per stage q, do, lse2, delta (+ positions, ids); p^T, ds^T;
-    barriers: own keys loaded, slot loaded, slot free, p^T/ds^T written, p^T/ds^T read. The dk/dv
-    kernels' buffers; ``_dq_scratch`` has the dq kernel's."""
+def _scratch(dtype, stages: int, positions: bool, segments: bool, d: int = D, dv: int = D):
+    """Own k [64, d], v [64, dv] (+ positions, ids); per stage q, do, lse2, delta (+ positions,
+    ids); p^T, ds^T; barriers: own keys loaded, slot loaded, slot free, p^T/ds^T written, p^T/ds^T
+    read. The dk/dv kernels' buffers; ``_dq_scratch`` has the dq kernel's."""
     # 64-byte swizzle everywhere: wgmma needs both operands alike, and each warpgroup writes a
     # 32-column half of p^T / ds^T, which must be whole tiles of the layout.
     tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
     ivec = lambda shape, on: plgpu.SMEM(shape, jnp.int32) if on else None  # noqa: E731
     extra = positions + segments
-    return [plgpu.SMEM((ROWS, D), dtype, transforms=tiles),
-            plgpu.SMEM((ROWS, D), dtype, transforms=tiles),
+    return [plgpu.SMEM((ROWS, d), dtype, transforms=tiles),
+            plgpu.SMEM((ROWS, dv), dtype, transforms=tiles),
             ivec((ROWS,), positions), ivec((ROWS,), segments),
-            plgpu.SMEM((stages, ROWS, D), dtype, transforms=tiles),
-            plgpu.SMEM((stages, ROWS, D), dtype, transforms=tiles),
+            plgpu.SMEM((stages, ROWS, d), dtype, transforms=tiles),
+            plgpu.SMEM((stages, ROWS, dv), dtype, transforms=tiles),
             plgpu.SMEM((stages, ROWS), F32), plgpu.SMEM((stages, ROWS), F32),
             ivec((stages, ROWS), positions), ivec((stages, ROWS), segments),
             plgpu.SMEM((ROWS, ROWS), dtype, transforms=tiles),  # p^T [64 keys, 64 queries]
@@ -275,17 +306,17 @@ def _scratch(dtype, stages: int, positions: bool, segments: bool):
             plgpu.Barrier(num_arrivals=WGS), plgpu.Barrier(num_arrivals=WGS)]
 
 
-def _dq_scratch(dtype, stages: int, positions: bool, segments: bool):
-    """Own q, do, lse2, delta (+ positions, ids); per stage k, v (+ positions, ids); ds; barriers:
-    own rows loaded, slot loaded, slot free, ds written, ds read."""
+def _dq_scratch(dtype, stages: int, positions: bool, segments: bool, d: int = D, dv: int = D):
+    """Own q [64, d], do [64, dv], lse2, delta (+ positions, ids); per stage k, v (+ positions,
+    ids); ds; barriers: own rows loaded, slot loaded, slot free, ds written, ds read."""
     tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))  # as in ``_scratch``
     ivec = lambda shape, on: plgpu.SMEM(shape, jnp.int32) if on else None  # noqa: E731
     extra = positions + segments
-    return [plgpu.SMEM((ROWS, D), dtype, transforms=tiles), plgpu.SMEM((ROWS, D), dtype, transforms=tiles),
+    return [plgpu.SMEM((ROWS, d), dtype, transforms=tiles), plgpu.SMEM((ROWS, dv), dtype, transforms=tiles),
             plgpu.SMEM((ROWS,), F32), plgpu.SMEM((ROWS,), F32),
             ivec((ROWS,), positions), ivec((ROWS,), segments),
-            plgpu.SMEM((stages, ROWS, D), dtype, transforms=tiles),
-            plgpu.SMEM((stages, ROWS, D), dtype, transforms=tiles),
+            plgpu.SMEM((stages, ROWS, d), dtype, transforms=tiles),
+            plgpu.SMEM((stages, ROWS, dv), dtype, transforms=tiles),
             ivec((stages, ROWS), positions), ivec((stages, ROWS), segments),
             plgpu.Barrier(num_arrivals=4 + extra),
             plgpu.Barrier(num_arrivals=2 + extra, num_barriers=stages),
@@ -294,51 +325,59 @@ def _dq_scratch(dtype, stages: int, positions: bool, segments: bool):
             plgpu.Barrier(num_arrivals=WGS), plgpu.Barrier(num_arrivals=WGS)]
 
 
-def smem_bytes(dtype, stages: int, positions: bool = True, segments: bool = True) -> int:
-    """Shared memory of the buffers above (barriers and alignment excluded)."""
-    tile = ROWS * D * jnp.dtype(dtype).itemsize
+def smem_bytes(dtype, stages: int, positions: bool = True, segments: bool = True, d: int = D,
+               dv: int = D) -> int:
+    """Shared memory of the buffers above (barriers and alignment excluded); d, dv: the padded
+    head dims of q/k and v."""
+    tile = ROWS * (d + dv) * jnp.dtype(dtype).itemsize  # a [64, d] and a [64, dv] tile
     vecs = 4 * ROWS * (2 + positions + segments)  # per stage: lse2, delta (+ positions, ids)
-    return (2 * tile + 4 * ROWS * (positions + segments) + stages * (2 * tile + vecs)
+    return (tile + 4 * ROWS * (positions + segments) + stages * (tile + vecs)
             + 2 * ROWS * ROWS * jnp.dtype(dtype).itemsize)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _run_two(q_bounds, k_bounds, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
-    """dq f32 [B, H, Sq, 256] (scaled) from ``dq_kernel``, then dk, dv f32 [B, K, Sk, 256] from
-    ``split_kernel``. q_bounds / k_bounds: lo, mid, hi (and
-    a window's edge, each kernel's last input) over the key blocks / the reversed query blocks."""
+def _run_two(q_bounds, k_bounds, last, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
+    """dq f32 [B, H, Sq, D] (scaled) from ``dq_kernel``, then dk f32 [B, K, Sk, D], dv
+    [B, K, Sk, Dv] from ``split_kernel``. q_bounds / k_bounds: lo, mid, hi (and a window's edge)
+    over the key blocks / the reversed query blocks; ``last``: (the prefix,) or (), each kernel's
+    last input."""
     B, sq, H, d = q.shape
-    sk, K = k.shape[1], k.shape[2]
+    sk, K, d_v = k.shape[1], k.shape[2], v.shape[3]
     args = (q, k, v, do, lse2, delta, *extra)
     dq_cfg = dataclasses.replace(cfg, n_cta=sq // ROWS)
     dq = hk.launch(functools.partial(dq_kernel, cfg=dq_cfg), jax.ShapeDtypeStruct((B, H, sq, d), F32),
-                   _dq_scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments),
+                   _dq_scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments, d, d_v),
                    grid=(H, sq // ROWS, B), interpret=cfg.interpret)(*q_bounds[:3], *args,
-                                                                        *q_bounds[3:])
+                                                                        *q_bounds[3:], *last)
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
-    dk, dv = hk.launch(functools.partial(split_kernel, cfg=cfg), (out, out),
-                       _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments),
+    out_v = out if d_v == d else jax.ShapeDtypeStruct((B, K, sk, d_v), F32)
+    dk, dv = hk.launch(functools.partial(split_kernel, cfg=cfg), (out, out_v),
+                       _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments, d, d_v),
                        grid=(K, sk // ROWS, B), interpret=cfg.interpret)(*k_bounds[:3], *args,
-                                                                        *k_bounds[3:])
+                                                                        *k_bounds[3:], *last)
     return dq, dk, dv
 
 
 def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool, window: int | None = None):
-    """float32 dq [B, Sq, H, Dh], dk, dv [B, Sk, K, Dh] for head dims 129-256 (padded to 256;
-    contract in ``implementations.py``): ``dq_kernel`` and ``split_kernel``."""
+             softmax_scale: float, interpret: bool, window: int | None = None,
+             softcap: float | None = None, prefix=None, bidirectional: bool = False):
+    """float32 dq [B, Sq, H, Dh], dk [B, Sk, K, Dh], dv [B, Sk, K, Dv] where the larger head dim is
+    129-256 (``padded_dims``; contract in ``implementations.py``, optional features as
+    ``hopper_backward.backward``'s): ``dq_kernel`` and ``split_kernel``."""
     B, Sq, H, Dh = q.shape
-    Sk, K = k.shape[1], k.shape[2]
-    if not 128 < Dh <= D:
-        raise ValueError(f"hopper_split_bwd: head dim {Dh} ({q.shape=}) must be in (128, {D}]")
+    Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
+    if not (128 < max(Dh, Dv) <= D and min(Dh, Dv) >= 1):
+        raise ValueError(f"hopper_split_bwd: head dims {Dh}, {Dv} ({q.shape=} {v.shape=}): the "
+                         f"larger must be in (128, {D}]")
+    d, d_v = padded_dims(Dh, Dv)
     positions = causal or window is not None
-    smem = smem_bytes(q.dtype, bs.bwd_stages, positions, q_seg is not None)  # >= the dq kernel's
+    smem = smem_bytes(q.dtype, bs.bwd_stages, positions, q_seg is not None, d, d_v)  # >= dq's
     if smem > hb.SMEM_LIMIT - 4096:
-        raise ValueError(f"pallas_hopper backward={bs.backward!r}: head dim {Dh} (padded {D}) with "
-                         f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
-                         f"{hb.SMEM_LIMIT}); use bwd_stages=2 or backward='triton'")
+        raise ValueError(f"pallas_hopper backward={bs.backward!r}: head dims {Dh}, {Dv} (padded {d}, "
+                         f"{d_v}) with bwd_stages={bs.bwd_stages} need {smem} bytes of shared memory "
+                         f"(limit {hb.SMEM_LIMIT}); use bwd_stages=2 or backward='triton'")
     up = lambda x: -(-x // ROWS) * ROWS  # noqa: E731
-    geo = pg._Geometry(Sq, Sk, Dh, ROWS, ROWS, up(Sq), up(Sk), D)
+    geo = pg._Geometry(Sq, Sk, Dh, ROWS, ROWS, up(Sq), up(Sk), d, 0 if d_v == d else d_v)
     q, k, v, q_pos, k_pos, q_seg, k_seg, do = pg._pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg,
                                                             k_seg, do)
     lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * hk.LOG2E  # [B, H, Sq] log2 units
@@ -348,10 +387,12 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
                         causal=causal, segments=segments, groups=H // K, n_cta=geo.sk_pad // ROWS,
                         qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret,
-                        window=window)
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, ROWS, window)
+                        window=window, **hb.features(softcap, prefix, bidirectional))
+    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, ROWS, window, prefix=prefix,
+                              bidirectional=bidirectional)
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
     q_bounds = pg._bounds(table, B) if window is None else pg._edge_bounds(table, B)  # key blocks
-    dq, dk, dv = _run_two(q_bounds, bounds, q, k, v, do, lse2, delta, *extra, cfg=cfg)
-    cut = lambda x, n: jnp.swapaxes(x, 1, 2)[:, :n, :, :Dh]  # noqa: E731
-    return cut(dq, Sq), cut(dk, Sk), cut(dv, Sk)
+    last = () if prefix is None else (hb.keep_above_min(prefix),)
+    dq, dk, dv = _run_two(q_bounds, bounds, last, q, k, v, do, lse2, delta, *extra, cfg=cfg)
+    cut = lambda x, n, w: jnp.swapaxes(x, 1, 2)[:, :n, :, :w]  # noqa: E731
+    return cut(dq, Sq, Dh), cut(dk, Sk, Dh), cut(dv, Sk, Dv)

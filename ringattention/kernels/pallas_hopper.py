@@ -370,33 +370,58 @@ def _scratch(cfg: hk.FwdConfig, d: int, dtype, dv: int | None = None):
     ]
 
 
+def _check_backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, softmax_scale):
+    """``_check`` with v's own head dim (v [B, Sk, K, Dv], do [B, Sq, H, Dv]) and the backward's
+    do, lse, delta."""
+    pg._check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"pallas_hopper: {q.dtype=} {k.dtype=} {v.dtype=} must be equal")
+    if not softmax_scale > 0:  # the kernels take row maxima of the unscaled logits
+        raise ValueError(f"pallas_hopper: {softmax_scale=} must be positive")
+    B, Sq, H, _ = q.shape
+    if do.shape != (B, Sq, H, v.shape[3]) or lse.shape != delta.shape or lse.shape != (B, H, Sq):
+        raise ValueError(f"pallas_hopper: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=} "
+                         f"{v.shape=}")
+
+
 def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
                   softmax_scale: float, block_sizes: BlockSizes | None = None,
-                  interpret: bool = False, window: int | None = None):
-    """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv.
+                  interpret: bool = False, window: int | None = None,
+                  softcap: float | None = None, prefix=None, bidirectional: bool = False):
+    """One ring step backward (contract in ``implementations.py``, with its optional features
+    softcap, prefix, bidirectional and v_head_dim). Returns float32 dq, dk, dv.
 
     Runs the Triton step's kernels unless ``block_sizes.backward`` is "mosaic" or "fused" (and q is
-    16-bit). Every Mosaic backward takes a sliding window (``window``). "fused" above head dim 128
-    is a ValueError (whatever the dtype).
+    16-bit). Every Mosaic backward takes a sliding window (``window``) and the optional features
+    (docs/kernels.md). Head dims are those of q/k (D) and v (Dv); the larger picks the defaults and
+    the kernels: "fused" above 128 is a ValueError (whatever the dtype), "mosaic" is the
+    head-dim-split pair there.
     """
-    _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale)
-    if do.shape != q.shape or lse.shape != delta.shape or lse.shape != (q.shape[0], q.shape[2],
-                                                                        q.shape[1]):
-        raise ValueError(f"pallas_hopper: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=}")
-    bs = block_sizes or default_block_sizes(q.shape[3], causal)
+    _check_backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, softmax_scale)
+    prefix = pg._features(q, q_seg, causal, softcap, prefix, bidirectional)  # int32 [B] | None
+    D, Dv = q.shape[3], v.shape[3]
+    head_dim = max(D, Dv)
+    bs = block_sizes or default_block_sizes(head_dim, causal)
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
-    if bs.backward == "fused" and q.shape[3] > 128:
-        raise ValueError(f"pallas_hopper BlockSizes(backward='fused'): head dim {q.shape[3]} is above "
+    if bs.backward == "fused" and head_dim > 128:
+        dims = f"head dim {D}" if Dv == D else f"head dim {head_dim} (q/k {D}, v {Dv})"
+        raise ValueError(f"pallas_hopper BlockSizes(backward='fused'): {dims} is above "
                          "128, where the Mosaic backward is 'mosaic' (the head-dim-split dq and dk/dv "
                          "kernels); use backward='mosaic' or 'triton', or block_sizes=None")
     kw = dict(causal=causal, softmax_scale=softmax_scale, interpret=interpret)
     if window is not None:
         kw["window"] = window
+    if softcap is not None:  # the optional features: passed on only when used, as the ring does
+        kw["softcap"] = float(softcap)
+    if prefix is not None:
+        kw["prefix"] = prefix
+    if bidirectional:
+        kw["bidirectional"] = True
     if bs.backward == "triton" or jnp.dtype(q.dtype) not in HALF_DTYPES:
         return pg.backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
                                 block_sizes=bs.triton, **kw)
-    if q.shape[3] > 128:  # "mosaic": the head-dim-split dq and dk/dv kernels, no atomics
+    if head_dim > 128:  # "mosaic": the head-dim-split dq and dk/dv kernels, no atomics
         mosaic = hsb.backward
     else:
         mosaic = hcb.backward if bs.backward == "fused" else hb.backward
