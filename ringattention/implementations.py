@@ -185,4 +185,5 @@ def _hopper_available(mesh=None) -> bool:
 
 
 register(Implementation("pallas_hopper", "ringattention.kernels.pallas_hopper", platforms=("gpu",),
-                        available=_hopper_available))
+                        available=_hopper_available,
+                        features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))

@@ -132,6 +132,48 @@ def test_hopper_backwards_compile_for_h200(variant, check_vma):
     assert compiled.memory_analysis().temp_size_in_bytes > 0
 
 
+# issue 59's options of pallas_hopper, alone and together (with a window and segment ids)
+OPTIONS = {
+    "softcap": dict(logits_soft_cap=30.0),
+    "prefix": dict(prefix_length=True),
+    "bidirectional": dict(bidirectional_segments=True),
+    "mla_192_128": dict(head_dim=192, v_head_dim=128),
+    "gemma2_256_softcap": dict(head_dim=256, logits_soft_cap=50.0),
+    "all": dict(head_dim=192, v_head_dim=128, logits_soft_cap=30.0, prefix_length=True,
+                bidirectional_segments=True, sliding_window=300),
+}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_hopper_options_compile_for_h200(option, n):
+    """Each option of ``pallas_hopper`` alone and all together, causal zigzag with packed
+    documents, bf16, in a user's ``shard_map(check_vma=True)`` on rings of 2 and 4 H200s: "auto"
+    runs them on the Mosaic GPU kernels (no Triton), forward and gradients compile."""
+    kw = dict(OPTIONS[option])
+    head_dim, dv = kw.pop("head_dim", 128), kw.pop("v_head_dim", None)
+    mesh = Mesh(np.array(h200_devices(n)), ("sp",))
+    L = n * 512
+    sh = NamedSharding(mesh, SPEC)
+    seg = jnp.asarray(np.repeat(np.arange(1, 5), L // 4)[None], jnp.int32)
+    if kw.pop("bidirectional_segments", False):
+        kw["bidirectional_segments"], seg = True, jnp.where(seg % 2 == 0, -seg, seg)
+    if kw.pop("prefix_length", False):
+        kw["prefix_length"] = jnp.full((1,), L // 3, jnp.int32)
+
+    def local(q, k, v, s):
+        return ra.ring_attention(q, k, v, "sp", causal=True, layout="zigzag", segment_ids=s, **kw)
+
+    ring = jax.shard_map(local, mesh=mesh, in_specs=(SPEC,) * 4, out_specs=SPEC)
+    loss = lambda q, k, v: jnp.sum(jnp.sin(ring(q, k, v, seg).astype(jnp.float32)))  # noqa: E731
+    sds = lambda h, d: jax.ShapeDtypeStruct((1, L, h, d), jnp.bfloat16, sharding=sh)  # noqa: E731
+    args = (sds(4, head_dim), sds(2, head_dim), sds(2, dv or head_dim))
+    lowered = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(*args).lower()
+    found = _kernels(lowered.as_text())
+    assert found["mosaic"] >= 2 and found["triton"] == 0, found
+    assert lowered.compile().memory_analysis().temp_size_in_bytes > 0
+
+
 def _train_step(preset_yaml: str, n: int, overrides: list[str]):
     """The preset's training step (forward, backward, optimizer) with ``attention="auto"`` on ``n``
     H200s, compiled."""
