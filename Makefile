@@ -108,11 +108,14 @@ aot: $(AOT_STAMP)
 # H100 or H200. Writes benchmarks/results/gpu_suite.md (GPU_SUITE_MD=... to write elsewhere).
 GPU_PYTHON ?= python3
 GPU_SUITE_MD ?= benchmarks/results/gpu_suite.md
-# The suite allocates GPU memory as it goes (the trainer it launches takes what it needs); COMMIT=
-# names the commit where the machine's copy of the tree has no .git.
+# GPU_JOBS pytest workers share the GPU (compiling is most of the suite's time; each worker, and
+# the trainer the suite launches, allocates GPU memory as it goes); COMMIT= names the commit where
+# the machine's copy of the tree has no .git.
+GPU_JOBS ?= 4
 test-gpu:
 	JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false $(GPU_PYTHON) -m pytest -q -rs \
-		-p no:cacheprovider --durations=10 --junitxml=$(GPU_SUITE_MD:.md=.xml) tests/test_gpu_suite.py; \
+		-n $(GPU_JOBS) -p no:cacheprovider --durations=10 --junitxml=$(GPU_SUITE_MD:.md=.xml) \
+		tests/test_gpu_suite.py; \
 		rc=$$?; $(GPU_PYTHON) tools/gpu_suite_summary.py $(GPU_SUITE_MD:.md=.xml) $(GPU_SUITE_MD) \
 		$(if $(COMMIT),--commit $(COMMIT),); exit $$rc
 

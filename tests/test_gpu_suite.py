@@ -184,7 +184,6 @@ def _cli(args: list[str], env_extra: dict | None = None, timeout: int = 400,
          stderr: bool = True) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": "/tmp/ra-jax-cache",
            **(env_extra or {})}
-    env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)  # the trainer takes the GPU as a user's would
     out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=timeout)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
