@@ -78,6 +78,90 @@ def _needs_hopper(impl: str) -> None:
         pytest.skip(f"pallas_hopper needs an H100/H200; this is {jax.devices()[0].device_kind}")
 
 
+# The slowest first, so that pytest-xdist's workers start them first.
+
+def _cli(args: list[str], env_extra: dict | None = None, timeout: int = 400,
+         stderr: bool = True) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": "/tmp/ra-jax-cache",
+           **(env_extra or {})}
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout + (out.stderr if stderr else "")
+
+
+def _metrics(run_dir: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_llama1b_long_trains_checkpoints_resumes_and_generates(tmp_path):
+    """configs/llama1b_long.yaml at 16K tokens: 3 steps stopping with a checkpoint at step 3, a
+    relaunch that resumes it and runs step 4 (step 3 is not run again), then 32 tokens of
+    ``python -m train.generate`` from the newest checkpoint."""
+    run = tmp_path / "run"
+    common = ["-m", "train", "--config", "configs/llama1b_long.yaml", f"--run_dir={run}",
+              "--data.seq_len=16384", "--data.batch_size=1", "--optim.accum_steps=1",
+              "--log.tensorboard=false", "--log.every=1", "--log.progress=false",
+              "--data.eval_fraction=0", "--sample.tokens=0", "--checkpoint.every=3",
+              "--checkpoint.async_save=false"]
+    _cli([*common, "--steps=4", "--stop_at=3"])  # one schedule for both launches
+    first = _metrics(run)
+    train_steps = [r["step"] for r in first if "loss" in r]
+    assert train_steps[-1] == 3 and all(np.isfinite(r["loss"]) for r in first if "loss" in r)
+    assert any(r.get("mfu", 0) > 0.05 for r in first if "mfu" in r), first  # the GPU did the work
+    assert (run / "checkpoints").exists()
+    log = _cli([*common, "--steps=4"])
+    assert re.search(r"resum\w+ .*step 3", log, re.I), log[-2000:]
+    steps = [r["step"] for r in _metrics(run) if "loss" in r]
+    assert steps.count(4) == 1 and steps.count(3) == 1, steps
+    text = _cli(["-m", "train.generate", "--run_dir", str(run), "--prompt", "In the beginning",
+                 "--max-new-tokens", "32"], stderr=False)
+    assert 0 < len(text.encode()) <= 4 * 32 + 1, text  # the continuation: 32 byte tokens
+
+
+# Gemma 2- and DeepSeek-shaped attention through the model (2 layers, byte vocabulary), 32K tokens
+GPU_TINY = dict(vocab_size=256, hidden_size=1024, intermediate_size=2048, num_layers=2,
+                max_position_embeddings=32768, dtype="bfloat16", attention="auto")
+MODEL_SHAPES = {
+    "gemma2": dict(family="gemma2", num_heads=8, num_kv_heads=4, head_dim=256,
+                   query_pre_attn_scalar=256, attn_logit_softcap=50.0, final_logit_softcap=30.0,
+                   sliding_window=4096, layer_types=("sliding_attention", "full_attention")),
+    "deepseek_mla": dict(num_heads=16, num_kv_heads=16, head_dim=192, v_head_dim=128),
+}
+
+
+@pytest.mark.parametrize("shape", list(MODEL_SHAPES))
+def test_model_shapes_train_at_32k_on_pallas_hopper(shape):
+    """A training step (loss and gradients) of the shape at 32K tokens with ``attention="auto"``:
+    every attention call runs ``pallas_hopper`` (soft-capping, head dim 256, a value head dim of
+    its own) and the loss and gradients are finite."""
+    _needs_hopper("pallas_hopper")
+    import dataclasses
+    from unittest import mock
+
+    from models import llama
+    from models.config import LlamaConfig
+    from models.sharding import MeshConfig, make_mesh
+
+    config = LlamaConfig(**GPU_TINY, **MODEL_SHAPES[shape])
+    mesh = make_mesh(MeshConfig(sp=1), jax.devices()[:1])
+    params = llama.init_params(dataclasses.replace(config, attention="xla"), jax.random.key(0))
+    ids = jax.random.randint(jax.random.key(1), (1, 32768), 0, 256)
+    batch = {"input_ids": ids, "targets": jnp.roll(ids, -1, axis=1)}
+    loaded, load = set(), implementations.Implementation.load
+
+    def recorded(impl):
+        loaded.add(impl.name)
+        return load(impl)
+
+    with mock.patch.object(implementations.Implementation, "load", recorded):
+        step = jax.jit(jax.value_and_grad(lambda p: llama.loss_fn(config, p, batch, mesh=mesh)[0]))
+        loss, grads = step(params)
+    assert loaded == {"pallas_hopper"}, loaded
+    assert np.isfinite(float(loss)) and all(np.isfinite(np.asarray(g, np.float32)).all()
+                                            for g in jax.tree.leaves(grads))
+
+
 def test_auto_picks_pallas_hopper_on_hopper():
     _needs_hopper("pallas_hopper")
     assert implementations.resolve("auto").name == "pallas_hopper"
@@ -135,85 +219,3 @@ def test_readme_code_blocks_verbatim():
     want = ra.reference_attention(ns["q"], ns["k"], ns["v"], causal=True)
     for got in (first, ns["out"]):
         assert rel_err(got, want) <= 1e-5
-
-
-# Gemma 2- and DeepSeek-shaped attention through the model (2 layers, byte vocabulary), 32K tokens
-GPU_TINY = dict(vocab_size=256, hidden_size=1024, intermediate_size=2048, num_layers=2,
-                max_position_embeddings=32768, dtype="bfloat16", attention="auto")
-MODEL_SHAPES = {
-    "gemma2": dict(family="gemma2", num_heads=8, num_kv_heads=4, head_dim=256,
-                   query_pre_attn_scalar=256, attn_logit_softcap=50.0, final_logit_softcap=30.0,
-                   sliding_window=4096, layer_types=("sliding_attention", "full_attention")),
-    "deepseek_mla": dict(num_heads=16, num_kv_heads=16, head_dim=192, v_head_dim=128),
-}
-
-
-@pytest.mark.parametrize("shape", list(MODEL_SHAPES))
-def test_model_shapes_train_at_32k_on_pallas_hopper(shape):
-    """A training step (loss and gradients) of the shape at 32K tokens with ``attention="auto"``:
-    every attention call runs ``pallas_hopper`` (soft-capping, head dim 256, a value head dim of
-    its own) and the loss and gradients are finite."""
-    _needs_hopper("pallas_hopper")
-    import dataclasses
-    from unittest import mock
-
-    from models import llama
-    from models.config import LlamaConfig
-    from models.sharding import MeshConfig, make_mesh
-
-    config = LlamaConfig(**GPU_TINY, **MODEL_SHAPES[shape])
-    mesh = make_mesh(MeshConfig(sp=1), jax.devices()[:1])
-    params = llama.init_params(dataclasses.replace(config, attention="xla"), jax.random.key(0))
-    ids = jax.random.randint(jax.random.key(1), (1, 32768), 0, 256)
-    batch = {"input_ids": ids, "targets": jnp.roll(ids, -1, axis=1)}
-    loaded, load = set(), implementations.Implementation.load
-
-    def recorded(impl):
-        loaded.add(impl.name)
-        return load(impl)
-
-    with mock.patch.object(implementations.Implementation, "load", recorded):
-        step = jax.jit(jax.value_and_grad(lambda p: llama.loss_fn(config, p, batch, mesh=mesh)[0]))
-        loss, grads = step(params)
-    assert loaded == {"pallas_hopper"}, loaded
-    assert np.isfinite(float(loss)) and all(np.isfinite(np.asarray(g, np.float32)).all()
-                                            for g in jax.tree.leaves(grads))
-
-
-def _cli(args: list[str], env_extra: dict | None = None, timeout: int = 400,
-         stderr: bool = True) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": "/tmp/ra-jax-cache",
-           **(env_extra or {})}
-    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=timeout)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out.stdout + (out.stderr if stderr else "")
-
-
-def _metrics(run_dir: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def test_llama1b_long_trains_checkpoints_resumes_and_generates(tmp_path):
-    """configs/llama1b_long.yaml at 16K tokens: 3 steps stopping with a checkpoint at step 3, a
-    relaunch that resumes it and runs step 4 (step 3 is not run again), then 32 tokens of
-    ``python -m train.generate`` from the newest checkpoint."""
-    run = tmp_path / "run"
-    common = ["-m", "train", "--config", "configs/llama1b_long.yaml", f"--run_dir={run}",
-              "--data.seq_len=16384", "--data.batch_size=1", "--optim.accum_steps=1",
-              "--log.tensorboard=false", "--log.every=1", "--log.progress=false",
-              "--data.eval_fraction=0", "--sample.tokens=0", "--checkpoint.every=3",
-              "--checkpoint.async_save=false"]
-    _cli([*common, "--steps=4", "--stop_at=3"])  # one schedule for both launches
-    first = _metrics(run)
-    train_steps = [r["step"] for r in first if "loss" in r]
-    assert train_steps[-1] == 3 and all(np.isfinite(r["loss"]) for r in first if "loss" in r)
-    assert any(r.get("mfu", 0) > 0.05 for r in first if "mfu" in r), first  # the GPU did the work
-    assert (run / "checkpoints").exists()
-    log = _cli([*common, "--steps=4"])
-    assert re.search(r"resum\w+ .*step 3", log, re.I), log[-2000:]
-    steps = [r["step"] for r in _metrics(run) if "loss" in r]
-    assert steps.count(4) == 1 and steps.count(3) == 1, steps
-    text = _cli(["-m", "train.generate", "--run_dir", str(run), "--prompt", "In the beginning",
-                 "--max-new-tokens", "32"], stderr=False)
-    assert 0 < len(text.encode()) <= 4 * 32 + 1, text  # the continuation: 32 byte tokens
