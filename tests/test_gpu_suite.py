@@ -108,7 +108,7 @@ def test_llama1b_long_trains_checkpoints_resumes_and_generates(tmp_path):
     first = _metrics(run)
     train_steps = [r["step"] for r in first if "loss" in r]
     assert train_steps[-1] == 3 and all(np.isfinite(r["loss"]) for r in first if "loss" in r)
-    assert any(r.get("mfu", 0) > 0.05 for r in first if "mfu" in r), first  # the GPU did the work
+    assert any((r.get("mfu") or 0) > 0.05 for r in first), first  # the GPU did the work (step 1: null)
     assert (run / "checkpoints").exists()
     log = _cli([*common, "--steps=4"])
     assert re.search(r"resum\w+ .*step 3", log, re.I), log[-2000:]
