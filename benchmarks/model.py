@@ -281,7 +281,7 @@ def longest_fit(config, args, mesh, record) -> dict:
 
 
 def _use_hopper_backward(name: str) -> None:
-    from ringattention.kernels import pallas_hopper
+    from ringattention.kernels.hopper import pallas_hopper
 
     default = pallas_hopper.default_block_sizes
     def patched(head_dim: int, causal: bool = True):

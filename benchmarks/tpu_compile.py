@@ -78,7 +78,7 @@ def slice_devices(name: str):
 def _block_sizes(impl: str, device_kind: str) -> str:
     if impl != "pallas_tpu":
         return "-"
-    from ringattention.kernels.tpu_blocks import BlockSizes
+    from ringattention.kernels.tpu.blocks import BlockSizes
 
     bs = BlockSizes.for_chip(device_kind)
     return f"{bs.block_q}x{bs.block_kv} fwd, {bs.block_q_bwd}x{bs.block_kv_bwd} bwd"

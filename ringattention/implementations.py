@@ -151,8 +151,8 @@ def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int,
 
 register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu"),
                         features=frozenset(FEATURES)))
-# TPU tiles: sequence blocks are multiples of 128 lanes (kernels/tpu_blocks.py)
-register(Implementation("pallas_tpu", "ringattention.kernels.pallas_tpu", platforms=("tpu",),
+# TPU tiles: sequence blocks are multiples of 128 lanes (kernels/tpu/blocks.py)
+register(Implementation("pallas_tpu", "ringattention.kernels.tpu.pallas_tpu", platforms=("tpu",),
                         takes_shard=lambda shard: shard % 128 == 0,
                         features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))
 def _cuda_mesh(mesh=None) -> bool:
@@ -166,24 +166,24 @@ def _triton_available(mesh=None) -> bool:
     if not _cuda_mesh(mesh):
         return False
     try:
-        importlib.import_module("ringattention.kernels.pallas_gpu")
+        importlib.import_module("ringattention.kernels.triton.pallas_gpu")
         return True
     except ImportError:
         return False
 
 
-register(Implementation("pallas_gpu", "ringattention.kernels.pallas_gpu", platforms=("gpu",),
+register(Implementation("pallas_gpu", "ringattention.kernels.triton.pallas_gpu", platforms=("gpu",),
                         available=_triton_available,
                         features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))
 
 
 def _hopper_available(mesh=None) -> bool:
     try:  # importing Mosaic GPU (or pallas_gpu's Triton helpers it uses) can fail on some jax
-        return importlib.import_module("ringattention.kernels.pallas_hopper").available(mesh)
+        return importlib.import_module("ringattention.kernels.hopper.pallas_hopper").available(mesh)
     except ImportError:
         return False
 
 
-register(Implementation("pallas_hopper", "ringattention.kernels.pallas_hopper", platforms=("gpu",),
+register(Implementation("pallas_hopper", "ringattention.kernels.hopper.pallas_hopper", platforms=("gpu",),
                         available=_hopper_available,
                         features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))

@@ -26,7 +26,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 def forward_loops_used(monkeypatch):
     """Records (loop, ping-pong) for each Hopper forward traced: which of ``hopper_fwd_loops``'
     ``loops`` / ``overlap_loops`` it ran (they still run)."""
-    from ringattention.kernels import hopper_fwd_loops as hfl
+    from ringattention.kernels.hopper import fwd_loops as hfl
 
     used = []
 

@@ -125,7 +125,7 @@ def test_profile_sums_trace_events_by_category(bench, tmp_path):
 
 def test_attention_block_spec_keeps_pallas_hopper_defaults(bench):
     """``attention.py --block backward=mosaic``: string fields, over the head dim's defaults."""
-    from ringattention.kernels import pallas_hopper as ph
+    from ringattention.kernels.hopper import pallas_hopper as ph
 
     got = bench("attention").block_sizes_for("pallas_hopper", "backward=mosaic,bwd_stages=3", 128)
     assert got == dataclasses.replace(ph.default_block_sizes(128), backward="mosaic", bwd_stages=3)

@@ -19,9 +19,9 @@ import pytest
 
 from models import llama
 from ringattention import implementations, ring_attention
-from ringattention.kernels import hopper_backward as hb
-from ringattention.kernels import hopper_cta_dq_bwd as hcb
-from ringattention.kernels import pallas_hopper as ph
+from ringattention.kernels.hopper import backward as hb
+from ringattention.kernels.hopper import cta_dq_bwd as hcb
+from ringattention.kernels.hopper import pallas_hopper as ph
 from tests.test_train import small
 from train import config as config_lib
 from train import steps, train

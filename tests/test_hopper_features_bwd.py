@@ -21,11 +21,11 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from ringcheck import BF16_RTOL, F32_RTOL, rel_err
 
-from ringattention.kernels import hopper_backward as hb
-from ringattention.kernels import hopper_cta_dq_bwd as hcb
-from ringattention.kernels import hopper_split_bwd as hsb
-from ringattention.kernels import pallas_gpu as pg
-from ringattention.kernels import pallas_hopper as ph
+from ringattention.kernels.hopper import backward as hb
+from ringattention.kernels.hopper import cta_dq_bwd as hcb
+from ringattention.kernels.hopper import pallas_hopper as ph
+from ringattention.kernels.hopper import split_bwd as hsb
+from ringattention.kernels.triton import pallas_gpu as pg
 
 needs_interpret = pytest.mark.skipif(
     ph.interpret_params() is None,

@@ -29,9 +29,9 @@ from ringcheck import BF16_RTOL, Problem, check_ring, rel_err
 
 import ringattention as ra
 from ringattention import implementations
-from ringattention.kernels import hopper_fwd_loops as hfl
-from ringattention.kernels import pallas_gpu as pg
-from ringattention.kernels import pallas_hopper as ph
+from ringattention.kernels.hopper import fwd_loops as hfl
+from ringattention.kernels.hopper import pallas_hopper as ph
+from ringattention.kernels.triton import pallas_gpu as pg
 
 needs_interpret = pytest.mark.skipif(
     ph.interpret_params() is None,

@@ -14,7 +14,7 @@ import pytest
 from ringcheck import BF16_RTOL, F32_RTOL, Problem, check_ring, h200_devices, on_device, rel_err
 
 from ringattention import masks, reference_attention
-from ringattention.kernels import pallas_gpu as pg
+from ringattention.kernels.triton import pallas_gpu as pg
 
 # Two blocks per shard of 32: hidden, partial and full block pairs all occur within one step.
 BS = pg.BlockSizes(block_q=16, block_k=16, fwd_warps=4, fwd_stages=2, block_q_dq=16, block_k_dq=16,

@@ -20,8 +20,8 @@ from jax.experimental.pallas import tpu as pltpu
 from ringcheck import F32_RTOL, Problem, check_ring, rel_err, tpu_devices
 
 from ringattention import masks, ring_attention
-from ringattention.kernels import pallas_tpu
-from ringattention.kernels.tpu_blocks import BlockSizes, fetch_index, pick_block
+from ringattention.kernels.tpu import pallas_tpu
+from ringattention.kernels.tpu.blocks import BlockSizes, fetch_index, pick_block
 
 SMALL = BlockSizes(128, 128, 128, 128)
 TPU_INTERPRET = pltpu.InterpretParams() if hasattr(pltpu, "InterpretParams") else True

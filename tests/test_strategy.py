@@ -139,7 +139,7 @@ def test_all_gather_dk_dv_land_on_their_owners():
 def test_all_gather_under_check_vma(implementation):
     kw = dict(implementation=implementation, block_sizes=BS)
     if implementation == "pallas_gpu":
-        from ringattention.kernels import pallas_gpu as pg
+        from ringattention.kernels.triton import pallas_gpu as pg
 
         kw = dict(implementation="pallas_gpu", interpret=True, block_sizes=pg.BlockSizes(
             block_q=16, block_k=16, fwd_warps=4, fwd_stages=2, block_q_dq=16, block_k_dq=16,

@@ -30,7 +30,7 @@ def bench():
 def test_hopper_check_variants_become_block_sizes(bench):
     """``hopper_check.py --backwards`` entries: a backward name (or "default") plus BlockSizes fields."""
     hc = bench("hopper_check")
-    from ringattention.kernels import pallas_hopper as ph
+    from ringattention.kernels.hopper import pallas_hopper as ph
 
     assert hc.block_sizes("default", 128) == ph.default_block_sizes(128)
     got = hc.block_sizes("fused/bwd_block_k=128/registers=240", 64)

@@ -89,7 +89,7 @@ def test_error_does_not_grow_with_device_count(u, n):
 
 
 def test_pallas_gpu_interpret():
-    from ringattention.kernels import pallas_gpu as pg
+    from ringattention.kernels.triton import pallas_gpu as pg
 
     bs = pg.BlockSizes(block_q=16, block_k=16, fwd_warps=4, fwd_stages=2, block_q_dq=16,
                        block_k_dq=16, block_q_dkv=16, block_k_dkv=16, bwd_warps=4, bwd_stages=2)
@@ -99,7 +99,7 @@ def test_pallas_gpu_interpret():
 
 @pytest.mark.slow
 def test_pallas_tpu_interpret():
-    from ringattention.kernels.tpu_blocks import BlockSizes as TpuBlockSizes
+    from ringattention.kernels.tpu.blocks import BlockSizes as TpuBlockSizes
 
     check_ring(Problem(n=2, ulysses=2, shard=64, batch=1, head_dim=128, layout="striped",
                        causal=True, segments=True, kv_heads=2), implementation="pallas_tpu",

@@ -93,7 +93,7 @@ def compile_step(args, device) -> None:
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
 
-    from ringattention.kernels import pallas_hopper as ph
+    from ringattention.kernels.hopper import pallas_hopper as ph
 
     h, kvh, d = (int(x) for x in args.shape.split(":"))
     causal = bool(args.causal)

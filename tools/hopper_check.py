@@ -64,8 +64,8 @@ from jax.sharding import PartitionSpec as P
 
 import ringattention
 from ringattention import implementations
-from ringattention.kernels import pallas_gpu as pg
-from ringattention.kernels import pallas_hopper as ph
+from ringattention.kernels.hopper import pallas_hopper as ph
+from ringattention.kernels.triton import pallas_gpu as pg
 
 # Relative Frobenius-norm error bounds against the float32 reference (inputs rounded alike).
 RTOL = {"bfloat16": 2e-2, "float16": 1e-2}

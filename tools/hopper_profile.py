@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ringattention.kernels import pallas_hopper as ph
+from ringattention.kernels.hopper import pallas_hopper as ph
 
 
 def parse_shape(spec: str) -> tuple[int, int, int]:

@@ -50,7 +50,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention._vma import _vma, typed_by_args
-from ringattention.kernels import hopper_fwd_loops as hfl
+from ringattention.kernels.hopper import fwd_loops as hfl
 
 F32 = jnp.float32
 LOG2E = math.log2(math.e)

@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 if TYPE_CHECKING:
-    from ringattention.kernels.hopper_kernels import FwdConfig, Ops
+    from ringattention.kernels.hopper.fwd_kernel import FwdConfig, Ops
 
 
 def capped(cfg: FwdConfig, s):

@@ -50,9 +50,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
 from ringattention._vma import typed_by_args
-from ringattention.kernels import hopper_backward as hb
-from ringattention.kernels import hopper_bwd_kernels as hbk
-from ringattention.kernels import hopper_kernels as hk
+from ringattention.kernels.hopper import backward as hb
+from ringattention.kernels.hopper import bwd_kernels as hbk
+from ringattention.kernels.hopper import fwd_kernel as hk
 
 F32 = jnp.float32
 WGS = hk.COMPUTE_WGS

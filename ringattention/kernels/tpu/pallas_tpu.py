@@ -24,7 +24,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ringattention import masks
 from ringattention._vma import struct
-from ringattention.kernels.tpu_blocks import (
+from ringattention.kernels.tpu.blocks import (
     LANES,
     BlockSizes,
     HeadView,
@@ -35,7 +35,7 @@ from ringattention.kernels.tpu_blocks import (
     sublane_row,
     tables,
 )
-from ringattention.kernels.tpu_features import (
+from ringattention.kernels.tpu.features import (
     cap_grad,
     feature_cfg,
     logits,

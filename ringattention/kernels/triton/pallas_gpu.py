@@ -32,11 +32,11 @@ from jax.experimental.pallas import triton as plgpu
 
 from ringattention import masks
 from ringattention._vma import struct
-from ringattention.kernels import gpu_kernels as kern
-from ringattention.kernels.gpu_reference import (  # noqa: F401  (the tests' and Hopper's name)
+from ringattention.kernels.reference import (  # noqa: F401  (the tests' and Hopper's name)
     reference_backward_step,
     reference_forward_step,
 )
+from ringattention.kernels.triton import kernels as kern
 
 F32 = jnp.float32
 SQ = pl.squeezed

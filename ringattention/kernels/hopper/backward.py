@@ -19,9 +19,9 @@ import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
-from ringattention.kernels import hopper_bwd_kernels as hbk
-from ringattention.kernels import hopper_kernels as hk
-from ringattention.kernels import pallas_gpu as pg
+from ringattention.kernels.hopper import bwd_kernels as hbk
+from ringattention.kernels.hopper import fwd_kernel as hk
+from ringattention.kernels.triton import pallas_gpu as pg
 
 F32 = jnp.float32
 ROWS = 64  # own rows per compute warpgroup; streamed block length of the dk/dv kernel

@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ringattention.kernels.tpu_blocks import LANES, SUBLANES
+from ringattention.kernels.tpu.blocks import LANES, SUBLANES
 
 
 def check_features(causal: bool, q_seg, batch: int, softcap, prefix, bidirectional: bool) -> None:

@@ -62,11 +62,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
-from ringattention.kernels import hopper_backward as hb
-from ringattention.kernels import hopper_bwd_kernels as hbk
-from ringattention.kernels import hopper_fused_bwd as hfb
-from ringattention.kernels import hopper_kernels as hk
-from ringattention.kernels import pallas_gpu as pg
+from ringattention.kernels.hopper import backward as hb
+from ringattention.kernels.hopper import bwd_kernels as hbk
+from ringattention.kernels.hopper import fused_bwd as hfb
+from ringattention.kernels.hopper import fwd_kernel as hk
+from ringattention.kernels.triton import pallas_gpu as pg
 
 F32 = jnp.float32
 WGS = hk.COMPUTE_WGS

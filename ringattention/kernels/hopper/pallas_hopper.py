@@ -55,11 +55,11 @@ import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
-from ringattention.kernels import hopper_backward as hb
-from ringattention.kernels import hopper_cta_dq_bwd as hcb
-from ringattention.kernels import hopper_kernels as hk
-from ringattention.kernels import hopper_split_bwd as hsb
-from ringattention.kernels import pallas_gpu as pg
+from ringattention.kernels.hopper import backward as hb
+from ringattention.kernels.hopper import cta_dq_bwd as hcb
+from ringattention.kernels.hopper import fwd_kernel as hk
+from ringattention.kernels.hopper import split_bwd as hsb
+from ringattention.kernels.triton import pallas_gpu as pg
 
 F32 = jnp.float32
 ROWS = 64  # wgmma's M per warpgroup

@@ -43,8 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ringattention.kernels import pallas_gpu as pg
-from ringattention.kernels.hopper_kernels import (
+from ringattention.kernels.hopper.fwd_kernel import (
     COMPUTE_WGS,
     LOG2E,
     Ops,
@@ -53,6 +52,7 @@ from ringattention.kernels.hopper_kernels import (
     set_registers,
     window_mask,
 )
+from ringattention.kernels.triton import pallas_gpu as pg
 
 INT_MAX, INT_MIN = 2**31 - 1, -(2**31)  # causal positions seen by / seeing every position
 

@@ -1,0 +1,1 @@
+"""tpu kernels."""
