@@ -6,7 +6,7 @@ Abbeel 2023), Striped Attention (Brandon et al. 2023), FlashAttention-2 (Dao 202
 (Llama 3, Dubey et al. 2024) and a cost model that chooses between them (``strategy``).
 """
 
-from ringattention import implementations, layouts, masks, remat, strategy, ulysses
+from ringattention import implementations, kernels, layouts, masks, remat, strategy, ulysses
 from ringattention.blockwise import BlockSizes, blockwise_feedforward
 from ringattention.implementations import names as implementation_names
 from ringattention.reference import reference_attention
@@ -18,6 +18,7 @@ __all__ = [
     "blockwise_feedforward",
     "implementation_names",
     "implementations",
+    "kernels",
     "layouts",
     "masks",
     "reference_attention",

@@ -149,41 +149,7 @@ def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int,
     return block_sizes if hook is None else hook(block_sizes, head_dim, causal)
 
 
+# The pure-JAX step; the Pallas kernels register themselves, one package per backend
+# (``ringattention.kernels``: hopper, triton, tpu), which ``import ringattention`` imports.
 register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu"),
                         features=frozenset(FEATURES)))
-# TPU tiles: sequence blocks are multiples of 128 lanes (kernels/tpu/blocks.py)
-register(Implementation("pallas_tpu", "ringattention.kernels.tpu.pallas_tpu", platforms=("tpu",),
-                        takes_shard=lambda shard: shard % 128 == 0,
-                        features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))
-def _cuda_mesh(mesh=None) -> bool:
-    """True where the mesh's devices are NVIDIA GPUs (Triton and Mosaic GPU kernels)."""
-    return platform(mesh) == "gpu" and "nvidia" in str(mesh_device(mesh).device_kind).lower()
-
-
-def _triton_available(mesh=None) -> bool:
-    """An NVIDIA mesh, and jax still has the Pallas Triton backend (deprecated since jax 0.11):
-    where importing it fails, "auto" passes over pallas_gpu (docs/kernels.md)."""
-    if not _cuda_mesh(mesh):
-        return False
-    try:
-        importlib.import_module("ringattention.kernels.triton.pallas_gpu")
-        return True
-    except ImportError:
-        return False
-
-
-register(Implementation("pallas_gpu", "ringattention.kernels.triton.pallas_gpu", platforms=("gpu",),
-                        available=_triton_available,
-                        features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))
-
-
-def _hopper_available(mesh=None) -> bool:
-    try:  # importing Mosaic GPU (or pallas_gpu's Triton helpers it uses) can fail on some jax
-        return importlib.import_module("ringattention.kernels.hopper.pallas_hopper").available(mesh)
-    except ImportError:
-        return False
-
-
-register(Implementation("pallas_hopper", "ringattention.kernels.hopper.pallas_hopper", platforms=("gpu",),
-                        available=_hopper_available,
-                        features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))

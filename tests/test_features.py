@@ -245,7 +245,6 @@ def test_resolve_needs():
 def test_auto_skips_kernels_without_the_feature(monkeypatch):
     # A GPU mesh: "auto" would take pallas_hopper, but not with a feature it lacks
     monkeypatch.setattr(implementations, "platform", lambda mesh=None: "gpu")
-    monkeypatch.setattr(implementations, "_hopper_available", lambda mesh=None: True)
     reg = dict(implementations._REGISTRY)
     for name in ("pallas_hopper", "pallas_gpu"):
         monkeypatch.setitem(implementations._REGISTRY, name,
