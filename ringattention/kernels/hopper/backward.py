@@ -20,12 +20,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
 from ringattention.kernels.hopper import bwd_kernels as hbk
-from ringattention.kernels.hopper import fwd_kernel as hk
+from ringattention.kernels.hopper import mosaic as hm
 from ringattention.kernels.triton import pallas_gpu as pg
 
 F32 = jnp.float32
 ROWS = 64  # own rows per compute warpgroup; streamed block length of the dk/dv kernel
-CTA = hk.COMPUTE_WGS * ROWS
+CTA = hm.COMPUTE_WGS * ROWS
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 
 
@@ -37,7 +37,7 @@ def _pad(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg):
                        0 if Dv == D else up(Dv, 64))
     q, k, v, q_pos, k_pos, q_seg, k_seg, do = pg._pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg,
                                                             k_seg, do)
-    lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * hk.LOG2E  # [B, H, Sq] log2 units
+    lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * hm.LOG2E  # [B, H, Sq] log2 units
     lse2, delta = (pg._pad_to(x, 2, geo.sq_pad) for x in (lse2, delta))
     return q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg
 
@@ -47,7 +47,7 @@ def _scratch(own_len, stream_len, d, dtype, stages, own_f32: int, stream_f32: in
     """Own-side buffers (2 tiles: head dims d, then dv (None: d); 2 int vectors), streamed-side
     buffers, then 3 barriers."""
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    wgs = hk.COMPUTE_WGS
+    wgs = hm.COMPUTE_WGS
     widths = (d, d if dv is None else dv)
 
     def side(n, length, n_tiles, n_f32):
@@ -77,8 +77,8 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     sq, sk, d, d_v = q.shape[1], k.shape[1], q.shape[3], v.shape[3]  # padded
     c = bs.bwd_block_k  # keys per streamed block of the dq kernel
     tile = (d + d_v) * q.dtype.itemsize  # bytes per row of a [rows, d] and a [rows, dv] tile
-    smem = max(hk.COMPUTE_WGS * ROWS * tile + bs.bwd_stages * c * tile,  # dq kernel
-               (hk.COMPUTE_WGS + bs.bwd_stages) * ROWS * tile)  # dk/dv kernel
+    smem = max(hm.COMPUTE_WGS * ROWS * tile + bs.bwd_stages * c * tile,  # dq kernel
+               (hm.COMPUTE_WGS + bs.bwd_stages) * ROWS * tile)  # dk/dv kernel
     if smem > SMEM_LIMIT - 4096:
         raise ValueError(f"pallas_hopper backward='mosaic': head dims {D}, {Dv} (padded {d}, {d_v}) "
                          f"with bwd_stages={bs.bwd_stages}, bwd_block_k={c} need {smem} bytes of "
@@ -91,7 +91,7 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     last = () if prefix is None else (keep_above_min(prefix),)  # the kernels' last input
     cfg = functools.partial(hbk.BwdConfig, rows=ROWS, stages=bs.bwd_stages, registers=bs.registers,
                             causal=causal, segments=segments, groups=H // K,
-                            qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale,
+                            qk_scale=softmax_scale * hm.LOG2E, scale=softmax_scale,
                             interpret=interpret, window=window, **features(softcap, prefix,
                                                                            bidirectional))
     table = functools.partial(masks.block_table, q_pos, k_pos, q_seg, k_seg, causal,
@@ -99,7 +99,7 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     # dq: own query CTAs, streamed key blocks of c keys.
     *bounds, edge = pg.block_bounds(table(CTA, c), B, window)  # [B|1, nq, nk] -> [B, nq] each
     dq_cfg = cfg(block=c, n_cta=sq // CTA)
-    dq = hk.launch(functools.partial(hbk.dq_kernel, cfg=dq_cfg),
+    dq = hm.launch(functools.partial(hbk.dq_kernel, cfg=dq_cfg),
                    jax.ShapeDtypeStruct((B, sq, H, d), F32),
                    _scratch(ROWS, c, d, q.dtype, bs.bwd_stages, 2, 0, positions, segments, d_v),
                    grid=(H, sq // CTA, B), interpret=interpret)(
@@ -109,7 +109,7 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     kv_cfg = cfg(block=ROWS, n_cta=sk // CTA)
     out = jax.ShapeDtypeStruct((B, sk, K, d), F32)
     out_v = out if d_v == d else jax.ShapeDtypeStruct((B, sk, K, d_v), F32)
-    dk, dv = hk.launch(functools.partial(hbk.dkv_kernel, cfg=kv_cfg), (out, out_v),
+    dk, dv = hm.launch(functools.partial(hbk.dkv_kernel, cfg=kv_cfg), (out, out_v),
                        _scratch(ROWS, ROWS, d, q.dtype, bs.bwd_stages, 0, 2, positions, segments,
                                 d_v),
                        grid=(K, sk // CTA, B), interpret=interpret)(*bounds[:3], *args,

@@ -43,7 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ringattention.kernels.hopper.fwd_kernel import (
+from ringattention.kernels.hopper.mosaic import (
     COMPUTE_WGS,
     LOG2E,
     Ops,

@@ -55,10 +55,10 @@ from ringattention._vma import vary_like
 from ringattention.kernels.hopper import backward as hb
 from ringattention.kernels.hopper import bwd_kernels as hbk
 from ringattention.kernels.hopper import fused_bwd as hfb
-from ringattention.kernels.hopper import fwd_kernel as hk
+from ringattention.kernels.hopper import mosaic as hm
 
 F32 = jnp.float32
-WGS = hk.COMPUTE_WGS
+WGS = hm.COMPUTE_WGS
 ROWS = hb.ROWS  # own key rows per compute warpgroup and streamed query block length
 CTA = hb.CTA
 
@@ -71,10 +71,10 @@ def _kv_update(c: hfb.KeyCta, carry, p_t, ds_t, ds_smem, slot):
     return hbk.kv_update(c.ops, carry, p_t, ds_t, c.smem[2].at[slot], c.smem[3].at[slot])
 
 
-def _dq_half(ops: hk.Ops, ds_s, k_s, dw, shape):
+def _dq_half(ops: hm.Ops, ds_s, k_s, dw, shape):
     """float32 ``shape`` = sum over the warpgroups w' of ds_w' [queries, keys] @ k_w'[:, dw]: both
     wgmmas issued into one accumulator before one wait."""
-    terms = [(hk.Smem(ds_s.at[w], transposed=True), hk.Smem(k_s.at[w, :, dw])) for w in range(WGS)]
+    terms = [(hm.Smem(ds_s.at[w], transposed=True), hm.Smem(k_s.at[w, :, dw])) for w in range(WGS)]
     if ops.interpret:
         return sum(ops._dot(a, b) for a, b in terms)
 

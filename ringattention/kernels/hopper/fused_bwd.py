@@ -52,10 +52,10 @@ from ringattention import masks
 from ringattention._vma import typed_by_args
 from ringattention.kernels.hopper import backward as hb
 from ringattention.kernels.hopper import bwd_kernels as hbk
-from ringattention.kernels.hopper import fwd_kernel as hk
+from ringattention.kernels.hopper import mosaic as hm
 
 F32 = jnp.float32
-WGS = hk.COMPUTE_WGS
+WGS = hm.COMPUTE_WGS
 ROWS = hb.ROWS  # own key rows per compute warpgroup and streamed query block length
 CTA = hb.CTA
 
@@ -89,8 +89,8 @@ def dkv_to_step(dk: jax.Array, dv: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 @dataclasses.dataclass(frozen=True)
-class FusedOps(hk.Ops):
-    """``hk.Ops`` plus the staging and reduce-add of the dq path."""
+class FusedOps(hm.Ops):
+    """``hm.Ops`` plus the staging and reduce-add of the dq path."""
 
     def stage(self, smem, x):
         """Registers -> SMEM, visible to the async proxy (TMA, wgmma) afterwards."""
@@ -179,7 +179,7 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
 
     @pl.when(wg < WGS)
     def _():
-        hk.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
+        hm.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
         ops = FusedOps(cfg.interpret)
         rows = pl.ds(i * (WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
         own = hbk.load_keys(cfg, ops, b, kvh, wg, rows, (k_ref, v_ref, kp_ref, ks_ref),
@@ -190,11 +190,11 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
 
 
 def _launch(body, out_type, scratch, *, grid, interpret: bool):
-    """Like ``hk.launch`` but through ``pl.kernel``, which accepts Ref arguments (aliased in and
+    """Like ``hm.launch`` but through ``pl.kernel``, which accepts Ref arguments (aliased in and
     out); ``plgpu.kernel`` does not in this jax."""
     params = None
     if interpret:
-        params = hk.interpret_params()
+        params = hm.interpret_params()
         if params is None:
             raise NotImplementedError("this jax has no Mosaic GPU interpret mode")
     mesh = plgpu.Mesh(grid=grid, grid_names=("h", "i", "b"), num_threads=WGS + 1, thread_name="wg")
@@ -266,7 +266,7 @@ def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k
     cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
                         causal=causal, segments=segments, groups=H // k.shape[2],
                         n_cta=k.shape[1] // CTA,
-                        qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret,
+                        qk_scale=softmax_scale * hm.LOG2E, scale=softmax_scale, interpret=interpret,
                         window=window, **hb.features(softcap, prefix, bidirectional))
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window, prefix=prefix,
                               bidirectional=bidirectional)

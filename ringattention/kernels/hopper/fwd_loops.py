@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-if TYPE_CHECKING:
-    from ringattention.kernels.hopper.fwd_kernel import FwdConfig, Ops
+from ringattention.kernels.hopper.mosaic import FwdConfig, Ops
 
 
 def capped(cfg: FwdConfig, s):

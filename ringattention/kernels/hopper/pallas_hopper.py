@@ -58,6 +58,7 @@ from ringattention import masks
 from ringattention.kernels.hopper import backward as hb
 from ringattention.kernels.hopper import cta_dq_bwd as hcb
 from ringattention.kernels.hopper import fwd_kernel as hk
+from ringattention.kernels.hopper import mosaic as hm
 from ringattention.kernels.hopper import split_bwd as hsb
 from ringattention.kernels.triton import pallas_gpu as pg
 
@@ -67,7 +68,7 @@ BLOCK_Q = ROWS  # query rows per compute warpgroup: one wgmma tile (a CTA holds 
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 BACKWARDS = ("triton", "mosaic", "fused")  # BlockSizes.backward: the Triton step's kernels, or our own
-REGISTERS = hk.REGISTER_CHOICES  # BlockSizes.registers: per compute-warpgroup thread
+REGISTERS = hm.REGISTER_CHOICES  # BlockSizes.registers: per compute-warpgroup thread
 # BlockSizes.schedule of the forward's two compute warpgroups: "pingpong" (they alternate on the
 # tensor cores) or "overlap" (each overlaps block j's softmax with block j-1's P.V, FA3's
 # intra-warpgroup pipelining); docs/kernels.md gives the A/B behind each default.
@@ -245,7 +246,7 @@ def available(mesh=None) -> bool:
     return any(name in kind for name in ("H100", "H200", "H800", "H20", "GH200"))
 
 
-interpret_params = hk.interpret_params
+interpret_params = hm.interpret_params
 
 
 def _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale, own_v_dim: bool = False):
@@ -263,12 +264,12 @@ class Geometry(pg._Geometry):
 
     @property
     def cta_rows(self) -> int:
-        return hk.COMPUTE_WGS * self.bq
+        return hm.COMPUTE_WGS * self.bq
 
 
 def geometry(sq: int, sk: int, d: int, bs: BlockSizes, dv: int | None = None) -> Geometry:
     """Padded sizes; ``dv``: v's own head dim (None: ``d``), padded to a multiple of 64 apart."""
-    rows = hk.COMPUTE_WGS * BLOCK_Q
+    rows = hm.COMPUTE_WGS * BLOCK_Q
     bk = min(bs.block_k, -(-sk // 64) * 64)  # short shards: one block of the padded length
     dv_pad = 0 if dv is None or dv == d else _pad64(dv)
     return Geometry(sq, sk, d, BLOCK_Q, bk, -(-sq // rows) * rows, -(-sk // bk) * bk, _pad64(d),
@@ -328,31 +329,31 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_s
 def _fwd_call(geo: Geometry, bs: BlockSizes, lo, mid, hi, q, k, v, *extra, causal: bool,
               segments: bool, scale: float, interpret: bool, window: int | None = None,
               **features):
-    """``features``: ``hk.FwdConfig``'s softcap, prefix, bidirectional (off where not given)."""
+    """``features``: ``hm.FwdConfig``'s softcap, prefix, bidirectional (off where not given)."""
     B, Sq, H, D = q.shape  # padded
     K, Dv = k.shape[2], v.shape[3]  # v [B, Sk, K, Dv]
     nq = Sq // geo.cta_rows
-    cfg = hk.FwdConfig(bq=geo.bq, bk=geo.bk, stages=bs.stages, causal=causal, segments=segments,
-                       groups=H // K, nq=nq, qk_scale=scale * hk.LOG2E, pingpong=bs.schedule == "pingpong",
+    cfg = hm.FwdConfig(bq=geo.bq, bk=geo.bk, stages=bs.stages, causal=causal, segments=segments,
+                       groups=H // K, nq=nq, qk_scale=scale * hm.LOG2E, pingpong=bs.schedule == "pingpong",
                        interpret=interpret, registers=bs.registers, window=window,
                        overlap=bs.schedule == "overlap", **features)
-    smem = (hk.COMPUTE_WGS * geo.bq * D + bs.stages * geo.bk * (D + Dv)) * q.dtype.itemsize
-    smem += 4 * (hk.COMPUTE_WGS * geo.bq + bs.stages * geo.bk) * (cfg.positions + segments)
+    smem = (hm.COMPUTE_WGS * geo.bq * D + bs.stages * geo.bk * (D + Dv)) * q.dtype.itemsize
+    smem += 4 * (hm.COMPUTE_WGS * geo.bq + bs.stages * geo.bk) * (cfg.positions + segments)
     if smem > SMEM_LIMIT - 1024:
         dims = f"head dim {D}" + (f", v head dim {Dv}" if Dv != D else "")
         raise ValueError(f"pallas_hopper: block_k={geo.bk}, stages={bs.stages} at {dims} need "
                          f"{smem} bytes of shared memory (limit {SMEM_LIMIT}); use fewer/smaller")
     out_type = (jax.ShapeDtypeStruct((B, Sq, H, Dv), F32), jax.ShapeDtypeStruct((B, H, Sq), F32))
-    kernel = hk.launch(functools.partial(hk.fwd_kernel, cfg=cfg), out_type,
+    kernel = hm.launch(functools.partial(hk.fwd_kernel, cfg=cfg), out_type,
                        _scratch(cfg, D, q.dtype, Dv), grid=(H, nq, B), interpret=interpret)
     return kernel(lo, mid, hi, q, k, v, *extra)
 
 
-def _scratch(cfg: hk.FwdConfig, d: int, dtype, dv: int | None = None):
+def _scratch(cfg: hm.FwdConfig, d: int, dtype, dv: int | None = None):
     """SMEM buffers and barriers, in the order ``hk._compute`` / ``hk._produce`` take them
     (``dv``: v's head dim where it has its own)."""
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    wgs, s = hk.COMPUTE_WGS, cfg.stages
+    wgs, s = hm.COMPUTE_WGS, cfg.stages
     ivec = lambda n, length, on: plgpu.SMEM((n, length), jnp.int32) if on else None  # noqa: E731
     q_copies = 1 + cfg.positions + cfg.segments
     return [

@@ -65,11 +65,11 @@ from ringattention import masks
 from ringattention.kernels.hopper import backward as hb
 from ringattention.kernels.hopper import bwd_kernels as hbk
 from ringattention.kernels.hopper import fused_bwd as hfb
-from ringattention.kernels.hopper import fwd_kernel as hk
+from ringattention.kernels.hopper import mosaic as hm
 from ringattention.kernels.triton import pallas_gpu as pg
 
 F32 = jnp.float32
-WGS = hk.COMPUTE_WGS
+WGS = hm.COMPUTE_WGS
 ROWS = 64  # keys per CTA (shared by the warpgroups) and queries per streamed block
 HALF = ROWS // WGS  # streamed queries per warpgroup in s^T, dp^T
 D = 256  # padded head dim of this kernel (the largest: ``padded_dims``)
@@ -89,7 +89,7 @@ def _halves(wg, d: int, dv: int):
     return dw, dw if dv == d else pl.ds(wg * (dv // WGS), dv // WGS)
 
 
-def _probs(cfg: hbk.BwdConfig, ops: hk.Ops, w, slot, own, smem, masked: bool):
+def _probs(cfg: hbk.BwdConfig, ops: hm.Ops, w, slot, own, smem, masked: bool):
     """Warpgroup w's half of one pair: p^T, ds^T float32 [64 keys, 32 queries] (0 where hidden;
     with a soft cap p^T 16-bit, as ``hbk.kv_probs``). own: ``hbk.load_keys``' triple."""
     k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s = smem
@@ -105,8 +105,8 @@ def _probs(cfg: hbk.BwdConfig, ops: hk.Ops, w, slot, own, smem, masked: bool):
             p_t = jnp.where(vis, p_t, 0.0)
         return p_t if t is None else (p_t.astype(k_s.dtype), hbk.capped(p_t, t))
 
-    p_t, dp_t = ops.pair((hk.Smem(k_s), hk.Smem(q_s.at[slot, cols], transposed=True)),
-                         (hk.Smem(v_s), hk.Smem(do_s.at[slot, cols], transposed=True)),
+    p_t, dp_t = ops.pair((hm.Smem(k_s), hm.Smem(q_s.at[slot, cols], transposed=True)),
+                         (hm.Smem(v_s), hm.Smem(do_s.at[slot, cols], transposed=True)),
                          (ROWS, HALF), probs)
     p_t, g_t = (p_t, p_t) if cfg.softcap is None else p_t
     ds_t = g_t * (dp_t - lax.broadcast_in_dim(ops.cols(half(dl_s)), dp_t.shape, [1]))
@@ -134,7 +134,7 @@ def split_kernel(*refs, cfg: hbk.BwdConfig):
 
     @pl.when(wg < WGS)
     def _():
-        hk.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
+        hm.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
         ops = hfb.FusedOps(cfg.interpret)
         keys = pl.ds(i * ROWS, ROWS)
         own = _load_own_keys(cfg, ops, b, kvh, wg, keys, (k_ref, v_ref, kp_ref, ks_ref),
@@ -156,8 +156,8 @@ def split_kernel(*refs, cfg: hbk.BwdConfig):
             plgpu.barrier_arrive(pds_ready)
             plgpu.barrier_wait(pds_ready)  # both halves of p^T, ds^T written
             dk, dv = carry
-            dv, dk = ops.mma((dv, hk.Smem(pt_s), hk.Smem(do_s.at[slot, :, dwv])),
-                             (dk, hk.Smem(dst_s), hk.Smem(q_s.at[slot, :, dw])))
+            dv, dk = ops.mma((dv, hm.Smem(pt_s), hm.Smem(do_s.at[slot, :, dwv])),
+                             (dk, hm.Smem(dst_s), hm.Smem(q_s.at[slot, :, dw])))
             plgpu.barrier_arrive(free.at[slot])
             plgpu.barrier_arrive(pds_free)
             return dk, dv
@@ -190,8 +190,8 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
 
     @pl.when(wg < WGS)
     def _():
-        hk.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
-        ops = hk.Ops(cfg.interpret)
+        hm.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
+        ops = hm.Ops(cfg.interpret)
         rows = pl.ds(i * ROWS, ROWS)
         lse, delta, own_pos, own_seg = _load_own_queries(
             cfg, ops, wg, (q_ref.at[b, rows, h], do_ref.at[b, rows, h], lse_ref.at[b, h, rows],
@@ -217,15 +217,15 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
                     p = jnp.where(vis, p, 0.0)
                 return hbk.capped(p, th)
 
-            p, dp = ops.pair((hk.Smem(q_s), hk.Smem(k_s.at[slot, half], transposed=True)),
-                             (hk.Smem(do_s), hk.Smem(v_s.at[slot, half], transposed=True)),
+            p, dp = ops.pair((hm.Smem(q_s), hm.Smem(k_s.at[slot, half], transposed=True)),
+                             (hm.Smem(do_s), hm.Smem(v_s.at[slot, half], transposed=True)),
                              (ROWS, HALF), probs)
             ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))  # [64, 32]
             pl.when(t > 0)(lambda: plgpu.barrier_wait(ds_free))  # both read the last ds
             hfb.FusedOps(cfg.interpret).stage(ds_s.at[:, half], ds.astype(ds_s.dtype))
             plgpu.barrier_arrive(ds_ready)
             plgpu.barrier_wait(ds_ready)  # both halves of ds written
-            (dq,) = ops.mma((dq, hk.Smem(ds_s), hk.Smem(k_s.at[slot, :, dw])))
+            (dq,) = ops.mma((dq, hm.Smem(ds_s), hm.Smem(k_s.at[slot, :, dw])))
             plgpu.barrier_arrive(free.at[slot])
             plgpu.barrier_arrive(ds_free)
             return dq
@@ -345,13 +345,13 @@ def _run_two(q_bounds, k_bounds, last, q, k, v, do, lse2, delta, *extra, cfg: hb
     sk, K, d_v = k.shape[1], k.shape[2], v.shape[3]
     args = (q, k, v, do, lse2, delta, *extra)
     dq_cfg = dataclasses.replace(cfg, n_cta=sq // ROWS)
-    dq = hk.launch(functools.partial(dq_kernel, cfg=dq_cfg), jax.ShapeDtypeStruct((B, H, sq, d), F32),
+    dq = hm.launch(functools.partial(dq_kernel, cfg=dq_cfg), jax.ShapeDtypeStruct((B, H, sq, d), F32),
                    _dq_scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments, d, d_v),
                    grid=(H, sq // ROWS, B), interpret=cfg.interpret)(*q_bounds[:3], *args,
                                                                         *q_bounds[3:], *last)
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     out_v = out if d_v == d else jax.ShapeDtypeStruct((B, K, sk, d_v), F32)
-    dk, dv = hk.launch(functools.partial(split_kernel, cfg=cfg), (out, out_v),
+    dk, dv = hm.launch(functools.partial(split_kernel, cfg=cfg), (out, out_v),
                        _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments, d, d_v),
                        grid=(K, sk // ROWS, B), interpret=cfg.interpret)(*k_bounds[:3], *args,
                                                                         *k_bounds[3:], *last)
@@ -380,13 +380,13 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     geo = pg._Geometry(Sq, Sk, Dh, ROWS, ROWS, up(Sq), up(Sk), d, 0 if d_v == d else d_v)
     q, k, v, q_pos, k_pos, q_seg, k_seg, do = pg._pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg,
                                                             k_seg, do)
-    lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * hk.LOG2E  # [B, H, Sq] log2 units
+    lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * hm.LOG2E  # [B, H, Sq] log2 units
     lse2, delta = (pg._pad_to(x, 2, geo.sq_pad) for x in (lse2, delta))
     segments = q_seg is not None
     extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
     cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
                         causal=causal, segments=segments, groups=H // K, n_cta=geo.sk_pad // ROWS,
-                        qk_scale=softmax_scale * hk.LOG2E, scale=softmax_scale, interpret=interpret,
+                        qk_scale=softmax_scale * hm.LOG2E, scale=softmax_scale, interpret=interpret,
                         window=window, **hb.features(softcap, prefix, bidirectional))
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, ROWS, window, prefix=prefix,
                               bidirectional=bidirectional)
