@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import collections
 import importlib
+import os
+import pathlib
 import re
+import subprocess
+import sys
 import types
 from unittest import mock
 
@@ -26,6 +30,7 @@ import ringattention as ra
 from ringattention import implementations
 
 SPEC = P("dp", "sp")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _ring_fn(mesh, check_vma: bool, **kw):
@@ -83,21 +88,96 @@ def _h200_mesh_device(mesh=None):
 @pytest.mark.parametrize("kind,today", [("NVIDIA A100-SXM4-80GB", "pallas_gpu"),
                                         ("NVIDIA H200", "pallas_hopper")])
 def test_auto_runs_xla_where_the_pallas_kernels_cannot_be_imported(kind, today):
-    """jax deprecates Pallas Triton (0.11). Where the kernel modules fail to import (pallas_gpu is
-    Triton; pallas_hopper imports pallas_gpu's helpers), "auto" passes over them: every NVIDIA GPU
-    then runs the XLA step instead of failing at the first call (docs/kernels.md)."""
+    """Where the kernel modules fail to import (pallas_gpu is Pallas Triton, deprecated since jax
+    0.11; pallas_hopper is Mosaic GPU), "auto" passes over them: every NVIDIA GPU then runs the XLA
+    step instead of failing at the first call (docs/kernels.md)."""
     device = types.SimpleNamespace(platform="gpu", device_kind=kind)
     real = importlib.import_module
 
     def gone(name, *args, **kw):
         if name.rpartition(".")[2].startswith("pallas_"):
-            raise ImportError(f"{name}: no Pallas Triton backend in this jax")
+            raise ImportError(f"{name}: no such Pallas backend in this jax")
         return real(name, *args, **kw)
 
     with mock.patch.object(implementations, "mesh_device", lambda mesh=None: device):
         assert implementations.resolve("auto").name == today
         with mock.patch.object(importlib, "import_module", gone):
             assert implementations.resolve("auto").name == "xla"
+
+
+# A fresh interpreter in which Pallas Triton does not import (as when jax removes it): the Hopper
+# step on a ring of 2 H200s, lowered (tests/test_contract.py::test_hopper_needs_no_pallas_triton).
+_NO_TRITON = """
+import importlib.abc, sys
+BLOCKED = ("jax.experimental.pallas.triton", "jax._src.pallas.triton")
+
+class NoTriton(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name in BLOCKED or name.startswith(tuple(b + "." for b in BLOCKED)):
+            raise ImportError(f"{name}: no Pallas Triton in this jax")
+
+sys.meta_path.insert(0, NoTriton())
+sys.path.insert(0, "tests")
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from ringcheck import _h200_topology
+import ringattention as ra
+from ringattention import implementations
+
+mesh = Mesh(np.array(_h200_topology(2)), ("sp",))
+print("auto:", implementations.resolve("auto", mesh).name)
+print("pallas_gpu available:", implementations.resolve("pallas_gpu").available(mesh))
+ph = implementations.resolve("pallas_hopper").load()
+try:
+    ph.BlockSizes(backward="triton")
+except ValueError as e:
+    print("backward=triton:", type(e).__name__, e)
+
+def lowered(dtype, head_dim, **kw):
+    def local(q, k, v):
+        return ra.ring_attention(q, k, v, "sp", causal=True, layout="zigzag", **kw)
+    ring = jax.shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 3, out_specs=P(None, "sp"))
+    loss = lambda q, k, v: jnp.sum(ring(q, k, v).astype(jnp.float32))
+    sds = lambda h: jax.ShapeDtypeStruct((1, 1024, h, head_dim), dtype,
+                                         sharding=NamedSharding(mesh, P(None, "sp")))
+    text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(sds(4), sds(2), sds(2))
+    text = text.lower().as_text()
+    return text.count("@mosaic_gpu"), text.count("xla.gpu.triton")
+
+for head_dim in (64, 128, 256):
+    print(f"bf16 {head_dim}:", *lowered(jnp.bfloat16, head_dim))
+print("bf16 deterministic:", *lowered(jnp.bfloat16, 128, deterministic=True))
+print("f32:", *lowered(jnp.float32, 64, implementation="pallas_hopper"))
+jax.config.update("jax_default_matmul_precision", "highest")  # as tests/conftest.py
+from ringcheck import Problem, check_ring  # float32 on this CPU host: the XLA step, exact
+pb = Problem(n=2, segments=True, softcap=5.0, prefix=True, bidirectional=True, v_head_dim=24)
+print("f32 errors:", max(check_ring(pb, implementation="pallas_hopper", interpret=True)))
+triton = BLOCKED + ("ringattention.kernels.triton.",)
+print("modules:", sorted(m for m in sys.modules if m.startswith(triton)))
+"""
+
+
+def test_hopper_needs_no_pallas_triton():
+    """Issue 59: on Hopper nothing depends on Pallas Triton. In a process where it cannot be
+    imported, "auto" on H200s still picks pallas_hopper (and passes over pallas_gpu), its bf16
+    forward and gradients lower to Mosaic GPU kernels only (the fused, two-kernel and
+    head-dim-split backwards), float32 runs the XLA step instead of the Triton one (within
+    F32_RTOL of float64, every feature on), and
+    ``BlockSizes(backward="triton")`` is a ValueError saying why; no Triton module was imported."""
+    h200_devices()  # skips where this jax has no CUDA plugin
+    out = subprocess.run([sys.executable, "-c", _NO_TRITON], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    assert got["auto"] == "pallas_hopper" and got["pallas_gpu available"] == "False", got
+    assert got["backward=triton"].startswith("ValueError") and "Pallas Triton" in got[
+        "backward=triton"], got
+    for key in ("bf16 64", "bf16 128", "bf16 256", "bf16 deterministic"):
+        mosaic, triton = map(int, got[key].split())
+        assert mosaic >= 2 and triton == 0, (key, got[key])  # a forward and a backward kernel
+    assert got["f32"] == "0 0", got  # XLA ops only
+    assert float(got["f32 errors"]) <= F32_RTOL, got  # against float64 (ringcheck.check_ring)
+    assert got["modules"] == "[]", got
 
 
 def test_pallas_gpu_lowers_for_cuda_under_check_vma():

@@ -14,6 +14,7 @@ import pytest
 from ringcheck import BF16_RTOL, F32_RTOL, Problem, check_ring, h200_devices, on_device, rel_err
 
 from ringattention import masks, reference_attention
+from ringattention.kernels import common
 from ringattention.kernels.triton import pallas_gpu as pg
 
 # Two blocks per shard of 32: hidden, partial and full block pairs all occur within one step.
@@ -107,7 +108,7 @@ def test_step_with_window_matches_reference(case, window, offset):
 def test_edge_bounds_cover_visible_blocks():
     rng = np.random.default_rng(0)
     table = jnp.asarray(rng.integers(0, 3, (2, 6, 9)), jnp.int32)
-    lo, mid, hi, edge = (np.asarray(x) for x in pg._edge_bounds(table, 2))
+    lo, mid, hi, edge = (np.asarray(x) for x in common.edge_bounds(table, 2))
     table = np.asarray(table)
     j = np.arange(9)
     for b, i in np.ndindex(2, 6):

@@ -6,7 +6,9 @@ with ``ringattention.implementations`` (without importing any kernel):
 * ``tpu/``: ``pallas_tpu``, Pallas Mosaic TPU (FlashAttention-2 style).
 
 Each package's ``__init__.py`` is its entry: it registers the step module and maps its files.
-``reference.py``: the float32 reference steps the GPU kernels are tested against.
+Shared by the two GPU backends: ``common.py`` (padding, sentinels, block bounds, input checks:
+plain ``jax.numpy``, no Pallas backend) and ``reference.py`` (the float32 reference steps the GPU
+kernels are tested against).
 """
 
 # registry order (``implementations.names()``): xla, then these

@@ -10,14 +10,22 @@ Files:
 
 * ``pallas_hopper.py``: the step (``forward_step``, ``backward_step``,
   ``deterministic_block_sizes``; contract in ``ringattention/implementations.py``): ``BlockSizes``,
-  tuned defaults, padding, the forward's launch and which backward runs.
+  tuned defaults, padding, the forward's launch and which backward runs. Float32 inputs and
+  ``BlockSizes(backward="triton")`` run the Triton step (``triton/pallas_gpu.py``), imported only
+  then (float32 falls back to the XLA step where this jax has no Pallas Triton).
+* ``mosaic.py``: what every kernel here shares: the launch of two compute warpgroups and a
+  producer, the register split, wgmma ``Ops`` (plain ``jnp`` in interpret mode), ``FwdConfig``.
 * ``fwd_kernel.py``: the forward kernel body (producer and compute warpgroups, masks).
 * ``fwd_loops.py``: the compute warpgroups' key-block loops (ping-pong, FA3's overlap).
 * ``backward.py``: the two-kernel backward ("mosaic"): padding, bounds, launches.
 * ``bwd_kernels.py``: its dq and dk/dv kernel bodies.
-* ``fused_bwd.py``: the fused backward's launch, sizes and GQA split.
+* ``fused_bwd.py``: the frame of the fused backward (its key-CTA launch, dq buffer, GQA split).
 * ``cta_dq_bwd.py``: the fused backward ("fused"): one kernel over key CTAs, dq by TMA reduce-adds.
 * ``split_bwd.py``: the head-dim-split dq and dk/dv kernels above head dim 128.
+
+Padding, sentinels, block bounds and input checks come from ``kernels/common.py`` (no Pallas
+backend), the float32 reference steps from ``kernels/reference.py``: nothing here imports Pallas
+Triton for 16-bit inputs, so "auto" keeps this step on a jax without it.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from ringattention.implementations import Implementation, register
 
 
 def _available(mesh=None) -> bool:
-    try:  # importing Mosaic GPU (or pallas_gpu's Triton helpers it uses) can fail on some jax
+    try:  # importing Mosaic GPU can fail on some jax (Pallas Triton is not needed)
         step = importlib.import_module("ringattention.kernels.hopper.pallas_hopper")
     except ImportError:
         return False

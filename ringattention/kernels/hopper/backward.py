@@ -1,4 +1,4 @@
-"""Wrapper of the Pallas Mosaic GPU (Hopper) ring-step backward (``hopper_bwd_kernels.py``).
+"""Wrapper of the Pallas Mosaic GPU (Hopper) ring-step backward (``bwd_kernels.py``).
 
 FlashAttention-2/3 backward (Dao 2023; Shah et al. 2024) for one step of Ring Attention (Liu, Zaharia
 & Abbeel 2023): a dq kernel over query CTAs and a dk/dv kernel over key CTAs, both recomputing
@@ -6,7 +6,7 @@ probabilities from the ring's global lse. Padding and block classification are `
 (sentinel segment ids, ``masks.block_table`` -> lo/mid/hi). Selected by
 ``pallas_hopper.BlockSizes(backward="mosaic")``. The optional features of the step contract
 (``implementations.py``: softcap, prefix, bidirectional, v's own head dim) are the kernels'
-(``hopper_bwd_kernels``); here the prefix and bidirectional segments enter the block table, and
+(``bwd_kernels``); here the prefix and bidirectional segments enter the block table, and
 v / do are padded to their own head dim.
 """
 
@@ -19,9 +19,9 @@ import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
+from ringattention.kernels import common
 from ringattention.kernels.hopper import bwd_kernels as hbk
 from ringattention.kernels.hopper import mosaic as hm
-from ringattention.kernels.triton import pallas_gpu as pg
 
 F32 = jnp.float32
 ROWS = 64  # own rows per compute warpgroup; streamed block length of the dk/dv kernel
@@ -33,12 +33,12 @@ def _pad(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg):
     B, Sq, H, D = q.shape
     Sk, Dv = k.shape[1], v.shape[3]
     up = lambda x, m: -(-x // m) * m  # noqa: E731
-    geo = pg._Geometry(Sq, Sk, D, CTA, CTA, up(Sq, CTA), up(Sk, CTA), up(D, 64),
-                       0 if Dv == D else up(Dv, 64))
-    q, k, v, q_pos, k_pos, q_seg, k_seg, do = pg._pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg,
-                                                            k_seg, do)
+    geo = common.Geometry(Sq, Sk, D, CTA, CTA, up(Sq, CTA), up(Sk, CTA), up(D, 64),
+                          0 if Dv == D else up(Dv, 64))
+    q, k, v, q_pos, k_pos, q_seg, k_seg, do = common.pad_inputs(geo, q, k, v, q_pos, k_pos,
+                                                                q_seg, k_seg, do)
     lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * hm.LOG2E  # [B, H, Sq] log2 units
-    lse2, delta = (pg._pad_to(x, 2, geo.sq_pad) for x in (lse2, delta))
+    lse2, delta = (common.pad_to(x, 2, geo.sq_pad) for x in (lse2, delta))
     return q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg
 
 
@@ -97,7 +97,7 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     table = functools.partial(masks.block_table, q_pos, k_pos, q_seg, k_seg, causal,
                               window=window, prefix=prefix, bidirectional=bidirectional)
     # dq: own query CTAs, streamed key blocks of c keys.
-    *bounds, edge = pg.block_bounds(table(CTA, c), B, window)  # [B|1, nq, nk] -> [B, nq] each
+    *bounds, edge = common.block_bounds(table(CTA, c), B, window)  # [B|1, nq, nk] -> [B, nq] each
     dq_cfg = cfg(block=c, n_cta=sq // CTA)
     dq = hm.launch(functools.partial(hbk.dq_kernel, cfg=dq_cfg),
                    jax.ShapeDtypeStruct((B, sq, H, d), F32),

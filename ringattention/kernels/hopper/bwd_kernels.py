@@ -1,7 +1,7 @@
 """Kernel bodies of the Pallas Mosaic GPU (Hopper) ring-step backward: dq and dk/dv.
 
 FlashAttention-2/3 backward (Dao 2023; Shah et al. 2024) with the forward's structure
-(``hopper_kernels.py``): per CTA two compute warpgroups own 64 rows each (query rows for dq, key rows
+(``fwd_kernel.py``): per CTA two compute warpgroups own 64 rows each (query rows for dq, key rows
 for dk/dv) and a producer warpgroup streams the other side's blocks through a ring of shared-memory
 slots with TMA. Probabilities are recomputed from the ring's *global* lse (log2 units, 0 where a row
 sees nothing) and ``delta = rowsum(o * do)``; the same lo/mid/hi bounds as the forward decide which
@@ -15,7 +15,7 @@ fourth bound, ``edge``, puts the blocks at the window's far edge in a masked ran
   per-query-head partial sums:
   ``dv = sum p^T @ do``, ``dk = scale * sum ds^T @ q`` (computed transposed, keys as rows).
   Its producer, key loading and tile (``query_issuer``, ``load_keys``, ``kv_probs``) are shared with
-  the fused backward (``hopper_fused_bwd.py``).
+  the fused backward (``fused_bwd.py``).
 
 Per block pair the two products that read only shared memory (s and dp) are issued together and
 the probabilities computed while the second is in flight; the two register-operand products (dk
@@ -43,6 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ringattention.kernels import common
 from ringattention.kernels.hopper.mosaic import (
     COMPUTE_WGS,
     LOG2E,
@@ -52,7 +53,6 @@ from ringattention.kernels.hopper.mosaic import (
     set_registers,
     window_mask,
 )
-from ringattention.kernels.triton import pallas_gpu as pg
 
 INT_MAX, INT_MIN = 2**31 - 1, -(2**31)  # causal positions seen by / seeing every position
 
@@ -69,7 +69,7 @@ class BwdConfig:
     qk_scale: float  # softmax_scale * log2(e)
     scale: float
     interpret: bool
-    registers: int = 232  # per compute-warpgroup thread (hopper_kernels.REGISTER_CHOICES)
+    registers: int = 232  # per compute-warpgroup thread (mosaic.REGISTER_CHOICES)
     window: int | None = None  # sliding window: |q_pos - k_pos| >= window is hidden
     softcap: float | None = None  # logits C * tanh(scale * q.k / C) (Gemma 2)
     prefix: bool = False  # a bidirectional prefix per batch row (int32 [B], the last input)
@@ -330,8 +330,8 @@ def key_cta_bounds(table, batch: int, window: int | None = None):
     blocks)."""
     reversed_table = jnp.flip(jnp.swapaxes(table, 1, 2), axis=2)
     if window is None:
-        return pg._bounds(reversed_table, batch)
-    return pg._edge_bounds(reversed_table, batch)
+        return common.bounds(reversed_table, batch)
+    return common.edge_bounds(reversed_table, batch)
 
 
 def query_issuer(cfg: BwdConfig, b, kvh, bounds, shift, gmem, smem):

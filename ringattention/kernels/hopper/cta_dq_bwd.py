@@ -2,7 +2,7 @@
 
 The kernel of ``pallas_hopper.BlockSizes(backward="fused")`` (FlashAttention-3 backward, Shah et
 al. 2024, for one step of Ring Attention, Liu, Zaharia & Abbeel 2023; the default at head dims 64
-and 128), in the key-CTA frame of ``hopper_fused_bwd.py``. The two compute warpgroups of a CTA
+and 128), in the key-CTA frame of ``fused_bwd.py``. The two compute warpgroups of a CTA
 (which visit the same query blocks in the same order) share one dq tile per pair rather than each
 reduce-adding its own ``ds_w @ k_w`` ([64 queries, D] float32; that variant, ``dq_tile=
 "warpgroup"``, lost and was deleted: docs/kernels.md), so the reduce-add traffic (what limits the
@@ -29,10 +29,10 @@ layout there (0.3-2% faster than head-major at 128K tokens):
   double-buffered by the pair's parity so that the other one runs on.
 
 Everything else (dk/dv of the own keys, the visiting order, the GQA group loop, the producer, the
-masks and a sliding window's ``edge`` bound) is the key-CTA frame's (``hopper_fused_bwd``), through
-the ``hopper_bwd_kernels`` helpers. dq sums in a run-dependent order (TMA reduce-adds). Interpret
+masks and a sliding window's ``edge`` bound) is the key-CTA frame's (``fused_bwd``), through
+the ``bwd_kernels`` helpers. dq sums in a run-dependent order (TMA reduce-adds). Interpret
 mode: the reduce-add is a read-modify-write
-(``hopper_fused_bwd.FusedOps``), exact because grid points run one after another and the two
+(``fused_bwd.FusedOps``), exact because grid points run one after another and the two
 warpgroups own disjoint columns.
 
 Shared memory at D = 128, bf16 (``smem_bytes``): own k, v 2 x 2 x 16 KB; per stage q, do 2 x 16 KB;
@@ -219,7 +219,7 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
              softmax_scale: float, interpret: bool, window: int | None = None,
              softcap: float | None = None, prefix=None, bidirectional: bool = False):
     """float32 dq [B, Sq, H, D], dk [B, Sk, K, D], dv [B, Sk, K, Dv] (contract in
-    ``implementations.py``; optional features as ``hopper_backward.backward``'s)."""
+    ``implementations.py``; optional features as ``backward.backward``'s)."""
 
     def check(D: int, d: int, dv: int):
         if d not in (64, 128):  # 128: halves of whole 64-column tiles; 64: alternating_kernel

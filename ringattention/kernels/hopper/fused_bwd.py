@@ -2,13 +2,13 @@
 
 The FlashAttention-3 backward (Shah et al. 2024) for one step of Ring Attention (Liu, Zaharia &
 Abbeel 2023), ``pallas_hopper.BlockSizes(backward="fused")`` at head dims <= 128 (the default at 64
-and 128). This module holds what its kernel (``hopper_cta_dq_bwd.py``, where the two compute
+and 128). This module holds what its kernel (``cta_dq_bwd.py``, where the two compute
 warpgroups of a CTA share one dq tile) is built in. Where the "mosaic" backward
-(``hopper_backward.py``) runs a dq kernel and a dk/dv kernel that both recompute the probabilities
+(``backward.py``) runs a dq kernel and a dk/dv kernel that both recompute the probabilities
 (7 tile matmuls per query block x key block pair), the fused one runs only a key-CTA kernel (grid:
 kv head, key CTA, batch; ``key_cta_kernel``): each compute warpgroup keeps dk/dv of its 64 keys in
 float32 registers, loops over the G query heads of the kv group and their visible query blocks (the
-same lo/mid/hi bounds and visiting order as the dk/dv kernel, ``hopper_bwd_kernels.visit``) and dq
+same lo/mid/hi bounds and visiting order as the dk/dv kernel, ``bwd_kernels.visit``) and dq
 contributions ``ds @ k`` (float32) go to global memory by TMA reduce-adds
 (``FusedOps.reduce_add``): 5 tile matmuls per pair. The reduce-adds arrive in a run-dependent
 order, so dq is not bitwise reproducible.
@@ -242,7 +242,7 @@ def use_split_group(split_group: bool | None, q_shape: tuple, k_shape: tuple, d:
 def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs,
                      causal: bool, softmax_scale: float, interpret: bool, window: int | None,
                      softcap: float | None = None, prefix=None, bidirectional: bool = False):
-    """What runs around the fused backward's kernel (``hopper_cta_dq_bwd``): pads, calls
+    """What runs around the fused backward's kernel (``cta_dq_bwd``): pads, calls
     ``check(D, padded D, padded Dv)`` (raises for shapes the kernel cannot take), builds the
     config, the key-CTA bounds and the extra inputs, runs ``run`` (-> dq f32 [B, Sq, H, D], already
     scaled, dk f32 [B, Sk, K, D], dv [B, Sk, K, Dv]) and cuts the padding: float32 dq

@@ -10,9 +10,9 @@ turns on the tensor cores (one's softmax overlaps the other's matmuls). The soft
 maximum of the unscaled logits, so each probability is one FMA and one ``exp2``; the next key
 block is awaited while the current P·V product is in flight. The compute warpgroups' key-block
 loops (and FA3's intra-warpgroup overlap of one block's softmax with the previous block's P·V,
-``FwdConfig.overlap``) are in ``hopper_fwd_loops.py``.
+``FwdConfig.overlap``) are in ``fwd_loops.py``.
 
-Masking is the one of the Triton step (``gpu_kernels.py``): the wrapper derives per-CTA block
+Masking is the one of the Triton step (``triton/kernels.py``): the wrapper derives per-CTA block
 bounds from ``masks.block_table``; blocks in ``[lo, mid)`` are fully visible and run without a mask,
 blocks in ``[mid, hi)`` compare global positions (``k_pos <= q_pos``) and segment ids elementwise,
 all other blocks are never loaded. Key positions / ids travel with their key block through TMA. A
@@ -21,7 +21,7 @@ window's far edge run masked before the fully visible ones (without a window the
 
 Optional features (``implementations.py``), each a static ``FwdConfig`` field, off by default (the
 kernel is then lowered exactly as without it): a soft cap (``softcap``: each logit pays one multiply
-and one ``tanh.approx.f32``, ``hopper_fwd_loops.capped``; the row maximum of the tanh values is the
+and one ``tanh.approx.f32``, ``fwd_loops.capped``; the row maximum of the tanh values is the
 capped one, so the softmax stays one pass), a bidirectional prefix per batch row (``prefix``: one
 scalar per CTA) and bidirectional segments (``bidirectional``): both relax the causal mask, whose
 relaxed form is folded into a per-row limit (``causal_limit``), so partially visible blocks still

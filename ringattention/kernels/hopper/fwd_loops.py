@@ -1,4 +1,4 @@
-"""Key-block loops of a compute warpgroup in the Hopper forward (``hopper_kernels.py``).
+"""Key-block loops of a compute warpgroup in the Hopper forward (``fwd_kernel.py``).
 
 FlashAttention-3 (Shah et al. 2024): the online softmax in the log2 domain, then two schedules of
 the loop over the key blocks ``[lo, hi)``. :func:`loops` runs one block per iteration (QK^T,
@@ -7,7 +7,7 @@ softmax, P·V), the two compute warpgroups optionally taking turns on the tensor
 issued together and block j's softmax runs while P·V is in flight (``BlockSizes.fwd_overlap``;
 the default at head dim 128 without a causal mask). Both walk the ranges of
 :meth:`Warpgroup.ranges`: the window's far edge ``[lo, edge)`` and ``[mid, hi)`` with the
-elementwise mask, the fully visible blocks in between without it (``hopper_kernels``' bounds).
+elementwise mask, the fully visible blocks in between without it (``fwd_kernel``'s bounds).
 Shapes in comments: ``bq`` rows per compute warpgroup, ``bk`` keys per block, ``D`` the padded
 head dim, ``S`` stages.
 """

@@ -5,42 +5,45 @@ of FlashAttention-3 (Shah et al. 2024): warp specialisation (two compute warpgro
 warpgroup), wgmma from swizzled shared memory, a multi-stage TMA pipeline for keys and values, and
 ping-pong scheduling of the two compute warpgroups, or (head dim 128 without a causal mask) the
 overlap of each block's softmax with the previous block's P·V inside a warpgroup. Kernel body:
-``hopper_kernels.py`` and ``hopper_fwd_loops.py``.
+``fwd_kernel.py`` and ``fwd_loops.py`` (the package's files: ``kernels/hopper/__init__.py``).
 
-Masks and padding are shared with the Triton step (``pallas_gpu.py``), not re-implemented: global
-positions (any layout) and segment ids are padded with the same sentinels, blocks are classified by
-``masks.block_table`` and turned into the same lo/mid/hi bounds (hidden blocks are never loaded,
-fully visible ones run without the elementwise mask). GQA reads kv head ``h // G`` in place.
+Masks and padding are those of the Triton step, shared through ``kernels/common.py`` (which needs
+no Pallas backend), not re-implemented: global positions (any layout) and segment ids are padded
+with the same sentinels, blocks are classified by ``masks.block_table`` and turned into the same
+lo/mid/hi bounds (hidden blocks are never loaded, fully visible ones run without the elementwise
+mask). GQA reads kv head ``h // G`` in place. Nothing of 16-bit inputs needs Pallas Triton: this
+module imports the Triton step only for float32 inputs and ``BlockSizes(backward="triton")``.
 
-The forward takes the contract's optional features (soft-capping, a bidirectional prefix,
-bidirectional segments and v's own head dim, e.g. MLA's 192 / 128): the Mosaic GPU kernel for
-16-bit inputs (each feature a static switch: off, the kernel is the one without it), the Triton
-step's for float32. The backward's Mosaic kernels do not take them yet.
+The forward and every Mosaic backward take the contract's optional features (soft-capping, a
+bidirectional prefix, bidirectional segments and v's own head dim, e.g. MLA's 192 / 128) for
+16-bit inputs (each feature a static switch: off, the kernel is the one without it).
 
 What runs where (stated plainly):
 
 * forward, bfloat16/float16: the Mosaic GPU kernel (head dims padded to a multiple of 64, <= 256).
-* forward, float32: delegated to the Triton step (wgmma would compute in tf32).
+* forward, float32: delegated to the Triton step (wgmma would compute in tf32); where this jax has
+  no Pallas Triton backend (deprecated since jax 0.11), to the XLA step (``ringattention.blockwise``).
 * backward, 16-bit, head dims <= 128 (default; ``BlockSizes(backward="fused")``): one
-  FlashAttention-3 style kernel over key CTAs with TMA reduce-adds of dq (``hopper_cta_dq_bwd.py``,
+  FlashAttention-3 style kernel over key CTAs with TMA reduce-adds of dq (``cta_dq_bwd.py``,
   the two compute warpgroups sharing a dq tile); dq sums in a run-dependent order, so it is not
   bitwise deterministic.
-* ``BlockSizes(backward="mosaic")``: Mosaic GPU dq and dk/dv kernels (``hopper_backward.py``,
-  ``hopper_bwd_kernels.py``), deterministic; ``ring_attention(..., deterministic=True)`` picks it
+* ``BlockSizes(backward="mosaic")``: Mosaic GPU dq and dk/dv kernels (``backward.py``,
+  ``bwd_kernels.py``), deterministic; ``ring_attention(..., deterministic=True)`` picks it
   through :func:`deterministic_block_sizes`.
 * backward, 16-bit, head dims 129-256 (default; ``BlockSizes(backward="mosaic")``, the only Mosaic
   backward there: "fused" is a ValueError): the dq and dk/dv kernels with the head dim split across
-  the two compute warpgroups (``hopper_split_bwd.py``; FA3's head-dim-256 scheme, 64 rows per CTA,
+  the two compute warpgroups (``split_bwd.py``; FA3's head-dim-256 scheme, 64 rows per CTA,
   no atomics).
   Every Mosaic backward is checked on an H200 against the float32 step reference
   (docs/kernels.md).
 * backward, float32, or ``BlockSizes(backward="triton")``: the Triton step
   ``pallas_gpu.backward_step`` (it needs only the global lse and delta, so it composes with this
-  forward unchanged; deterministic at every head dim).
+  forward unchanged; deterministic at every head dim); float32 without Pallas Triton: the XLA
+  step's, and ``backward="triton"`` is then a ValueError.
 
 ``interpret=True`` runs the Mosaic GPU kernels in Mosaic GPU's interpret mode on CPU (the same
 kernels, barriers and TMA pipelines; wgmma and register layouts replaced by plain ``jnp``, see
-``hopper_kernels.Ops``) and the Triton ones in the Triton interpreter. That interpreter simulates
+``mosaic.Ops``) and the Triton ones in the Triton interpreter. That interpreter simulates
 one GPU: interpret-mode rings over several devices are not supported (use ``pallas_gpu`` there).
 Contract: ``ringattention/implementations.py``.
 """
@@ -49,18 +52,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ringattention import masks
+from ringattention import blockwise, implementations, masks
+from ringattention.kernels import common, reference
 from ringattention.kernels.hopper import backward as hb
 from ringattention.kernels.hopper import cta_dq_bwd as hcb
 from ringattention.kernels.hopper import fwd_kernel as hk
 from ringattention.kernels.hopper import mosaic as hm
 from ringattention.kernels.hopper import split_bwd as hsb
-from ringattention.kernels.triton import pallas_gpu as pg
+
+if TYPE_CHECKING:  # imported where used (_triton_step): nothing here needs Pallas Triton
+    from ringattention.kernels.triton import pallas_gpu
 
 F32 = jnp.float32
 ROWS = 64  # wgmma's M per warpgroup
@@ -83,12 +90,12 @@ class BlockSizes:
     rows); ``stages``: shared-memory slots for keys/values; ``schedule``: "pingpong" (the compute
     warpgroups alternate on the tensor cores) or "overlap" (the forward overlaps block j's softmax
     with block j-1's P·V inside each warpgroup, FlashAttention-3's intra-warpgroup pipelining,
-    ``hopper_fwd_loops.overlap_loops``; the head-dim-128 default without a causal mask).
-    ``backward``: "mosaic" (``hopper_bwd_kernels``: a dq and a dk/dv
+    ``fwd_loops.overlap_loops``; the head-dim-128 default without a causal mask).
+    ``backward``: "mosaic" (``bwd_kernels``: a dq and a dk/dv
     kernel, 64-row tiles, ``bwd_stages`` slots, the dq kernel streaming ``bwd_block_k`` keys per
-    block; deterministic; above 128 ``hopper_split_bwd``'s
+    block; deterministic; above 128 ``split_bwd``'s
     deterministic dq and dk/dv kernels, which split the head dim: the default for head dim 256),
-    "fused" (head dims <= 128: one kernel, ``hopper_cta_dq_bwd``, whose two compute warpgroups
+    "fused" (head dims <= 128: one kernel, ``cta_dq_bwd``, whose two compute warpgroups
     reduce-add dq into a float32 buffer in a run-dependent order, sharing one dq tile, each adding
     half its columns, or at head dims <= 64 taking turns; the default for head dims 64 and 128;
     above 128 a ValueError: "mosaic" is the backward there) or "triton" (``pallas_gpu``'s kernels,
@@ -100,8 +107,8 @@ class BlockSizes:
     the group afterwards), so that the CTAs running side by side reduce-add into one query head's
     dq instead of the whole group's (on an H200 the group's float32 dq outgrows the L2 at long
     lengths: docs/kernels.md); it costs k, v per query head (16-bit) and dk, dv per query head
-    (float32) of memory (``hopper_fused_bwd.split_group_extra_bytes``). None (the default) decides
-    per call from the shapes (``hopper_fused_bwd.use_split_group``: split where the group's dq is
+    (float32) of memory (``fused_bwd.split_group_extra_bytes``). None (the default) decides
+    per call from the shapes (``fused_bwd.use_split_group``: split where the group's dq is
     >= 32 MiB per batch row, not causal at head dim 128, at most 8 GiB extra); False never splits.
     Defaults: :func:`default_block_sizes`.
     """
@@ -113,7 +120,7 @@ class BlockSizes:
     bwd_stages: int = 2
     bwd_block_k: int = 64
     registers: int = 232
-    triton: pg.BlockSizes | None = None
+    triton: pallas_gpu.BlockSizes | None = None
     split_group: bool | None = None
 
     def __post_init__(self):
@@ -132,7 +139,11 @@ class BlockSizes:
             raise ValueError(f"BlockSizes.schedule={self.schedule!r} must be one of {SCHEDULES}")
         if self.split_group is not None and not isinstance(self.split_group, bool):
             raise TypeError(f"BlockSizes.split_group={self.split_group!r} must be a bool or None")
-        if self.triton is not None and not isinstance(self.triton, pg.BlockSizes):
+        if self.backward == "triton" and _triton_step() is None:
+            raise ValueError("BlockSizes.backward='triton' runs pallas_gpu's Triton kernels, but this "
+                             "jax has no Pallas Triton backend (jax.experimental.pallas.triton does "
+                             "not import); use backward='mosaic' or 'fused'")
+        if self.triton is not None and not isinstance(self.triton, _triton_step().BlockSizes):
             raise TypeError(f"BlockSizes.triton={self.triton!r} must be a pallas_gpu.BlockSizes")
 
 
@@ -146,7 +157,7 @@ _DEFAULTS = {  # H200, docs/kernels.md
     # D=128: the fused backward with one dq tile per CTA and 240 registers per compute thread
     # (64K fwd+bwd 0.95-0.99x cuDNN against 0.91-0.94x for one dq tile per warpgroup, 2026-12-01).
     128: BlockSizes(block_k=128, stages=2, backward="fused", registers=240),
-    # D=256: the deterministic head-dim-split pair (hopper_split_bwd, no atomics): 64K fwd+bwd
+    # D=256: the deterministic head-dim-split pair (split_bwd, no atomics): 64K fwd+bwd
     # 0.92-0.93x cuDNN; a fused split kernel adding dq by per-element float32 atomics ran
     # 0.37-0.43x (deleted: docs/kernels.md).
     256: BlockSizes(block_k=64, stages=2, backward="mosaic", registers=240),
@@ -212,13 +223,13 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
     128-key dq blocks).
 
     The fused backward's dq arrives by TMA reduce-adds from every key CTA, in the order the CTAs
-    happen to run. The "mosaic" backward (``hopper_bwd_kernels``) has no cross-CTA sum: in the dq
+    happen to run. The "mosaic" backward (``bwd_kernels``) has no cross-CTA sum: in the dq
     kernel each warpgroup owns 64 query rows, adds ``ds @ k`` over the key blocks in loop order
     (``lo`` .. ``hi``) in registers and writes its rows once; in the dk/dv kernel each warpgroup owns
     64 keys and adds over the group's query heads and the query blocks in an order fixed by the
     CTA's index (``visit``), then writes once. The forward is ordered the same way (each CTA owns
     its query rows), and so are the Triton backward (float32) and, above head dim 128, the "mosaic"
-    pair of ``hopper_split_bwd``.
+    pair of ``split_bwd``.
     """
     if block_sizes is None:
         bs = default_block_sizes(head_dim, causal)
@@ -238,19 +249,37 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
 def available(mesh=None) -> bool:
     """True where the mesh being traced (``implementations.mesh_device``) is an NVIDIA Hopper GPU
     (H100, H200, H800, GH200: compute capability 9.x)."""
-    from ringattention.implementations import mesh_device, platform  # noqa: PLC0415
-
-    if platform(mesh) != "gpu":
+    if implementations.platform(mesh) != "gpu":
         return False
-    kind = str(mesh_device(mesh).device_kind).upper()
+    kind = str(implementations.mesh_device(mesh).device_kind).upper()
     return any(name in kind for name in ("H100", "H200", "H800", "H20", "GH200"))
 
 
 interpret_params = hm.interpret_params
 
 
+def _triton_step():
+    """The Triton step (``kernels/triton/pallas_gpu.py``), imported on first use (float32 inputs,
+    ``BlockSizes(backward="triton")``); None where this jax has no Pallas Triton backend
+    (deprecated since jax 0.11): nothing else of this step needs it."""
+    try:
+        from ringattention.kernels.triton import pallas_gpu
+    except ImportError:
+        return None
+    return pallas_gpu
+
+
+def _triton_or_xla_step():
+    """The step for float32 inputs (wgmma would compute in tf32) and ``backward="triton"``: the
+    Triton step, exact to ~1e-6, or where this jax has no Pallas Triton the XLA step
+    (``ringattention.blockwise``: the same contract and optional features). ``BlockSizes.triton``
+    is then None (it is a ``pallas_gpu.BlockSizes``): the XLA step's defaults; and ``backward`` is
+    not "triton" (``BlockSizes`` refuses it there)."""
+    return _triton_step() or blockwise
+
+
 def _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale, own_v_dim: bool = False):
-    pg._check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=own_v_dim)
+    common.check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=own_v_dim, name="pallas_hopper")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"pallas_hopper: {q.dtype=} {k.dtype=} {v.dtype=} must be equal")
     if not softmax_scale > 0:  # the kernels take row maxima of the unscaled logits
@@ -258,7 +287,7 @@ def _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale, own_v_dim: bool =
 
 
 @dataclasses.dataclass(frozen=True)
-class Geometry(pg._Geometry):
+class Geometry(common.Geometry):
     """The Triton step's padded sizes (same fields), read as CTAs of ``2 * bq`` rows and key blocks
     of ``bk``."""
 
@@ -277,19 +306,16 @@ def geometry(sq: int, sk: int, d: int, bs: BlockSizes, dv: int | None = None) ->
 
 
 def _pad(geo: Geometry, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    """Pads to the CTA/block grid with pallas_gpu's sentinels (padded keys are seen by no query)."""
-    pg_geo = pg._Geometry(geo.sq, geo.sk, geo.d, geo.cta_rows, geo.bk, geo.sq_pad, geo.sk_pad,
+    """Pads to the CTA/block grid with the GPU steps' sentinels (padded keys are seen by no query)."""
+    cta = common.Geometry(geo.sq, geo.sk, geo.d, geo.cta_rows, geo.bk, geo.sq_pad, geo.sk_pad,
                           geo.d_pad, geo.dv_pad)
-    return pg._pad_inputs(pg_geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    return common.pad_inputs(cta, q, k, v, q_pos, k_pos, q_seg, k_seg)
 
 
 def _features(q, q_seg, causal: bool, softcap, prefix, bidirectional: bool):
-    """The optional features' keywords checked as the Triton step checks them (``pg._features``,
-    its ValueErrors naming pallas_hopper): (softcap float | None, prefix int32 [B] | None)."""
-    try:
-        prefix = pg._features(q, q_seg, causal, softcap, prefix, bidirectional)
-    except ValueError as e:
-        raise ValueError(str(e).replace("pallas_gpu:", "pallas_hopper:", 1)) from None
+    """The optional features' keywords checked as the Triton step checks them (``common.features``):
+    (softcap float | None, prefix int32 [B] | None)."""
+    prefix = common.features(q, q_seg, causal, softcap, prefix, bidirectional, name="pallas_hopper")
     return (None if softcap is None else float(softcap)), prefix
 
 
@@ -306,16 +332,16 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_s
     bs = block_sizes or default_block_sizes(D, causal, v_head_dim=Dv)
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
-    if jnp.dtype(q.dtype) not in HALF_DTYPES:  # float32: the Triton kernel, exact to ~1e-6
-        return pg.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, causal=causal,
-                               softmax_scale=softmax_scale, block_sizes=bs.triton,
-                               interpret=interpret, window=window, softcap=softcap, prefix=prefix,
-                               bidirectional=bidirectional)
+    if jnp.dtype(q.dtype) not in HALF_DTYPES:  # float32: the Triton step (or XLA's), not wgmma
+        return _triton_or_xla_step().forward_step(
+            q, k, v, q_pos, k_pos, q_seg, k_seg, causal=causal, softmax_scale=softmax_scale,
+            block_sizes=bs.triton, interpret=interpret, window=window, softcap=softcap,
+            prefix=prefix, bidirectional=bidirectional)
     geo = geometry(Sq, k.shape[1], D, bs, Dv)
     q, k, v, q_pos, k_pos, q_seg, k_seg = _pad(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.cta_rows, geo.bk, window,
                               prefix=prefix, bidirectional=bidirectional)  # [B|1, nq, nk]
-    *bounds, edge = pg.block_bounds(table, B, window)  # 3 x int32 [B, nq]; edge: window only
+    *bounds, edge = common.block_bounds(table, B, window)  # 3 x int32 [B, nq]; edge: window only
     extra = (q_pos, k_pos) if causal or window is not None else ()
     extra += (q_seg, k_seg) if q_seg is not None else ()
     extra += (edge,) if window is not None else ()
@@ -374,7 +400,7 @@ def _scratch(cfg: hm.FwdConfig, d: int, dtype, dv: int | None = None):
 def _check_backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, softmax_scale):
     """``_check`` with v's own head dim (v [B, Sk, K, Dv], do [B, Sq, H, Dv]) and the backward's
     do, lse, delta."""
-    pg._check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True)
+    common.check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True, name="pallas_hopper")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"pallas_hopper: {q.dtype=} {k.dtype=} {v.dtype=} must be equal")
     if not softmax_scale > 0:  # the kernels take row maxima of the unscaled logits
@@ -399,7 +425,7 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     head-dim-split pair there.
     """
     _check_backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, softmax_scale)
-    prefix = pg._features(q, q_seg, causal, softcap, prefix, bidirectional)  # int32 [B] | None
+    _, prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)  # int32 [B] | None
     D, Dv = q.shape[3], v.shape[3]
     head_dim = max(D, Dv)
     bs = block_sizes or default_block_sizes(head_dim, causal)
@@ -420,8 +446,8 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     if bidirectional:
         kw["bidirectional"] = True
     if bs.backward == "triton" or jnp.dtype(q.dtype) not in HALF_DTYPES:
-        return pg.backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
-                                block_sizes=bs.triton, **kw)
+        return _triton_or_xla_step().backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg,
+                                                   k_seg, block_sizes=bs.triton, **kw)
     if head_dim > 128:  # "mosaic": the head-dim-split dq and dk/dv kernels, no atomics
         mosaic = hsb.backward
     else:
@@ -429,5 +455,5 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     return mosaic(q, k, v, do.astype(q.dtype), lse, delta, q_pos, k_pos, q_seg, k_seg, bs=bs, **kw)
 
 
-reference_forward_step = pg.reference_forward_step
-reference_backward_step = pg.reference_backward_step
+reference_forward_step = reference.reference_forward_step
+reference_backward_step = reference.reference_backward_step

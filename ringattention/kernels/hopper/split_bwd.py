@@ -2,7 +2,7 @@
 
 The FlashAttention-3 backward (Shah et al. 2024; its head-dim-256 configuration) for one step of
 Ring Attention (Liu, Zaharia & Abbeel 2023), for head dims that pad to more than 128
-(``hopper_cta_dq_bwd.py`` does not fit there: each warpgroup would hold dk and dv of its 64 keys,
+(``cta_dq_bwd.py`` does not fit there: each warpgroup would hold dk and dv of its 64 keys,
 [64, 256] float32 each, 256 registers per thread): ``pallas_hopper.BlockSizes(backward="mosaic")``,
 the default and the only Mosaic backward there, runs two deterministic kernels.
 
@@ -16,7 +16,7 @@ twice:
 * after a barrier, dv[:, Dw] += p^T do[:, Dw] and dk[:, Dw] += ds^T q[:, Dw] over its 128 head-dim
   columns Dw = [128w, 128w + 128).
 
-The query blocks are visited in the order of the key-CTA kernels (``hopper_bwd_kernels.visit``:
+The query blocks are visited in the order of the key-CTA kernels (``bwd_kernels.visit``:
 reversed, rotated by the CTA index) and the GQA group loop is theirs (``group_loop``).
 ``dq_kernel``'s CTAs own 64 query rows shared by the two warpgroups the same way (s and dp split by
 keys, ds through shared memory, dq[:, Dw] kept in registers and written once): 7 tile products per
@@ -25,11 +25,11 @@ pair, no atomics, every output element written by one warpgroup after a loop in 
 tile products per pair, ran 2.2x slower on an H200 and was deleted: docs/kernels.md, "Tried and
 lost".)
 
-Masks as in ``hopper_bwd_kernels``: blocks outside the causal mask, the segments or a sliding window
+Masks as in ``bwd_kernels``: blocks outside the causal mask, the segments or a sliding window
 are never loaded; with a window (``window=W``) both kernels take the ``edge`` bound as their last
 input and run the blocks at the window's far edge masked before the fully visible ones, and
 positions are loaded whenever a window is set. Without a window the kernels are unchanged. The
-optional features (softcap, prefix, bidirectional) are ``hopper_bwd_kernels``' (``BwdConfig``).
+optional features (softcap, prefix, bidirectional) are ``bwd_kernels``' (``BwdConfig``).
 
 v's own head dim (MLA: 192 for q/k, 128 for v): q, k and v, do are padded separately, each to a
 multiple of 64 (``padded_dims``: 192 stays 192, where padding it to 256 would add a third to the
@@ -62,11 +62,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
+from ringattention.kernels import common
 from ringattention.kernels.hopper import backward as hb
 from ringattention.kernels.hopper import bwd_kernels as hbk
 from ringattention.kernels.hopper import fused_bwd as hfb
 from ringattention.kernels.hopper import mosaic as hm
-from ringattention.kernels.triton import pallas_gpu as pg
 
 F32 = jnp.float32
 WGS = hm.COMPUTE_WGS
@@ -363,11 +363,11 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
              softcap: float | None = None, prefix=None, bidirectional: bool = False):
     """float32 dq [B, Sq, H, Dh], dk [B, Sk, K, Dh], dv [B, Sk, K, Dv] where the larger head dim is
     129-256 (``padded_dims``; contract in ``implementations.py``, optional features as
-    ``hopper_backward.backward``'s): ``dq_kernel`` and ``split_kernel``."""
+    ``backward.backward``'s): ``dq_kernel`` and ``split_kernel``."""
     B, Sq, H, Dh = q.shape
     Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     if not (128 < max(Dh, Dv) <= D and min(Dh, Dv) >= 1):
-        raise ValueError(f"hopper_split_bwd: head dims {Dh}, {Dv} ({q.shape=} {v.shape=}): the "
+        raise ValueError(f"split_bwd: head dims {Dh}, {Dv} ({q.shape=} {v.shape=}): the "
                          f"larger must be in (128, {D}]")
     d, d_v = padded_dims(Dh, Dv)
     positions = causal or window is not None
@@ -377,11 +377,11 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
                          f"{d_v}) with bwd_stages={bs.bwd_stages} need {smem} bytes of shared memory "
                          f"(limit {hb.SMEM_LIMIT}); use bwd_stages=2 or backward='triton'")
     up = lambda x: -(-x // ROWS) * ROWS  # noqa: E731
-    geo = pg._Geometry(Sq, Sk, Dh, ROWS, ROWS, up(Sq), up(Sk), d, 0 if d_v == d else d_v)
-    q, k, v, q_pos, k_pos, q_seg, k_seg, do = pg._pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg,
-                                                            k_seg, do)
+    geo = common.Geometry(Sq, Sk, Dh, ROWS, ROWS, up(Sq), up(Sk), d, 0 if d_v == d else d_v)
+    q, k, v, q_pos, k_pos, q_seg, k_seg, do = common.pad_inputs(geo, q, k, v, q_pos, k_pos,
+                                                                q_seg, k_seg, do)
     lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * hm.LOG2E  # [B, H, Sq] log2 units
-    lse2, delta = (pg._pad_to(x, 2, geo.sq_pad) for x in (lse2, delta))
+    lse2, delta = (common.pad_to(x, 2, geo.sq_pad) for x in (lse2, delta))
     segments = q_seg is not None
     extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
     cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
@@ -391,7 +391,7 @@ def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal:
     table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, ROWS, window, prefix=prefix,
                               bidirectional=bidirectional)
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
-    q_bounds = pg._bounds(table, B) if window is None else pg._edge_bounds(table, B)  # key blocks
+    q_bounds = common.bounds(table, B) if window is None else common.edge_bounds(table, B)  # key blocks
     last = () if prefix is None else (hb.keep_above_min(prefix),)
     dq, dk, dv = _run_two(q_bounds, bounds, last, q, k, v, do, lse2, delta, *extra, cfg=cfg)
     cut = lambda x, n, w: jnp.swapaxes(x, 1, 2)[:, :n, :, :w]  # noqa: E731

@@ -10,7 +10,7 @@ The features of the step contract (``implementations.py``, "Optional features"),
 * ``v_head_dim``: v, o, do and dv have their own head dim (a second ``HeadView``).
 
 The elementwise mask :func:`visible` agrees with ``masks.visible``; the block kinds come from
-``masks.block_table`` with the same arguments (``tpu_blocks.tables``).
+``masks.block_table`` with the same arguments (``blocks.tables``).
 """
 
 from __future__ import annotations

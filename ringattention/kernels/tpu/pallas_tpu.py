@@ -8,7 +8,7 @@ one kv head's float32 dk/dv without repeating k/v. Causal, sliding-window and se
 global positions and ids (any layout); per-block SKIP/PARTIAL/FULL kinds (``masks.block_table``) and
 the block to hold at each grid step reach the kernels by scalar prefetch, so SKIP blocks are neither
 computed nor copied to VMEM and FULL blocks skip the elementwise mask. The optional features (soft
-cap, bidirectional prefix per row, bidirectional segments, v head dim) are in ``tpu_features.py``.
+cap, bidirectional prefix per row, bidirectional segments, v head dim) are in ``features.py``.
 Contract: ``ringattention/implementations.py``.
 """
 

@@ -16,8 +16,9 @@ are not a multiple of the block are padded with keys that no query sees (sentine
 the padding is cut off again; head dims are padded to a power of two >= 16 (q/k's and v's
 separately where v has its own). Contract: ``ringattention/implementations.py``, with its optional
 features softcap, prefix, bidirectional and v_head_dim (each off by default: the kernels are then
-lowered as without them). Kernel bodies: ``gpu_kernels.py``; the float32 reference steps they are
-tested against: ``gpu_reference.py``.
+lowered as without them). Kernel bodies: ``kernels.py``; padding, sentinels, bounds and checks,
+shared with the Hopper step and free of Triton: ``ringattention/kernels/common.py``; the float32
+reference steps the kernels are tested against: ``ringattention/kernels/reference.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from ringattention import masks
 from ringattention._vma import struct
-from ringattention.kernels.reference import (  # noqa: F401  (the tests' and Hopper's name)
+from ringattention.kernels import common
+from ringattention.kernels.reference import (  # noqa: F401  (the tests' name)
     reference_backward_step,
     reference_forward_step,
 )
@@ -41,8 +43,6 @@ from ringattention.kernels.triton import kernels as kern
 F32 = jnp.float32
 SQ = pl.squeezed
 MIN_BLOCK = 16  # Triton's smallest matmul tile
-Q_PAD_SEG = -(2**31)  # segment ids of padded queries / keys: never equal to each other
-K_PAD_SEG = -(2**31) + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,119 +112,16 @@ def _block(length: int, request: int) -> int:
     return b
 
 
-def _pad_to(x, axis: int, size: int, value=0):
-    if x is None or x.shape[axis] == size:
-        return x
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, pad, constant_values=value)
-
-
-def _pad_pos(pos, size: int):
-    # Padded entries repeat the last position so positions stay non-decreasing.
-    if pos.shape[0] == size:
-        return pos
-    return jnp.concatenate([pos, jnp.broadcast_to(pos[-1], (size - pos.shape[0],))])
-
-
-@dataclasses.dataclass(frozen=True)
-class _Geometry:
-    sq: int  # unpadded shard lengths and head dim
-    sk: int
-    d: int
-    bq: int
-    bk: int
-    sq_pad: int
-    sk_pad: int
-    d_pad: int
-    dv_pad: int = 0  # v's padded head dim where it has its own; 0: d_pad
-
-    @property
-    def v_pad(self) -> int:
-        return self.dv_pad or self.d_pad
-
-
-def _geometry(q, k, bq_req: int, bk_req: int, v=None) -> _Geometry:
+def _geometry(q, k, bq_req: int, bk_req: int, v=None) -> common.Geometry:
     sq, sk, d = q.shape[1], k.shape[1], q.shape[3]
     bq, bk = _block(sq, bq_req), _block(sk, bk_req)
     dv = d if v is None else v.shape[3]
-    return _Geometry(sq, sk, d, bq, bk, -(-sq // bq) * bq, -(-sk // bk) * bk,
+    return common.Geometry(sq, sk, d, bq, bk, -(-sq // bq) * bq, -(-sk // bk) * bk,
                      max(MIN_BLOCK, _next_pow2(d)), 0 if dv == d else max(MIN_BLOCK, _next_pow2(dv)))
-
-
-def _pad_inputs(geo: _Geometry, q, k, v, q_pos, k_pos, q_seg, k_seg, *extra_q):
-    """Pads to the block grid; padded keys get segment ids no query has. ``extra_q``: per-query
-    arrays with v's head dim (do)."""
-    if (geo.sq_pad, geo.sk_pad) != (geo.sq, geo.sk) and q_seg is None:
-        q_seg = jnp.zeros(q.shape[:2], jnp.int32)
-        k_seg = jnp.zeros(k.shape[:2], jnp.int32)
-    pd = lambda x, s, d=geo.d_pad: _pad_to(_pad_to(x, 3, d), 1, s)  # noqa: E731
-    q, k, v = pd(q, geo.sq_pad), pd(k, geo.sk_pad), pd(v, geo.sk_pad, geo.v_pad)
-    extra_q = tuple(pd(x, geo.sq_pad, geo.v_pad) for x in extra_q)
-    q_pos, k_pos = _pad_pos(q_pos, geo.sq_pad), _pad_pos(k_pos, geo.sk_pad)
-    q_seg = _pad_to(q_seg, 1, geo.sq_pad, Q_PAD_SEG)
-    k_seg = _pad_to(k_seg, 1, geo.sk_pad, K_PAD_SEG)
-    return (q, k, v, q_pos, k_pos, q_seg, k_seg, *extra_q)
-
-
-def _bounds(table, batch: int):
-    """Per row of a SKIP/PARTIAL/FULL table [B|1, n, m]: int32 [B, n] lo, mid, hi with
-    [lo, hi) covering every non-SKIP column and [lo, mid) all FULL."""
-    m = table.shape[-1]
-    idx = jnp.arange(m, dtype=jnp.int32)
-    vis = table != masks.SKIP
-    hi = jnp.max(jnp.where(vis, idx + 1, 0), axis=-1)
-    lo = jnp.minimum(jnp.min(jnp.where(vis, idx, m), axis=-1), hi)
-    not_full = (table != masks.FULL) & (idx >= lo[..., None])
-    mid = jnp.clip(jnp.min(jnp.where(not_full, idx, m), axis=-1), lo, hi)
-    return tuple(jnp.broadcast_to(x, (batch, table.shape[1])).astype(jnp.int32)
-                 for x in (lo, mid, hi))
-
-
-def _edge_bounds(table, batch: int):
-    """Like :func:`_bounds` for rows that may start with partially visible blocks (a window's far
-    edge): int32 [B, n] lo, mid, hi, edge with [lo, edge) partial or hidden, [edge, mid) all FULL,
-    [mid, hi) the rest, and every non-SKIP column in [lo, hi)."""
-    m = table.shape[-1]
-    idx = jnp.arange(m, dtype=jnp.int32)
-    vis = table != masks.SKIP
-    hi = jnp.max(jnp.where(vis, idx + 1, 0), axis=-1)
-    lo = jnp.minimum(jnp.min(jnp.where(vis, idx, m), axis=-1), hi)
-    full = table == masks.FULL
-    edge = jnp.clip(jnp.min(jnp.where(full & (idx >= lo[..., None]), idx, m), axis=-1), lo, hi)
-    mid = jnp.clip(jnp.min(jnp.where(~full & (idx >= edge[..., None]), idx, m), axis=-1), edge, hi)
-    return tuple(jnp.broadcast_to(x, (batch, table.shape[1])).astype(jnp.int32)
-                 for x in (lo, mid, hi, edge))
-
-
-def block_bounds(table, batch: int, window):
-    """(lo, mid, hi, edge): ``_bounds`` and edge None without a window, else :func:`_edge_bounds`."""
-    if window is None:
-        return (*_bounds(table, batch), None)
-    return _edge_bounds(table, batch)
 
 
 def _precision(dtype):
     return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
-
-
-def _check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim: bool = False):
-    """Raises ValueError on shapes outside the contract (``own_v_dim``: v may have its own head
-    dim <= 256)."""
-    B, Sq, H, D = q.shape
-    v_ok = k.shape == v.shape or (own_v_dim and v.ndim == 4 and v.shape[:3] == k.shape[:3]
-                                  and v.shape[3] <= 256)
-    if k.ndim != 4 or not v_ok or k.shape[0] != B or k.shape[3] != D or H % k.shape[2]:
-        raise ValueError(f"pallas_gpu: bad shapes {q.shape=} {k.shape=} {v.shape=}")
-    if q_pos.shape != (Sq,) or k_pos.shape != (k.shape[1],):
-        raise ValueError(f"pallas_gpu: {q_pos.shape=} {k_pos.shape=} must be [{Sq}] and "
-                         f"[{k.shape[1]}]")
-    if (q_seg is None) != (k_seg is None):
-        raise ValueError("pallas_gpu: q_seg and k_seg must both be given or both be None")
-    if q_seg is not None and (q_seg.shape != (B, Sq) or k_seg.shape != (B, k.shape[1])):
-        raise ValueError(f"pallas_gpu: {q_seg.shape=} {k_seg.shape=} must be [B, shard]")
-    if D > 256:
-        raise ValueError(f"pallas_gpu supports head_dim <= 256; got {q.shape[3]=}")
 
 
 def _params(warps: int, stages: int):
@@ -251,48 +148,25 @@ class _Mask:
                                  prefix=prefix, bidirectional=self.bidirectional)
 
 
-def _positive(x) -> bool:
-    try:
-        return float(x) > 0
-    except TypeError:  # also a traced value: the cap is static
-        return False
-
-
-def _features(q, q_seg, causal: bool, softcap, prefix, bidirectional: bool):
-    """Checks the optional features' keywords (``implementations.py``); returns the prefix as
-    int32 [B] or None."""
-    if softcap is not None and (isinstance(softcap, bool) or not _positive(softcap)):
-        raise ValueError(f"pallas_gpu: softcap={softcap!r} must be a positive float")
-    if bidirectional and (not causal or q_seg is None):
-        raise ValueError("pallas_gpu: bidirectional=True needs causal=True and segment ids")
-    if prefix is None:
-        return None
-    if not causal:
-        raise ValueError("pallas_gpu: prefix needs causal=True")
-    prefix = jnp.asarray(prefix, jnp.int32)
-    if prefix.shape != (q.shape[0],):
-        raise ValueError(f"pallas_gpu: {prefix.shape=} must be [{q.shape[0]}] (batch)")
-    return prefix
-
-
 def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_scale: float,
                  block_sizes: BlockSizes | None = None, interpret: bool = False,
                  window: int | None = None, softcap: float | None = None, prefix=None,
                  bidirectional: bool = False):
     """One ring step forward (contract in ``implementations.py``, with the optional features
     softcap, prefix, bidirectional and v_head_dim). Returns (o f32, lse f32)."""
-    _check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True)
-    prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)
+    common.check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True)
+    prefix = common.features(q, q_seg, causal, softcap, prefix, bidirectional)
     mask = _Mask(causal, window, None if softcap is None else float(softcap), bidirectional)
     bs = block_sizes or default_block_sizes(max(q.shape[3], v.shape[3]), q.dtype)
     B, Sq, H, D = q.shape
     Dv = v.shape[3]
     geo = _geometry(q, k, bs.block_q, bs.block_k, v)
-    q, k, v, q_pos, k_pos, q_seg, k_seg = _pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    q, k, v, q_pos, k_pos, q_seg, k_seg = common.pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg,
+                                                            k_seg)
     table = mask.table(q_pos, k_pos, q_seg, k_seg, geo.bq, geo.bk, prefix)  # [B|1, nq, nk]
-    o, lse = _fwd_call(block_bounds(table, B, window), q, k, v, q_pos if mask.pos else None,
-                       k_pos if mask.pos else None, q_seg, k_seg, prefix, geo=geo,
-                       scale=softmax_scale, bs=bs, interpret=interpret, mask=mask)
+    o, lse = _fwd_call(common.block_bounds(table, B, window), q, k, v,
+                       q_pos if mask.pos else None, k_pos if mask.pos else None, q_seg, k_seg,
+                       prefix, geo=geo, scale=softmax_scale, bs=bs, interpret=interpret, mask=mask)
     return o[:, :Sq, :, :Dv], lse[:, :, :Sq]
 
 
@@ -333,23 +207,23 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
                   softcap: float | None = None, prefix=None, bidirectional: bool = False):
     """One ring step backward (contract in ``implementations.py``, optional features as in
     :func:`forward_step`). Returns float32 dq, dk, dv."""
-    _check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True)
+    common.check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True)
     B, Sq, H, D = q.shape
     Sk, Dv = k.shape[1], v.shape[3]
     if do.shape != (B, Sq, H, Dv) or lse.shape != delta.shape or lse.shape != (B, H, Sq):
         raise ValueError(f"pallas_gpu: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=}")
-    prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)
+    prefix = common.features(q, q_seg, causal, softcap, prefix, bidirectional)
     bs = block_sizes or default_block_sizes(max(D, Dv), q.dtype)
     lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * kern.LOG2E  # [B, H, Sq] log2 units
     mask = _Mask(causal, window, None if softcap is None else float(softcap), bidirectional)
     kw = dict(scale=softmax_scale, bs=bs, interpret=interpret, mask=mask, prefix=prefix)
     geo = _geometry(q, k, bs.block_q_dq, bs.block_k_dq, v)
-    args = _pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do)
-    dq = _dq_call(geo, *args, _pad_to(lse2, 2, geo.sq_pad), _pad_to(delta, 2, geo.sq_pad), **kw)
+    args = common.pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do)
+    rows = lambda geo: [common.pad_to(x, 2, geo.sq_pad) for x in (lse2, delta)]  # noqa: E731
+    dq = _dq_call(geo, *args, *rows(geo), **kw)
     geo = _geometry(q, k, bs.block_q_dkv, bs.block_k_dkv, v)
-    args = _pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do)
-    dk, dv = _dkv_call(geo, *args, _pad_to(lse2, 2, geo.sq_pad), _pad_to(delta, 2, geo.sq_pad),
-                       **kw)
+    args = common.pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do)
+    dk, dv = _dkv_call(geo, *args, *rows(geo), **kw)
     return dq[:, :Sq, :, :D], dk[:, :Sk, :, :D], dv[:, :Sk, :, :Dv]
 
 
@@ -381,7 +255,7 @@ def _dq_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, scale
         out_shape=struct((B, Sq, H, D), F32, q, k, v, do, q_seg, k_seg, prefix),
         compiler_params=_params(bs.bwd_warps, bs.bwd_stages), interpret=interpret,
         name="ring_step_dq",
-    )(*block_bounds(table, B, mask.window), q, k, v, do, lse2, delta,
+    )(*common.block_bounds(table, B, mask.window), q, k, v, do, lse2, delta,
       q_pos if mask.pos else None, k_pos if mask.pos else None, q_seg, k_seg, prefix)
 
 
@@ -419,5 +293,5 @@ def _dkv_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, scal
         kernel, grid=(nk, B, K), in_specs=in_specs, out_specs=[kv_spec(D), kv_spec(Dv)],
         out_shape=out_shape, compiler_params=_params(bs.bwd_warps, bs.bwd_stages),
         interpret=interpret, name="ring_step_dkv",
-    )(*block_bounds(table_t, B, mask.window), group(q), k, v, group(do), rows(lse2), rows(delta),
-      q_pos if mask.pos else None, k_pos if mask.pos else None, q_seg, k_seg, prefix)
+    )(*common.block_bounds(table_t, B, mask.window), group(q), k, v, group(do), rows(lse2),
+      rows(delta), q_pos if mask.pos else None, k_pos if mask.pos else None, q_seg, k_seg, prefix)
