@@ -6,10 +6,11 @@ query shard to the whole sequence: the same bytes as a ring (every device receiv
 shards), sent by one collective that need not hide behind a ring step's compute, at the price of
 k/v for the whole sequence resident per device. This module is the ``strategy="all_gather"`` of
 :func:`ringattention.ring_attention`; it reuses the ring's step implementations, global positions
-per layout (``ring._step_args``), per-shard skip test (``ring._step_visible``) and ``ring.merge``,
-so causal masks, layouts, segment ids and sliding windows behave exactly as in the ring, and the
-optional step features (soft-capping, prefix masks, bidirectional segments, v's own head dim) reach
-every step as the ring passes them (``ring._kw``); sinks are merged once after the lap (``ring._lap``).
+per layout (``ring_step.step_args``), per-shard skip test (``ring_step.step_visible``) and
+``ring_step.merge``, so causal masks, layouts, segment ids and sliding windows behave exactly as in
+the ring, and the optional step features (soft-capping, prefix masks, bidirectional segments, v's
+own head dim) reach every step as the ring passes them (``ring_step.step_kwargs``); sinks are
+merged once after the lap (``ring._lap``).
 
 Overlap. The shard is cut into ``cfg.gather_chunks`` pieces along the sequence; piece j is
 all-gathered ([N, B, S / c, K, D]) before the compute on piece j - 1 is issued (piece 0 before the
@@ -38,8 +39,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ringattention import implementations, ring
+from ringattention import implementations
 from ringattention._vma import full_like
+from ringattention.ring_step import merge, step_args, step_kwargs, step_visible
 
 
 def _pieces(cfg, x):
@@ -58,7 +60,7 @@ def _step_inputs(cfg, q, q_seg, k_seg, src, j: int, c: int):
     """Global positions (and tied segment ids) of this shard and of piece j (of c) of shard ``src``."""
     r = lax.axis_index(cfg.axis_name)
     size = q.shape[1] // c
-    q_pos, k_pos, qs, ks = ring._step_args(cfg, q, q_seg, k_seg, (r - src) % cfg.ring_size)
+    q_pos, k_pos, qs, ks = step_args(cfg, q, q_seg, k_seg, (r - src) % cfg.ring_size)
     k_pos = k_pos[j * size:(j + 1) * size]  # [S / c]
     return q_pos, k_pos, qs, ks
 
@@ -66,7 +68,7 @@ def _step_inputs(cfg, q, q_seg, k_seg, src, j: int, c: int):
 def _visible(cfg, q_pos, k_pos, qs, ks, src, prefix):
     """The ring's skip test, and never the own shard (computed first, from the local k/v)."""
     own = src == lax.axis_index(cfg.axis_name)
-    return ring._step_visible(cfg, q_pos, k_pos, qs, ks, prefix) & ~own
+    return step_visible(cfg, q_pos, k_pos, qs, ks, prefix) & ~own
 
 
 def _schedule(cfg, kv, own, piece, acc):
@@ -92,7 +94,7 @@ def forward(cfg, q, k, v, q_seg, k_seg, prefix=None):
     ``prefix``: None or int32 [B], the ring's prefix_length (a step feature, as in ring.py)."""
     impl = implementations.resolve(cfg.implementation).load()
     B, S, H, _ = q.shape
-    kw = ring._kw(cfg, prefix)
+    kw = step_kwargs(cfg, prefix)
     empty = lambda: (full_like(q, (B, S, H, v.shape[-1]), 0.0),  # noqa: E731
                      full_like(q, (B, H, S), -jnp.inf))
 
@@ -108,7 +110,7 @@ def forward(cfg, q, k, v, q_seg, k_seg, prefix=None):
     def piece(acc, gathered, j):
         def body(carry, x):
             run, vis = compute(x[:3], x[3], j, cfg.gather_chunks)
-            return ring.merge(*carry, *lax.cond(vis, run, empty)), None
+            return merge(*carry, *lax.cond(vis, run, empty)), None
 
         acc, _ = lax.scan(body, acc, (*gathered, jnp.arange(cfg.ring_size)))
         return acc, None
@@ -121,7 +123,7 @@ def backward(cfg, q, k, v, q_seg, k_seg, do, lse, delta, prefix=None):
     """float32 dq [B, S, H, D], dk [B, S, K, D], dv [B, S, K, Dv]: dk/dv of every shard
     reduce-scattered home."""
     impl = implementations.resolve(cfg.implementation).load()
-    kw = ring._kw(cfg, prefix)
+    kw = step_kwargs(cfg, prefix)
 
     def compute(kv, src, j, c):
         k_, v_, ks = kv

@@ -10,7 +10,7 @@ Every ppermute is issued at the top of a step, before the compute it should hide
 inner loop is pluggable (``implementations.py``): pure-JAX blockwise or a Pallas kernel.
 
 Sliding windows (``|i - j| < W``, Mistral style; Jiang et al. 2023) shorten the lap where the layout
-allows: the ring offsets whose shards some query can see are found at trace time (``_lap_plan``) and
+allows: the ring offsets whose shards some query can see are found at trace time (``lap_plan.py``) and
 only those are visited, ``f`` hops forward and ``b`` hops backward (contiguous, causal, W <= shard:
 one hop; symmetric windows and zigzag: one each way). In the backward pass dk/dv travel with their
 shard and take one ppermute home at the end of each half-lap. Striped shards hold positions from the
@@ -31,16 +31,17 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from ringattention import _validate as _checks
-from ringattention import implementations, layouts, masks, ulysses
+from ringattention import all_gather, implementations, layouts, ulysses
 from ringattention import sinks as _sinks
 from ringattention import strategy as strategies
 from ringattention._vma import full_like, vary_like
+from ringattention.lap_plan import window_plan
 from ringattention.remat import LSE_NAME, OUT_NAME
+from ringattention.ring_step import merge, step_args, step_kwargs, step_visible
 
 F32 = jnp.float32
 
@@ -64,70 +65,6 @@ class _Config:
     bidirectional: bool = False  # negative segment ids are bidirectional segments
 
 
-def merge(o1, lse1, o2, lse2):
-    """Merges two normalised partial attentions. o [B, S, H, D] f32, lse [B, H, S] f32 (-inf: none)."""
-    m = jnp.maximum(lse1, lse2)
-    m_safe = jnp.where(jnp.isneginf(m), 0.0, m)
-    w1, w2 = jnp.exp(lse1 - m_safe), jnp.exp(lse2 - m_safe)  # [B, H, S], 0 where lse is -inf
-    total = w1 + w2
-    seen = total > 0
-    inv = 1.0 / jnp.where(seen, total, 1.0)
-    t = lambda w: jnp.swapaxes(w * inv, 1, 2)[..., None]  # noqa: E731  [B, S, H, 1]
-    o = o1 * t(w1) + o2 * t(w2)
-    lse = jnp.where(seen, m_safe + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
-    return o, lse
-
-
-def _step_visible(cfg, q_pos, k_pos, q_seg, k_seg, prefix=None):
-    # Scalar: can any query of this shard see any key of the held shard? (else skip the step)
-    vis = jnp.bool_(True)
-    causal = cfg.causal and not (cfg.prefix or cfg.bidirectional)  # else: causal, relaxed
-    if cfg.causal:
-        before = k_pos[0] <= q_pos[-1]  # positions increase within a shard
-        if prefix is not None:
-            before = before | (k_pos[0] < prefix.max())
-        if cfg.bidirectional:
-            before = before | jnp.any(q_seg < 0)
-        vis = vis & before
-    if cfg.window is not None:  # per run of consecutive positions (zigzag: two per shard)
-        run = q_pos.shape[0] // _runs(cfg.layout)
-        k_run = math.gcd(k_pos.shape[0], run)  # all_gather: k may be a piece of a shard
-        table = masks.block_table(q_pos, k_pos, None, None, causal, run, k_run, cfg.window)
-        vis = vis & jnp.any(table != masks.SKIP)
-    if q_seg is not None:
-        lo = jnp.maximum(q_seg.min(-1), k_seg.min(-1))
-        hi = jnp.minimum(q_seg.max(-1), k_seg.max(-1))
-        vis = vis & jnp.any(lo <= hi)
-    return vis
-
-
-def _step_args(cfg, q, q_seg, k_seg, t):
-    # Global positions of this shard and of the shard held at ring step t (it came from r - t).
-    n, s = cfg.ring_size, q.shape[1]
-    r = lax.axis_index(cfg.axis_name)
-    q_pos = layouts.shard_positions(cfg.layout, s, n, r)
-    k_pos = layouts.shard_positions(cfg.layout, s, n, (r - t) % n)
-    # Tie the positions to q: masks built from them alone are loop-invariant constants, and when
-    # ring attention sits in a differentiated lax.scan (a layer stack) JAX would hoist every
-    # chunk's mask out of the loops as an O(shard^2) residual. The barrier keeps them in the loop.
-    (q_pos, k_pos, q_seg, k_seg), _ = lax.optimization_barrier(((q_pos, k_pos, q_seg, k_seg), q))
-    return q_pos, k_pos, q_seg, k_seg
-
-
-def _kw(cfg, prefix=None):
-    kw = dict(causal=cfg.causal, softmax_scale=cfg.softmax_scale, block_sizes=cfg.block_sizes,
-              interpret=cfg.interpret)
-    if cfg.window is not None:  # only then: implementations without windows keep working
-        kw["window"] = cfg.window
-    if cfg.softcap is not None:  # optional features likewise (implementations.FEATURES)
-        kw["softcap"] = cfg.softcap
-    if prefix is not None:
-        kw["prefix"] = prefix
-    if cfg.bidirectional:
-        kw["bidirectional"] = True
-    return kw
-
-
 def _features(cfg, q, v) -> frozenset[str]:
     """The optional step features (``implementations.FEATURES``) this call uses."""
     used = {"softcap": cfg.softcap is not None, "prefix": cfg.prefix,
@@ -140,44 +77,6 @@ def _send(cfg, x, shift: int = 1):
     return jax.tree.map(lambda a: lax.ppermute(a, cfg.axis_name, perm), x)
 
 
-def _runs(layout: str) -> int:
-    """Runs of consecutive global positions per shard (zigzag: two chunks)."""
-    return 2 if layout == "zigzag" else 1
-
-
-def _lap_plan(positions, runs: int, causal: bool, window: int | None):
-    """(forward, backward) ring hops that reach every shard some query can see; None: a full lap.
-
-    Static (numpy, at trace time). ``positions``: int [n, S], the global positions of every ring
-    shard, each made of ``runs`` runs of consecutive positions. Offset t is needed if for some device
-    r a run of its positions and a run of shard r - t's have differences inside the window (segment
-    ids are ignored: they are data). The hops are the cheapest cover of the needed offsets by
-    [0, f] and [-b, -1].
-    """
-    n = positions.shape[0]
-    if window is None or n < 3:
-        return None
-    pos = np.asarray(positions, np.int64).reshape(n, runs, -1)
-    lo, hi = pos.min(-1), pos.max(-1)  # [n, runs]
-    near = lo[:, None, :, None] - hi[None, :, None, :]  # [query shard, key shard, run, run]
-    far = hi[:, None, :, None] - lo[None, :, None, :]
-    vis = (near < window) & (far > -window) & ((far >= 0) if causal else True)
-    vis = vis.any((2, 3))  # [query shard r, key shard]
-    needed = [t for t in range(n) if any(vis[r, (r - t) % n] for r in range(n))]
-    cost, fwd = min((f + max([n - t for t in needed if t > f], default=0), -f) for f in range(n))
-    if cost >= n - 1:
-        return None
-    return -fwd, cost + fwd
-
-
-def _window_plan(sliding_window, layout: str, n: int, shard: int, causal: bool):
-    """(window, hops) of ``_Config``: None for a window that hides nothing (>= the sequence)."""
-    if sliding_window is None or sliding_window >= n * shard:
-        return None, None
-    positions = layouts.permutation(n * shard, layout, n).reshape(n, shard)  # of every ring shard
-    return int(sliding_window), _lap_plan(positions, _runs(layout), causal, int(sliding_window))
-
-
 def _directions(cfg):
     """(shift, hops) of each half-lap: a full lap is n - 1 hops forward."""
     fwd, bwd = cfg.hops if cfg.hops is not None else (cfg.ring_size - 1, 0)
@@ -188,18 +87,18 @@ def _forward_lap(cfg, q, k, v, q_seg, k_seg, prefix=None):
     """Returns o float32 [B, S, H, Dv] and lse float32 [B, H, S] over the ring (or its short lap)."""
     impl = implementations.resolve(cfg.implementation).load()
     n = cfg.ring_size
-    kw = _kw(cfg, prefix)
+    kw = step_kwargs(cfg, prefix)
 
     def compute(kv, t):
         k_, v_, ks = kv
-        q_pos, k_pos, qs, ks = _step_args(cfg, q, q_seg, ks, t)
+        q_pos, k_pos, qs, ks = step_args(cfg, q, q_seg, ks, t)
         run = lambda: impl.forward_step(q, k_, v_, q_pos, k_pos, qs, ks, **kw)  # noqa: E731
         if n == 1:
             return run()
         B, S, H, _ = q.shape
         empty = lambda: (full_like(q, (B, S, H, v.shape[-1]), 0.0),  # noqa: E731
                          full_like(q, (B, H, S), -jnp.inf))
-        return lax.cond(_step_visible(cfg, q_pos, k_pos, qs, ks, prefix), run, empty)
+        return lax.cond(step_visible(cfg, q_pos, k_pos, qs, ks, prefix), run, empty)
 
     kv = (k, v, k_seg)
     if n == 1:
@@ -230,17 +129,17 @@ def _backward_lap(cfg, q, k, v, q_seg, k_seg, do, lse, delta, prefix=None):
     """Returns float32 dq, dk, dv; dk/dv travel with k/v and return home at the end of a half-lap."""
     impl = implementations.resolve(cfg.implementation).load()
     n = cfg.ring_size
-    kw = _kw(cfg, prefix)
+    kw = step_kwargs(cfg, prefix)
 
     def compute(kv, t):
         k_, v_, ks = kv
-        q_pos, k_pos, qs, ks = _step_args(cfg, q, q_seg, ks, t)
+        q_pos, k_pos, qs, ks = step_args(cfg, q, q_seg, ks, t)
         run = lambda: impl.backward_step(q, k_, v_, do, lse, delta, q_pos, k_pos, qs, ks,  # noqa: E731
                                          **kw)
         if n == 1:
             return run()
         empty = lambda: tuple(full_like(q, x.shape, 0.0) for x in (q, k_, v_))  # noqa: E731
-        return lax.cond(_step_visible(cfg, q_pos, k_pos, qs, ks, prefix), run, empty)
+        return lax.cond(step_visible(cfg, q_pos, k_pos, qs, ks, prefix), run, empty)
 
     kv = (k, v, k_seg)
     if n == 1:
@@ -276,7 +175,6 @@ def _backward_hops(cfg, compute, dq, kv, acc, d: int, m: int):
 def _laps(cfg):
     """(forward, backward) lap of the config's strategy: the ring's, or all_gather.py's."""
     if cfg.strategy == "all_gather" and cfg.ring_size > 1:
-        from ringattention import all_gather
         return all_gather.forward, all_gather.backward
     return _forward_lap, _backward_lap
 
@@ -448,7 +346,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1],
                                                                 causal)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    window, hops = _window_plan(sliding_window, layout, ring_size, shard, causal and not relaxed)
+    window, hops = window_plan(sliding_window, layout, ring_size, shard, causal and not relaxed)
     cfg = dataclasses.replace(cfg, softmax_scale=scale, implementation=impl.name,
                               block_sizes=block_sizes, window=window, hops=hops)
     if segment_ids is not None:
@@ -457,7 +355,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
         sinks = vary_like(sinks, q)
     if strategy == "ulysses":  # one step over the whole sequence, in natural order
         whole = dataclasses.replace(cfg, layout="contiguous", ring_size=1, **dict(zip(
-            ("window", "hops"), _window_plan(sliding_window, "contiguous", 1, step,
+            ("window", "hops"), window_plan(sliding_window, "contiguous", 1, step,
                                              causal and not relaxed))))
         attend = lambda q, k, v, seg, snk=None: _ring(q, k, v, seg, prefix, snk, whole)  # noqa: E731
         return ulysses.whole_sequence_attention(attend, q, k, v, segment_ids, axis_name, layout,

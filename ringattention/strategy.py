@@ -32,7 +32,7 @@ h: the hops of the ring's lap in d directions, N - 1 in one for a full lap. a: t
 backward sends again, m - 1 for each direction of m > 2 hops (a full lap: N - 2); a direction's
 first hop is the forward's, and so is its second where m = 2 (XLA unrolls the one-iteration loop).
 dk/dv take m + 1 hops per direction (m - 1 in the loop, the last one, the way home). A sliding
-window W shortens the lap where the layout lets it (``ring._lap_plan``: only the offsets whose
+window W shortens the lap where the layout lets it (``lap_plan.lap_plan``: only the offsets whose
 shards some query can see, f hops forward and b backward, h = f + b): fewer bytes and fewer steps.
 Striped shards hold positions from the whole sequence, so their lap stays full and only the steps'
 compute shrinks. The all-gather still gathers every shard (it skips the compute of pieces wholly
@@ -68,6 +68,7 @@ import math
 import numpy as np
 
 from ringattention import layouts, ulysses
+from ringattention.lap_plan import window_plan
 
 STRATEGIES = ("ring", "all_gather", "ulysses")
 CHOICES = (*STRATEGIES, "auto")
@@ -164,12 +165,10 @@ def _check(strategy: str) -> None:
 
 def lap(s: Shape) -> tuple[int, int]:
     """(forward, backward) hops of the ring's lap: (N - 1, 0) for a full lap, fewer where a sliding
-    window lets the layout skip shards (``ring._window_plan``: the plan the ring runs)."""
+    window lets the layout skip shards (``lap_plan.window_plan``: the plan the ring runs)."""
     if s.devices == 1:
         return 0, 0
-    from ringattention import ring  # ring imports this module
-
-    _, hops = ring._window_plan(s.window, s.layout, s.devices, s.shard, s.causal)
+    _, hops = window_plan(s.window, s.layout, s.devices, s.shard, s.causal)
     return hops if hops is not None else (s.devices - 1, 0)
 
 

@@ -262,15 +262,15 @@ def test_named_kernel_without_the_feature_raises_in_ring_attention():
 
 def test_step_visible_with_prefix_and_bidirectional_segments():
     # contiguous ring of 4, shard 4: query shard 0 (positions 0..3) and key shard 2 (8..11)
-    from ringattention import ring
+    from ringattention import ring, ring_step
 
     q_pos, k_pos = jnp.arange(4), jnp.arange(8, 12)
     cfg = ring._Config("sp", True, "contiguous", 1.0, "xla", None, False, 4)
-    assert not bool(ring._step_visible(cfg, q_pos, k_pos, None, None))
+    assert not bool(ring_step.step_visible(cfg, q_pos, k_pos, None, None))
     pre = ring._Config("sp", True, "contiguous", 1.0, "xla", None, False, 4, prefix=True)
-    assert bool(ring._step_visible(pre, q_pos, k_pos, None, None, jnp.array([0, 9])))
-    assert not bool(ring._step_visible(pre, q_pos, k_pos, None, None, jnp.array([8, 2])))
+    assert bool(ring_step.step_visible(pre, q_pos, k_pos, None, None, jnp.array([0, 9])))
+    assert not bool(ring_step.step_visible(pre, q_pos, k_pos, None, None, jnp.array([8, 2])))
     bi = ring._Config("sp", True, "contiguous", 1.0, "xla", None, False, 4, bidirectional=True)
     seg = jnp.array([[1, 1, -2, -2]]), jnp.array([[-2, -2, -2, 3]])
-    assert bool(ring._step_visible(bi, q_pos, k_pos, *seg))
-    assert not bool(ring._step_visible(bi, q_pos, k_pos, jnp.abs(seg[0]), seg[1]))
+    assert bool(ring_step.step_visible(bi, q_pos, k_pos, *seg))
+    assert not bool(ring_step.step_visible(bi, q_pos, k_pos, jnp.abs(seg[0]), seg[1]))

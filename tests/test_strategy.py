@@ -22,9 +22,10 @@ from ringcheck import F32_RTOL, Problem, check_ring, make_inputs, reference64, r
 
 import ringattention
 from models.config import get_config
-from ringattention import BlockSizes, layouts, masks, ring
+from ringattention import BlockSizes, layouts, masks
 from ringattention import strategy as st
 from ringattention._vma import _vma
+from ringattention.lap_plan import lap_plan
 
 BS = BlockSizes(q_chunk=8, kv_chunk=8)  # several chunks per step: SKIP, PARTIAL and FULL all occur
 RINGS = (1, 2, 3, 4, 8)
@@ -242,9 +243,9 @@ def test_visible_pairs_count_the_mask(layout):
 
 
 def _planned_lap(layout, n, shard, causal, window):
-    """(forward, backward) hops straight from ring._lap_plan (a full lap: N - 1 forward)."""
+    """(forward, backward) hops straight from lap_plan.lap_plan (a full lap: N - 1 forward)."""
     positions = layouts.permutation(n * shard, layout, n).reshape(n, shard)
-    hops = ring._lap_plan(positions, 2 if layout == "zigzag" else 1, causal, window)
+    hops = lap_plan(positions, 2 if layout == "zigzag" else 1, causal, window)
     return hops if hops is not None else (n - 1, 0)
 
 

@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec as P
 from ringcheck import F32_RTOL, Problem, check_ring, make_inputs, rel_err, run_ring
 
 import ringattention
-from ringattention import BlockSizes, masks, ring
-from ringattention.ring import _lap_plan
+from ringattention import BlockSizes, masks, ring, ring_step
+from ringattention.lap_plan import lap_plan, runs
 
 SHARD = 16
 BS = BlockSizes(q_chunk=8, kv_chunk=8)  # 2 x 2 chunks per step: window edges inside a step
@@ -128,7 +128,7 @@ PLANS = [  # (layout, n, causal, window, (forward hops, backward hops) or None f
 @pytest.mark.parametrize("layout,n,causal,window,want", PLANS)
 def test_lap_plan(layout, n, causal, window, want):
     positions = ringattention.layouts.permutation(n * SHARD, layout, n).reshape(n, SHARD)
-    assert _lap_plan(positions, ring._runs(layout), causal, window) == want
+    assert lap_plan(positions, runs(layout), causal, window) == want
 
 
 def _inner(p):
@@ -253,7 +253,7 @@ def test_step_visible_skips_steps_outside_the_window():
     needs shards 1, 0 (chunk 0) and 2 (chunk 5)."""
     cfg = ring._Config("sp", True, "zigzag", 1.0, "xla", None, False, 4, window=3)
     pos = lambda r: ringattention.layouts.shard_positions("zigzag", 8, 4, r)  # noqa: E731
-    seen = [bool(ring._step_visible(cfg, pos(0), pos(r), None, None)) for r in range(4)]
+    seen = [bool(ring_step.step_visible(cfg, pos(0), pos(r), None, None)) for r in range(4)]
     assert seen == [True, True, False, False]
-    seen = [bool(ring._step_visible(cfg, pos(1), pos(r), None, None)) for r in range(4)]
+    seen = [bool(ring_step.step_visible(cfg, pos(1), pos(r), None, None)) for r in range(4)]
     assert seen == [True, True, True, False]
