@@ -24,7 +24,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 @pytest.fixture
 def forward_loops_used(monkeypatch):
-    """Records (loop, ping-pong) for each Hopper forward traced: which of ``hopper_fwd_loops``'
+    """Records (loop, ping-pong) for each Hopper forward traced: which of ``fwd_loops``'
     ``loops`` / ``overlap_loops`` it ran (they still run)."""
     from ringattention.kernels.hopper import fwd_loops as hfl
 

@@ -213,7 +213,7 @@ def _mosaic_kernel_ops(fn, *args) -> list[collections.Counter]:
 def test_pallas_hopper_under_check_vma_lowers_the_same_kernels():
     """pallas_hopper in a user's shard_map(check_vma=True) on a ring of 2 H200s, forward and
     gradients lowered for CUDA: the same Mosaic GPU kernels as under check_vma=False, but (jax 0.10)
-    for one ``+ 0`` per loop bound read (``hopper_kernels.bound``, folded by the compiler); "auto"
+    for one ``+ 0`` per loop bound read (``mosaic.bound``, folded by the compiler); "auto"
     picks it. The fused backward's dq accumulator is a Ref, which jax >= 0.11's mpmd_map refuses
     where it varies over manual axes (the step-1 failure of a GPU training run)."""
     mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "sp"))

@@ -396,7 +396,7 @@ def test_features_under_check_vma_lower_the_same_kernels(registered):
     """A user's shard_map over ("dp", "sp") on 2 x 2 H200s, the ring forward with every feature
     (MLA head dims, the soft cap, a prefix sharded over "dp", so varying, bidirectional segments)
     lowered for CUDA: under check_vma=True the same Mosaic GPU kernel as under False but for the
-    folded ``+ 0`` of each bound read (``hopper_kernels.bound``: lo, mid, hi and the prefix)."""
+    folded ``+ 0`` of each bound read (``mosaic.bound``: lo, mid, hi and the prefix)."""
     mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "sp"))
     sd = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)  # noqa: E731
     args = (sd(2, 512, 4, 192), sd(2, 512, 2, 192), sd(2, 512, 2, 128), sd(2, 512, dt=jnp.int32),

@@ -2,14 +2,14 @@
 
 Interpret mode executes the real kernel structure (three warpgroups, TMA copies, barriers, the slot
 ring, masks from global positions and segment ids); only wgmma and register layouts are replaced by
-plain ``jnp`` (``hopper_kernels.Ops``), so those are checked on the device only
+plain ``jnp`` (``mosaic.Ops``), so those are checked on the device only
 (``tools/hopper_check.py``). The interpreter simulates a single GPU, so ring runs here use one
 device; ring steps with other offsets are covered at the kernel level (query block after, overlapping
 and before the key block). All backwards are checked: the two-kernel Mosaic GPU one (what
 ``deterministic=True`` runs), the fused Mosaic GPU one (``BlockSizes(backward="fused")``, the
 default at head dims 64 and 128; its TMA reduce-add of dq becomes a read-modify-write in
-interpret mode, see ``hopper_fused_bwd``; above head dim 128 "mosaic" is the head-dim-split
-pair, ``hopper_split_bwd``) and the Triton step's kernels
+interpret mode, see ``fused_bwd``; above head dim 128 "mosaic" is the head-dim-split
+pair, ``split_bwd``) and the Triton step's kernels
 (``BlockSizes(backward="triton")``). ``test_kernels_lower_for_cuda`` also lowers every Mosaic GPU
 kernel for CUDA (wgmma, layouts, TMA, ``setmaxnreg``), which needs no GPU, so lowering errors show
 up here rather than on the device.
@@ -97,7 +97,7 @@ def test_step_that_sees_nothing_is_zero():
     _check_forward(inputs, causal=True)
 
 
-# FA3's intra-warpgroup overlap (BlockSizes(schedule="overlap"), hopper_fwd_loops.overlap_loops):
+# FA3's intra-warpgroup overlap (BlockSizes(schedule="overlap"), fwd_loops.overlap_loops):
 # its first block runs before the loops and its last P.V after them, so the cases cover a query
 # block that sees nothing (no loop at all), one key block (empty loops), two blocks with masks, ids
 # and GQA, and a window's masked far edge before the fully visible blocks.
@@ -261,7 +261,7 @@ def test_window_steps_both_ways_wide_heads(case):
 @pytest.mark.parametrize("backward", [pytest.param("mosaic", marks=pytest.mark.slow), "fused"])
 def test_key_ctas_rotate_their_query_blocks(backward):
     """Three key CTAs over four fully visible query blocks: each CTA starts at a different block
-    (``hopper_bwd_kernels.visit``) and the dq contributions still land on the right rows."""
+    (``bwd_kernels.visit``) and the dq contributions still land on the right rows."""
     rng = np.random.default_rng(8)
     inputs = _inputs(rng, sq=256, sk=384, heads=2, kv_heads=2, dim=64, dtype="bfloat16",
                      where="after", segments=False, batch=1)
@@ -289,7 +289,7 @@ def _head_dim_256_inputs():
 @needs_interpret
 def test_head_dim_256_forward_and_split_backward():
     """Head dim 256 with its defaults: the forward, then the deterministic dq + dk/dv kernels whose
-    warpgroups split the head dim (``hopper_split_bwd``, "mosaic"); causal, GQA, segment ids,
+    warpgroups split the head dim (``split_bwd``, "mosaic"); causal, GQA, segment ids,
     ragged shards, two key and two query CTAs."""
     inputs = _head_dim_256_inputs()
     _check_forward(inputs, True)
@@ -300,7 +300,7 @@ def test_head_dim_256_forward_and_split_backward():
 @needs_interpret
 @pytest.mark.parametrize("dim", [128, 64])
 def test_fused_backward_with_one_dq_tile_per_cta(dim):
-    """The fused backward (``hopper_cta_dq_bwd``): the two warpgroups of a key CTA add one dq tile,
+    """The fused backward (``cta_dq_bwd``): the two warpgroups of a key CTA add one dq tile,
     half its columns each (128) or taking turns by pair parity (64: four pairs per key CTA, so
     both parities' buffers are reused); causal, GQA, segment ids, ragged, two key CTAs."""
     rng = np.random.default_rng(13)
@@ -493,9 +493,9 @@ def test_ring_on_one_device_with_window_wide_heads(dim, bs):
 LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockSizes fields[, window])
     ("mosaic", 64, True, True, 2, dict(bwd_block_k=128, registers=232)),  # deterministic=True's at 64
     ("mosaic", 128, False, False, 4, dict(bwd_block_k=128, registers=240)),
-    ("fused", 128, True, False, 2, dict(registers=240)),  # hopper_cta_dq_bwd
+    ("fused", 128, True, False, 2, dict(registers=240)),  # cta_dq_bwd
     ("fused", 80, False, True, 4, {}),
-    ("mosaic", 256, True, True, 2, dict(block_k=64, registers=240)),  # hopper_split_bwd
+    ("mosaic", 256, True, True, 2, dict(block_k=64, registers=240)),  # split_bwd
     ("mosaic", 256, False, True, 1, dict(block_k=64, registers=240)),  # its dq + dk/dv kernels
     ("mosaic", 192, False, False, 4, dict(block_k=64)),  # padded to 256 in the backward
     ("fused", 128, True, True, 2, dict(bwd_stages=3)),
@@ -504,7 +504,7 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("mosaic", 256, True, True, 2, dict(block_k=64, registers=240), 200),
     ("mosaic", 256, False, False, 1, dict(block_k=64, registers=240), 100),
     ("fused", 128, False, True, 2, dict(bwd_stages=3), 150),
-    ("fused", 64, True, True, 2, {}),  # hopper_cta_dq_bwd.alternating_kernel
+    ("fused", 64, True, True, 2, {}),  # cta_dq_bwd.alternating_kernel
     ("fused", 40, False, False, 4, dict(bwd_stages=4), 100),
     ("fused", 128, False, False, 2, {}),  # no mask, GQA: the flat group loop
     ("fused", 64, False, False, 1, {}),
@@ -581,7 +581,7 @@ def test_steps_write_their_outputs_in_place(dim, causal, deterministic):
     docs/kernels.md). At head dim 128 the default backward's
     kernel writes dk, dv head-major and holds exactly their two transposes, [B, K, Sk, D] ->
     [B, Sk, K, D]: the step's layout ran 0.9-6% slower at 128K tokens (docs/kernels.md;
-    ``hopper_fused_bwd.dkv_head_major``)."""
+    ``fused_bwd.dkv_head_major``)."""
     bs = (ph.deterministic_block_sizes(None, dim, causal) if deterministic
           else ph.default_block_sizes(dim, causal))
     q, k, pos, lse = _step_shapes(dim)
@@ -658,7 +658,7 @@ def test_block_sizes_are_validated():
 def test_default_backward_by_head_dim(backward_used):
     """The default backward, checked by the kernel each head dim's default calls: fused with one
     dq tile per CTA up to 128 (the alternating kernel at 64 and below, the column split at
-    65-128: ``hopper_cta_dq_bwd`` both), the deterministic head-dim-split pair above 128."""
+    65-128: ``cta_dq_bwd`` both), the deterministic head-dim-split pair above 128."""
     for d, name in ((40, "cta"), (64, "cta"), (96, "cta"), (128, "cta"), (256, "split")):
         q = jax.ShapeDtypeStruct((1, 256, 4, d), jnp.bfloat16)
         k = jax.ShapeDtypeStruct((1, 64, 2, d), jnp.bfloat16)

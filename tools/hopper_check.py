@@ -170,7 +170,7 @@ CASES = [
          sq=136, sk=72),
     Case("ragged-causal-striped-seg-d80-bf16", segments=True, dim=80, sq=190, sk=190, stride=4),
     Case("long-causal-overlap-seg-gqa-d128-bf16", segments=True, dim=128, sq=1024, sk=1536),
-    # head dims 129-256: the head-dim-split pair (hopper_split_bwd), forward at block_k=64
+    # head dims 129-256: the head-dim-split pair (split_bwd), forward at block_k=64
     Case("causal-overlap-seg-gqa-d256-bf16", segments=True, dim=256),
     Case("noncausal-mha-d256-fp16", causal=False, kv_heads=4, dim=256, dtype="float16"),
     Case("causal-before-gqa-d256-bf16 (all hidden)", where="before", dim=256),
