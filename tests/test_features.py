@@ -231,15 +231,27 @@ def test_bad_feature_arguments_raise_in_sharded_attention():
         ringattention.sharded_attention(q, k, v, mesh, prefix_length=4)
 
 
-def test_resolve_needs():
-    xla = implementations.resolve("xla", needs={"softcap", "prefix", "bidirectional", "v_head_dim"})
-    assert xla.name == "xla"
+def _without(monkeypatch, name, lacks):
+    """Registers ``name`` as the registry's entry with the features in ``lacks`` removed: every
+    kernel claims every feature today, so the mechanism is tested on a kernel that does not."""
+    impl = implementations._REGISTRY[name]
+    monkeypatch.setitem(implementations._REGISTRY, name, implementations.dataclasses.replace(
+        impl, features=impl.features - frozenset(lacks)))
+
+
+def test_resolve_needs(monkeypatch):
+    every = {"softcap", "prefix", "bidirectional", "v_head_dim"}
+    for name in ("xla", "pallas_gpu", "pallas_hopper", "pallas_tpu"):
+        assert implementations._REGISTRY[name].features >= every, name
+    assert implementations.resolve("xla", needs=every).name == "xla"
     # "auto" passes over kernels without a feature; on this CPU host it is "xla" either way
     assert implementations.resolve("auto", needs={"softcap"}).name == "xla"
+    _without(monkeypatch, "pallas_hopper", {"softcap", "v_head_dim"})
     with pytest.raises(ValueError, match=r"pallas_hopper.*does not support \['softcap'\]"):
         implementations.resolve("pallas_hopper", needs={"softcap"})
-    with pytest.raises(ValueError, match="v_head_dim"):
-        implementations.resolve("pallas_hopper", needs={"v_head_dim"})
+    with pytest.raises(ValueError, match=r"\['softcap', 'v_head_dim'\].*xla"):
+        implementations.resolve("pallas_hopper", needs={"v_head_dim", "softcap", "prefix"})
+    assert implementations.resolve("pallas_hopper", needs={"prefix"}).name == "pallas_hopper"
 
 
 def test_auto_skips_kernels_without_the_feature(monkeypatch):
@@ -250,14 +262,20 @@ def test_auto_skips_kernels_without_the_feature(monkeypatch):
         monkeypatch.setitem(implementations._REGISTRY, name,
                             implementations.dataclasses.replace(reg[name], available=lambda m=None: True))
     assert implementations.resolve("auto").name == "pallas_hopper"
-    picked = implementations.resolve("auto", needs={"prefix"}).name
-    assert picked == ("pallas_gpu" if "prefix" in reg["pallas_gpu"].features else "xla")
+    assert implementations.resolve("auto", needs={"prefix", "softcap"}).name == "pallas_hopper"
+    _without(monkeypatch, "pallas_hopper", {"prefix"})
+    assert implementations.resolve("auto", needs={"prefix"}).name == "pallas_gpu"
+    assert implementations.resolve("auto", needs={"softcap"}).name == "pallas_hopper"
+    _without(monkeypatch, "pallas_gpu", {"prefix"})
+    assert implementations.resolve("auto", needs={"prefix"}).name == "xla"
 
 
-def test_named_kernel_without_the_feature_raises_in_ring_attention():
+def test_named_kernel_without_the_feature_raises_in_ring_attention(monkeypatch):
+    _without(monkeypatch, "xla", {"softcap"})
     q, k, v = jnp.ones((1, 16, 4, 8)), jnp.ones((1, 16, 2, 8)), jnp.ones((1, 16, 2, 8))
-    with pytest.raises(ValueError, match=r"does not support \['softcap'\]"):
-        _ring_call(q, k, v, implementation="pallas_hopper", interpret=True, logits_soft_cap=3.0)
+    with pytest.raises(ValueError, match=r"implementation='xla' does not support \['softcap'\]"):
+        _ring_call(q, k, v, implementation="xla", logits_soft_cap=3.0)
+    assert _ring_call(q, k, v, implementation="xla").shape == q.shape  # the same call without it
 
 
 def test_step_visible_with_prefix_and_bidirectional_segments():

@@ -501,20 +501,31 @@ def test_hopper_aot_reads_ptxas_output(bench):
 
 
 def test_gpu_suite_summary_lists_every_case(bench, tmp_path):
-    """``make test-gpu``'s summary: each case of the JUnit XML with its result, and the counts."""
-    xml = tmp_path / "s.xml"
+    """``make test-gpu``'s summary: each case of the JUnit XML with its result, the counts and the
+    run's wall time; a rerun's result of a case replaces the first run's, naming its run."""
+    xml, rerun = tmp_path / "s.xml", tmp_path / "r.xml"
     xml.write_text(
-        '<testsuites><testsuite name="pytest">'
+        '<testsuites><testsuite name="pytest" time="3.25">'
         '<testcase classname="tests.test_gpu_suite" name="test_a[xla]" time="1.5"/>'
         '<testcase classname="tests.test_gpu_suite" name="test_b" time="2.0">'
         '<failure message="AssertionError: too far">trace</failure></testcase>'
         '<testcase classname="tests.test_gpu_suite" name="test_c" time="0">'
         '<skipped message="needs an H100"/></testcase></testsuite></testsuites>')
+    rerun.write_text('<testsuites><testsuite name="pytest" time="2.5">'
+                     '<testcase classname="tests.test_gpu_suite" name="test_b" time="2.4"/>'
+                     '</testsuite></testsuites>')
     gs = bench("gpu_suite_summary")
     rows = gs.cases(str(xml))
     assert [r[:2] for r in rows] == [("test_gpu_suite::test_a[xla]", "pass"),
                                      ("test_gpu_suite::test_b", "FAIL"), ("test_gpu_suite::test_c", "skip")]
-    text = gs.render(rows, commit="abc1234", device="NVIDIA H100 80GB HBM3", jax_version="0.11.2",
-                     date="2026-12-06")
-    assert "**1 passed, 1 failed, 1 skipped**" in text and "`abc1234`" in text
-    assert "| `test_gpu_suite::test_b` | FAIL | 2.0 | AssertionError: too far |" in text
+    one = gs.render(gs.merge([(rows, "abc1234")]), runs=[("abc1234", gs.wall_seconds(str(xml)), 3)],
+                    device="NVIDIA H100 80GB HBM3", jax_version="0.11.2", date="2026-12-06")
+    assert "**1 passed, 1 failed, 1 skipped** (run 1: commit `abc1234`, 3 cases in 3 s)" in one
+    assert "| `test_gpu_suite::test_b` | FAIL | 2.0 | AssertionError: too far |" in one
+    out = tmp_path / "s.md"
+    gs.main([str(xml), str(out), "--commit", "abc1234", "--rerun", f"{rerun}@def5678", "--device",
+             "NVIDIA H100 80GB HBM3", "--jax", "0.11.2"])
+    text = out.read_text()
+    assert "**2 passed, 0 failed, 1 skipped**" in text and "run 2: commit `def5678`" in text
+    assert ("| `test_gpu_suite::test_b` | pass | 2.4 | 2 | run 1: FAIL (AssertionError: too far) |"
+            in text)

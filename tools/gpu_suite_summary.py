@@ -2,9 +2,12 @@
 date, commit, device, jax, and every case with its result and time.
 
   python tools/gpu_suite_summary.py gpu_suite.xml gpu_suite.md [--commit HASH]
+  python tools/gpu_suite_summary.py run.xml out.md --commit A --rerun cli.xml@B --device ... --jax ...
 
 The commit is ``--commit``, else ``$GPU_SUITE_COMMIT``, else ``git rev-parse`` (a device machine's
-copy of the tree may have no ``.git``); the device and jax are read on the machine it runs on.
+copy of the tree may have no ``.git``); the device and jax are ``--device`` / ``--jax``, else read on
+the machine the tool runs on. ``--rerun XML@COMMIT`` (repeatable): cases run again at another
+commit; each replaces the first run's result of that case, and the table says which run it is from.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ def cases(xml_path: str) -> list[tuple[str, str, float, str]]:
     return out
 
 
+def wall_seconds(xml_path: str) -> float:
+    """The run's wall time (the test suites' ``time``; cases overlap under pytest-xdist)."""
+    return sum(float(s.get("time", 0.0)) for s in ET.parse(xml_path).getroot().iter("testsuite"))
+
+
 def _commit(given: str | None) -> str:
     if given or os.environ.get("GPU_SUITE_COMMIT"):
         return given or os.environ["GPU_SUITE_COMMIT"]
@@ -41,14 +49,35 @@ def _commit(given: str | None) -> str:
         return "unknown"
 
 
-def render(rows, *, commit: str, device: str, jax_version: str, date: str) -> str:
+def merge(runs: list[tuple[list, str]]) -> list[tuple[str, str, float, str, int]]:
+    """Cases of every run (``(rows, commit)``), a later run's result of a case replacing an earlier
+    one's; each row gains the index of its run."""
+    merged: dict[str, tuple] = {}
+    for i, (rows, _) in enumerate(runs):
+        for name, result, t, message in rows:
+            if name in merged:  # what the earlier run said stays in the note
+                was = merged[name]
+                message = "; ".join(x for x in (message, f"run {was[4] + 1}: {was[1]}"
+                                                 + (f" ({was[3]})" if was[3] else "")) if x)
+            merged[name] = (name, result, t, message, i)
+    return sorted(merged.values())
+
+
+def render(rows, *, runs: list[tuple[str, float, int]], device: str, jax_version: str,
+           date: str) -> str:
+    """``rows`` from :func:`merge`; ``runs``: (commit, wall seconds, cases) of each run."""
     counts = {w: sum(r[1] == w for r in rows) for w in ("pass", "FAIL", "skip")}
+    said = [f"run {i + 1}: commit `{c}`, {n} cases in {t:.0f} s" for i, (c, t, n) in enumerate(runs)]
     lines = ["# `make test-gpu`: what only a GPU shows", "",
-             f"{date}, commit `{commit}`, {device}, jax {jax_version}: **{counts['pass']} passed, "
-             f"{counts['FAIL']} failed, {counts['skip']} skipped** in {sum(r[2] for r in rows):.0f} s "
-             "(tests/test_gpu_suite.py; regenerate with `make test-gpu` on the device).", "",
-             "| case | result | s | note |", "|---|---|---|---|"]
-    lines += [f"| `{n}` | {r} | {t:.1f} | {m.replace('|', '/')} |" for n, r, t, m in rows]
+             f"{date}, {device}, jax {jax_version}: **{counts['pass']} passed, {counts['FAIL']} "
+             f"failed, {counts['skip']} skipped** ({'; '.join(said)}). tests/test_gpu_suite.py; "
+             "regenerate with `make test-gpu` on the device.", ""]
+    multi = len(runs) > 1
+    lines += ["| case | result | s |" + (" run |" if multi else "") + " note |",
+              "|---|---|---|" + ("---|" if multi else "") + "---|"]
+    for name, result, t, message, run in rows:
+        lines.append(f"| `{name}` | {result} | {t:.1f} |" + (f" {run + 1} |" if multi else "")
+                     + f" {message.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -57,12 +86,21 @@ def main(argv=None) -> None:
     ap.add_argument("xml")
     ap.add_argument("md")
     ap.add_argument("--commit")
+    ap.add_argument("--rerun", action="append", default=[], metavar="XML@COMMIT")
+    ap.add_argument("--device")
+    ap.add_argument("--jax", dest="jax_version")
     args = ap.parse_args(argv)
-    import jax
+    device, jax_version = args.device, args.jax_version
+    if device is None or jax_version is None:
+        import jax
 
-    rows = cases(args.xml)
-    text = render(rows, commit=_commit(args.commit), device=jax.devices()[0].device_kind,
-                  jax_version=jax.__version__, date=datetime.date.today().isoformat())
+        device = device or jax.devices()[0].device_kind
+        jax_version = jax_version or jax.__version__
+    paths = [(args.xml, _commit(args.commit))] + [tuple(r.rsplit("@", 1)) for r in args.rerun]
+    runs = [(cases(p), c) for p, c in paths]
+    text = render(merge(runs), runs=[(c, wall_seconds(p), len(rows)) for (p, c), (rows, _) in
+                                     zip(paths, runs)],
+                  device=device, jax_version=jax_version, date=datetime.date.today().isoformat())
     with open(args.md, "w") as f:
         f.write(text)
     print(text.split("\n")[2])
