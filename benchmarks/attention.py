@@ -54,8 +54,9 @@ def time_fn(fn, args, warmup=1, reps=10, budget_s=20.0):
 
 def baseline_fn(platform, causal):
     if platform == "gpu":
-        return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                            implementation="cudnn"), "cudnn"
+        return lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, is_causal=causal, implementation="cudnn"
+        ), "cudnn"
     if platform == "tpu":
         try:
             return _splash(causal), "splash"
@@ -102,12 +103,19 @@ def ring_fn(impl, causal, block_sizes=None, deterministic=False, n=1, layout="zi
     spec = P(None, "sp")
 
     def local(q, k, v):
-        return ringattention.ring_attention(q, k, v, "sp", causal=causal, implementation=impl,
-                                            block_sizes=block_sizes, deterministic=deterministic,
-                                            layout=layout if n > 1 else "contiguous")
+        return ringattention.ring_attention(
+            q,
+            k,
+            v,
+            "sp",
+            causal=causal,
+            implementation=impl,
+            block_sizes=block_sizes,
+            deterministic=deterministic,
+            layout=layout if n > 1 else "contiguous",
+        )
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
-                         check_vma=False)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
 
 
 def layout_io(n, layout):
@@ -126,15 +134,17 @@ def bare_fns(impl, causal, block_sizes=None, deterministic=False):
     mod = resolved.load()
 
     def kw_for(q):  # deterministic: the block sizes ring_attention(deterministic=True) would use
-        bs = (implementations.deterministic_block_sizes(resolved, block_sizes, q.shape[-1], causal)
-              if deterministic else block_sizes)
+        bs = (
+            implementations.deterministic_block_sizes(resolved, block_sizes, q.shape[-1], causal)
+            if deterministic
+            else block_sizes
+        )
         return dict(causal=causal, block_sizes=bs)
 
     def fwd(q, k, v):
         kw = kw_for(q)
         pos = jnp.arange(q.shape[1], dtype=jnp.int32)
-        o, lse = mod.forward_step(q, k, v, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5,
-                                  **kw)
+        o, lse = mod.forward_step(q, k, v, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5, **kw)
         return o.astype(q.dtype), lse
 
     def fwdbwd(q, k, v, do):
@@ -142,8 +152,20 @@ def bare_fns(impl, causal, block_sizes=None, deterministic=False):
         pos = jnp.arange(q.shape[1], dtype=jnp.int32)
         o, lse = fwd(q, k, v)
         delta = jnp.einsum("bshd,bshd->bhs", o.astype(jnp.float32), do)
-        return mod.backward_step(q, k, v, do.astype(q.dtype), lse, delta, pos, pos, None, None,
-                                 softmax_scale=q.shape[-1] ** -0.5, **kw)
+        return mod.backward_step(
+            q,
+            k,
+            v,
+            do.astype(q.dtype),
+            lse,
+            delta,
+            pos,
+            pos,
+            None,
+            None,
+            softmax_scale=q.shape[-1] ** -0.5,
+            **kw,
+        )
 
     return (lambda q, k, v: fwd(q, k, v)[0]), fwdbwd
 
@@ -163,8 +185,9 @@ def rel(a, b):
 def check(fns, q, k, v, causal, prefix=2048):
     """Errors of every fn against a float32 reference on a prefix (causal) or short copy."""
     qs, ks, vs = (x[:, :prefix] for x in (q, k, v))
-    ref = ringattention.reference_attention(qs.astype(jnp.float32), ks.astype(jnp.float32),
-                                            vs.astype(jnp.float32), causal=causal)
+    ref = ringattention.reference_attention(
+        qs.astype(jnp.float32), ks.astype(jnp.float32), vs.astype(jnp.float32), causal=causal
+    )
     errs = {}
     for name, f in fns.items():
         try:
@@ -190,8 +213,7 @@ def bench_shape(args, impls, b, l, h, kvh, d, causal):
     for impl in impls:
         bs = block_sizes_for(impl, args.block, d, causal)
         for det in (False, True) if args.deterministic else (False,):
-            tag = f"{impl}" + (f" {args.block}" if args.block else "") + (" deterministic" if det
-                                                                           else "")
+            tag = f"{impl}" + (f" {args.block}" if args.block else "") + (" deterministic" if det else "")
             for n in rings if not args.sweep else ():
                 f = ring_fn(impl, causal, bs, det, n, args.layout)
                 fns[f"ring[{tag}]" + (f" sp={n} {args.layout}" if n > 1 else "")] = (f, fwdbwd(f), n)
@@ -206,8 +228,18 @@ def bench_shape(args, impls, b, l, h, kvh, d, causal):
     base_out = jax.jit(base)(q, k, v)
     rows = []
     for name, (f, fb, n) in fns.items():
-        row = dict(name=name, batch=b, seq=l, heads=h, kv_heads=kvh, head_dim=d, causal=causal,
-                   dtype=args.dtype, devices=n, err_vs_f32_ref_prefix=errs[name])
+        row = dict(
+            name=name,
+            batch=b,
+            seq=l,
+            heads=h,
+            kv_heads=kvh,
+            head_dim=d,
+            causal=causal,
+            dtype=args.dtype,
+            devices=n,
+            err_vs_f32_ref_prefix=errs[name],
+        )
         try:
             to = io[n][0]
             ins = (to(q), to(k), to(v))
@@ -230,8 +262,18 @@ def bench_shape(args, impls, b, l, h, kvh, d, causal):
 
 
 def table(rows):
-    cols = ["name", "devices", "seq", "heads", "kv_heads", "head_dim", "causal", "fwd_tflops",
-            "fwdbwd_tflops", "err_vs_baseline"]
+    cols = [
+        "name",
+        "devices",
+        "seq",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "causal",
+        "fwd_tflops",
+        "fwdbwd_tflops",
+        "err_vs_baseline",
+    ]
     ratio_cols = sorted({c for r in rows for c in r if "_vs_" in c and c != "err_vs_baseline"})
     cols += ratio_cols
     fmt = lambda x: f"{x:.3g}" if isinstance(x, float) else str(x)
@@ -251,20 +293,27 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--bare", action="store_true", help="also time the bare step (no ring)")
     ap.add_argument("--block", default="", help='BlockSizes fields, e.g. "q_chunk=2048,kv_chunk=1024"')
-    ap.add_argument("--sweep", default="", help='";"-separated --block specs, timed as bare steps '
-                    "(no ring)")
-    ap.add_argument("--deterministic", action="store_true",
-                    help="also time every implementation with deterministic=True (rows tagged "
-                         '"deterministic"): the speed cost of kernels whose sums have a fixed order')
-    ap.add_argument("--sp", default="1", help="comma-separated ring sizes (devices on the ring); "
-                    "TFLOP/s are per device")
+    ap.add_argument("--sweep", default="", help='";"-separated --block specs, timed as bare steps (no ring)')
+    ap.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="also time every implementation with deterministic=True (rows tagged "
+        '"deterministic"): the speed cost of kernels whose sums have a fixed order',
+    )
+    ap.add_argument(
+        "--sp", default="1", help="comma-separated ring sizes (devices on the ring); TFLOP/s are per device"
+    )
     ap.add_argument("--layout", default="zigzag", help="layout of rings of more than one device")
     ap.add_argument("--out", default=None, help="path prefix for .json and .md")
     args = ap.parse_args(argv)
     impls = args.impls.split(",")
-    meta = dict(date=datetime.date.today().isoformat(), jax=jax.__version__,
-                device=str(jax.devices()[0].device_kind), platform=jax.default_backend(),
-                args=vars(args))
+    meta = dict(
+        date=datetime.date.today().isoformat(),
+        jax=jax.__version__,
+        device=str(jax.devices()[0].device_kind),
+        platform=jax.default_backend(),
+        args=vars(args),
+    )
     rows = []
     for shape in args.shapes.split(","):
         h, kvh, d = (int(x) for x in shape.split(":"))

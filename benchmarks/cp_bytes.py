@@ -42,8 +42,11 @@ def parse_args(argv=None):
     p.add_argument("--seqs", default="131072,262144,524288,1048576")
     p.add_argument("--devices", default="8,16,32,64")
     p.add_argument("--node", type=int, default=8, help="the hybrid's Ulysses group (<= P / 2)")
-    p.add_argument("--measure", default="131072,1048576@64",
-                   help="where the HLO is compiled: lengths (every P) or length@P (others: formula)")
+    p.add_argument(
+        "--measure",
+        default="131072,1048576@64",
+        help="where the HLO is compiled: lengths (every P) or length@P (others: formula)",
+    )
     p.add_argument("--schemes", default="ring,ulysses,hybrid")
     p.add_argument("--chunk", type=int, default=4096, help="ring inner-loop block (compile only)")
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny shapes, 4-8 devices")
@@ -51,8 +54,15 @@ def parse_args(argv=None):
     p.add_argument("--from-json", default=None, help="only re-render the markdown of a saved run")
     args = p.parse_args(argv)
     if args.tiny:  # smoke-test values for every option left at its default
-        tiny = dict(models="tiny", seqs="256,512", devices="4,8", node=4, measure="256", chunk=16,
-                    schemes="ring,all_gather,ulysses,hybrid")
+        tiny = dict(
+            models="tiny",
+            seqs="256,512",
+            devices="4,8",
+            node=4,
+            measure="256",
+            chunk=16,
+            schemes="ring,all_gather,ulysses,hybrid",
+        )
         for k, v in tiny.items():
             if getattr(args, k) == p.get_default(k):
                 setattr(args, k, v)
@@ -73,8 +83,10 @@ def _max_devices(argv) -> int:
 
 
 if __name__ == "__main__":  # before jax starts: enough virtual CPU devices for the largest mesh
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
-                               f"device_count={_max_devices(sys.argv[1:])}").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+        f"device_count={_max_devices(sys.argv[1:])}"
+    ).strip()
     os.environ["JAX_PLATFORMS"] = "cpu"
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -90,14 +102,29 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MIB = 2**20
 TINY = (8, 2, 16)  # heads, kv heads, head dim of the smoke test
 ACC_BYTES = 4  # the ring's dk/dv accumulators travel in float32
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
-               "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+}
 
 
 # ---- the formula ---------------------------------------------------------------------------------
 
-def analytic(heads: int, kv_heads: int, dim: int, seq: int, u: int, n: int, dtype_bytes: int,
-             gather: bool = False) -> dict:
+
+def analytic(
+    heads: int, kv_heads: int, dim: int, seq: int, u: int, n: int, dtype_bytes: int, gather: bool = False
+) -> dict:
     """Bytes one device sends for one layer's attention (see the module doc).
 
     Returns {"fwd": {kind: bytes}, "fwd_bwd": {kind: bytes}} with kinds "all-to-all" (the Ulysses
@@ -121,13 +148,16 @@ def analytic(heads: int, kv_heads: int, dim: int, seq: int, u: int, n: int, dtyp
     if gather:
         if u != 1:
             raise ValueError(f"the all-gather scheme runs without Ulysses; got {u=}")
-        return {"fwd": {"all-gather": (n - 1) * hop * b},
-                "fwd_bwd": {"all-gather": (n - 1) * hop * b,
-                            "reduce-scatter": (n - 1) * hop * ACC_BYTES}}
+        return {
+            "fwd": {"all-gather": (n - 1) * hop * b},
+            "fwd_bwd": {"all-gather": (n - 1) * hop * b, "reduce-scatter": (n - 1) * hop * ACC_BYTES},
+        }
     fwd_lap = (n - 1) * hop * b
     bwd_lap = (max(n - 2, 0) * hop * b + n * hop * ACC_BYTES) if n > 1 else 0
-    return {"fwd": {"all-to-all": qkv + o, "collective-permute": fwd_lap},
-            "fwd_bwd": {"all-to-all": qkv + o + qkv, "collective-permute": fwd_lap + bwd_lap}}
+    return {
+        "fwd": {"all-to-all": qkv + o, "collective-permute": fwd_lap},
+        "fwd_bwd": {"all-to-all": qkv + o + qkv, "collective-permute": fwd_lap + bwd_lap},
+    }
 
 
 def total(parts: dict) -> float:
@@ -229,15 +259,23 @@ def hlo_collective_bytes(text: str) -> dict:
 
 # ---- compiling one scheme -----------------------------------------------------------------------
 
-def compile_text(heads, kv_heads, dim, seq, u, n, grad: bool, chunk: int,
-                 strategy: str = "ring") -> str:
+
+def compile_text(heads, kv_heads, dim, seq, u, n, grad: bool, chunk: int, strategy: str = "ring") -> str:
     """Optimized HLO of one layer's causal attention on a (ring n) x (Ulysses u) mesh, float32."""
     mesh = Mesh(np.array(jax.devices()[: u * n]).reshape(n, u), ("sp", "usp"))
     spec = P(None, ("sp", "usp"))
     block = min(chunk, seq // n)
     attn = lambda q, k, v: ring_attention(  # noqa: E731
-        q, k, v, "sp", causal=True, implementation="xla", block_sizes=BlockSizes(block, block),
-        ulysses_axis="usp" if u > 1 else None, strategy=strategy)
+        q,
+        k,
+        v,
+        "sp",
+        causal=True,
+        implementation="xla",
+        block_sizes=BlockSizes(block, block),
+        ulysses_axis="usp" if u > 1 else None,
+        strategy=strategy,
+    )
     f = sharded = jax.shard_map(attn, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
     if grad:
         f = jax.grad(lambda q, k, v: sharded(q, k, v).sum(), argnums=(0, 1, 2))
@@ -249,9 +287,12 @@ def compile_text(heads, kv_heads, dim, seq, u, n, grad: bool, chunk: int,
 def schemes(p: int, heads: int, node: int) -> list[tuple[str, int, int, str | None]]:
     """(name, ulysses u, ring n, why not) of the three schemes on p devices."""
     hu = min(node, p // 2)
-    return [("ring", 1, p, None), ("all_gather", 1, p, None),
-            ("ulysses", p, 1, None if heads % p == 0 else f"{heads} heads < {p} devices"),
-            (f"hybrid {hu}x{p // hu}", hu, p // hu, None if heads % hu == 0 else "heads")]
+    return [
+        ("ring", 1, p, None),
+        ("all_gather", 1, p, None),
+        ("ulysses", p, 1, None if heads % p == 0 else f"{heads} heads < {p} devices"),
+        (f"hybrid {hu}x{p // hu}", hu, p // hu, None if heads % hu == 0 else "heads"),
+    ]
 
 
 def shapes(model: str) -> tuple[int, int, int]:
@@ -266,8 +307,17 @@ def shapes(model: str) -> tuple[int, int, int]:
 def measure_row(model, seq, p, scheme, args, measure: bool) -> dict:
     name, u, n, why = scheme
     heads, kv_heads, dim = shapes(model)
-    row = {"model": model, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "seq": seq,
-           "devices": p, "scheme": name, "ulysses": u, "ring": n}
+    row = {
+        "model": model,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": dim,
+        "seq": seq,
+        "devices": p,
+        "scheme": name,
+        "ulysses": u,
+        "ring": n,
+    }
     if why:
         return {**row, "skipped": why}
     gather = name == "all_gather"
@@ -277,18 +327,25 @@ def measure_row(model, seq, p, scheme, args, measure: bool) -> dict:
         t = time.perf_counter()
         row["hlo_f32"] = {}
         for key, grad in (("fwd", False), ("fwd_bwd", True)):
-            got = hlo_collective_bytes(compile_text(heads, kv_heads, dim, seq, u, n, grad,
-                                                    args.chunk, "all_gather" if gather else "ring"))
+            got = hlo_collective_bytes(
+                compile_text(
+                    heads, kv_heads, dim, seq, u, n, grad, args.chunk, "all_gather" if gather else "ring"
+                )
+            )
             row["hlo_f32"][key] = got
         row["compile_s"] = round(time.perf_counter() - t, 1)
         row["hlo_matches"] = all(  # each kind on its own; nothing else is sent
-            math.isclose(row["hlo_f32"][k].get(kind, 0.0), row["f32"][k].get(kind, 0.0),
-                         rel_tol=1e-9, abs_tol=0.5)
-            for k in ("fwd", "fwd_bwd") for kind in COLLECTIVES)
+            math.isclose(
+                row["hlo_f32"][k].get(kind, 0.0), row["f32"][k].get(kind, 0.0), rel_tol=1e-9, abs_tol=0.5
+            )
+            for k in ("fwd", "fwd_bwd")
+            for kind in COLLECTIVES
+        )
     return row
 
 
 # ---- the table -----------------------------------------------------------------------------------
+
 
 def _tokens(seq: int) -> str:
     return f"{seq // 1024}K" if seq % 1024 == 0 else str(seq)
@@ -304,58 +361,93 @@ def markdown(result: dict) -> str:
     rows = result["rows"]
     present = {r["scheme"].split()[0] for r in rows}
     names = [n for n in ("ring", "all_gather", "ulysses", "hybrid") if n in present or n != "all_gather"]
-    kinds = ["all-to-all", "collective-permute"] + (["all-gather", "reduce-scatter"]
-                                                    if "all_gather" in present else [])
-    short = {"all-to-all": "a2a", "collective-permute": "permute", "all-gather": "gather",
-             "reduce-scatter": "scatter"}
+    kinds = ["all-to-all", "collective-permute"] + (
+        ["all-gather", "reduce-scatter"] if "all_gather" in present else []
+    )
+    short = {
+        "all-to-all": "a2a",
+        "collective-permute": "permute",
+        "all-gather": "gather",
+        "reduce-scatter": "scatter",
+    }
     cmd = " ".join(["python benchmarks/cp_bytes.py", result["argv"]]).strip()
-    head = (f"Bytes sent per device for one layer's causal attention (MiB, batch 1, bfloat16 q/k/v), "
-            f"ring vs Ulysses vs Ulysses x ring; {result['date']}, jax {result['jax']}, `{cmd}`. "
-            "Shapes (heads, kv heads, head dim): "
-            + ", ".join(f"{m} {shapes(m)}" for m in result["models"]) + ". Hybrid U x N = Ulysses "
-            f"groups of U = min({result['node']}, P / 2) inside a ring of N = P / U. Ulysses needs "
-            "heads % P == 0; kv heads are repeated to a multiple of the Ulysses size. From the "
-            "formula of `analytic()`, which the compiled HLO confirms below. Bytes are not time: "
-            "the ring hides its permutes behind the compute of each step, the all-to-all runs "
-            "between the layer's projections and attention.")
-    lines = [head, "", "| model | tokens | P | " + " | ".join(f"fwd {n}" for n in names) + " | "
-             + " | ".join(f"fwd+bwd {n}" for n in names) + " |", "|---" * (3 + 2 * len(names)) + "|"]
+    head = (
+        f"Bytes sent per device for one layer's causal attention (MiB, batch 1, bfloat16 q/k/v), "
+        f"ring vs Ulysses vs Ulysses x ring; {result['date']}, jax {result['jax']}, `{cmd}`. "
+        "Shapes (heads, kv heads, head dim): "
+        + ", ".join(f"{m} {shapes(m)}" for m in result["models"])
+        + ". Hybrid U x N = Ulysses "
+        f"groups of U = min({result['node']}, P / 2) inside a ring of N = P / U. Ulysses needs "
+        "heads % P == 0; kv heads are repeated to a multiple of the Ulysses size. From the "
+        "formula of `analytic()`, which the compiled HLO confirms below. Bytes are not time: "
+        "the ring hides its permutes behind the compute of each step, the all-to-all runs "
+        "between the layer's projections and attention."
+    )
+    lines = [
+        head,
+        "",
+        "| model | tokens | P | "
+        + " | ".join(f"fwd {n}" for n in names)
+        + " | "
+        + " | ".join(f"fwd+bwd {n}" for n in names)
+        + " |",
+        "|---" * (3 + 2 * len(names)) + "|",
+    ]
     keys = list(dict.fromkeys((r["model"], r["seq"], r["devices"]) for r in rows))
     for model, seq, p in keys:
-        hit = {r["scheme"].split()[0]: r for r in rows if (r["model"], r["seq"], r["devices"])
-               == (model, seq, p)}
+        hit = {
+            r["scheme"].split()[0]: r for r in rows if (r["model"], r["seq"], r["devices"]) == (model, seq, p)
+        }
         cells = []
         for key in ("fwd", "fwd_bwd"):
             for n in names:
                 r = hit.get(n)
                 cells.append("n/a" if r is None or "skipped" in r else _mib(total(r["bf16"][key])))
         lines.append(f"| {model} | {_tokens(seq)} | {p} | " + " | ".join(cells) + " |")
-    lines += ["", "Split by kind at the largest length, bfloat16 (formula): the Ulysses all-to-all "
-              "stays within a group (a host), the ring's collective-permutes cross groups.", "",
-              "| model | P | scheme | " + " | ".join(
-                  f"{k} {kind if kind == 'all-to-all' else short[kind]}" for k in ("fwd", "fwd+bwd")
-                  for kind in kinds) + " |", "|---" * (3 + 2 * len(kinds)) + "|"]
+    lines += [
+        "",
+        "Split by kind at the largest length, bfloat16 (formula): the Ulysses all-to-all "
+        "stays within a group (a host), the ring's collective-permutes cross groups.",
+        "",
+        "| model | P | scheme | "
+        + " | ".join(
+            f"{k} {kind if kind == 'all-to-all' else short[kind]}"
+            for k in ("fwd", "fwd+bwd")
+            for kind in kinds
+        )
+        + " |",
+        "|---" * (3 + 2 * len(kinds)) + "|",
+    ]
     longest = max(r["seq"] for r in rows)
     for r in rows:
         if r["seq"] == longest and "skipped" not in r:
             cells = [_mib(r["bf16"][k].get(kind, 0.0)) for k in ("fwd", "fwd_bwd") for kind in kinds]
-            lines.append(f"| {r['model']} | {r['devices']} | {r['scheme']} | "
-                         + " | ".join(cells) + " |")
-    lines += ["", "HLO check (float32 inputs, the CPU compiler's dtype): bytes of the optimized HLO's "
-              "collective-permute and all-to-all ops (loop bodies times their trip counts) against "
-              "the formula at 4 bytes per element, each kind on its own; no other collective "
-              "appears.", "",
-              "| model | tokens | P | scheme | " + " | ".join(
-                  f"{k} {short[kind]} HLO / formula" for k in ("fwd", "fwd+bwd") for kind in kinds)
-              + " | match | compile s |", "|---" * (6 + 2 * len(kinds)) + "|"]
+            lines.append(f"| {r['model']} | {r['devices']} | {r['scheme']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "HLO check (float32 inputs, the CPU compiler's dtype): bytes of the optimized HLO's "
+        "collective-permute and all-to-all ops (loop bodies times their trip counts) against "
+        "the formula at 4 bytes per element, each kind on its own; no other collective "
+        "appears.",
+        "",
+        "| model | tokens | P | scheme | "
+        + " | ".join(f"{k} {short[kind]} HLO / formula" for k in ("fwd", "fwd+bwd") for kind in kinds)
+        + " | match | compile s |",
+        "|---" * (6 + 2 * len(kinds)) + "|",
+    ]
     for r in rows:
         if "hlo_f32" not in r:
             continue
-        cells = [f"{_mib(r['hlo_f32'][k].get(kind, 0.0))} / {_mib(r['f32'][k].get(kind, 0.0))}"
-                 for k in ("fwd", "fwd_bwd") for kind in kinds]
-        lines.append(f"| {r['model']} | {_tokens(r['seq'])} | {r['devices']} | {r['scheme']} | "
-                     + " | ".join(cells)
-                     + f" | {'yes' if r['hlo_matches'] else 'NO'} | {r['compile_s']} |")
+        cells = [
+            f"{_mib(r['hlo_f32'][k].get(kind, 0.0))} / {_mib(r['f32'][k].get(kind, 0.0))}"
+            for k in ("fwd", "fwd_bwd")
+            for kind in kinds
+        ]
+        lines.append(
+            f"| {r['model']} | {_tokens(r['seq'])} | {r['devices']} | {r['scheme']} | "
+            + " | ".join(cells)
+            + f" | {'yes' if r['hlo_matches'] else 'NO'} | {r['compile_s']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -369,8 +461,10 @@ def main(argv=None) -> dict:
         return result
     devices = [int(d) for d in args.devices.split(",")]
     if max(devices) > jax.device_count():
-        raise ValueError(f"--devices {args.devices} needs {max(devices)} devices; jax has "
-                         f"{jax.device_count()} (run this file as a script: it sets XLA_FLAGS)")
+        raise ValueError(
+            f"--devices {args.devices} needs {max(devices)} devices; jax has "
+            f"{jax.device_count()} (run this file as a script: it sets XLA_FLAGS)"
+        )
     models = args.models.split(",")
     rows = []
     for model in models:
@@ -382,9 +476,14 @@ def main(argv=None) -> dict:
                     row = measure_row(model, seq, p, scheme, args, measured(args, seq, p))
                     print(json.dumps({k: v for k, v in row.items() if k != "hlo_f32"}), flush=True)
                     rows.append(row)
-    result = {"date": datetime.date.today().isoformat(), "jax": jax.__version__,
-              "argv": " ".join(argv if argv is not None else sys.argv[1:]), "models": models,
-              "node": args.node, "rows": rows}
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "jax": jax.__version__,
+        "argv": " ".join(argv if argv is not None else sys.argv[1:]),
+        "models": models,
+        "node": args.node,
+        "rows": rows,
+    }
     prefix = args.out or os.path.join(RESULTS, "cp_bytes")
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     with open(prefix + ".json", "w") as f:

@@ -71,8 +71,14 @@ def scheme_name(u: int, n: int) -> str:
 
 def make_fns(mesh, u: int, args):
     """jitted forward and forward+backward of global layout-ordered q, k, v (sharded inputs)."""
-    kw = dict(seq_axis="sp", ulysses_axis="usp" if u > 1 else None, causal=bool(args.causal),
-              layout=args.layout, reorder=False, implementation=args.impl)
+    kw = dict(
+        seq_axis="sp",
+        ulysses_axis="usp" if u > 1 else None,
+        causal=bool(args.causal),
+        layout=args.layout,
+        reorder=False,
+        implementation=args.impl,
+    )
     fwd = lambda q, k, v: ringattention.sharded_attention(q, k, v, mesh, **kw)  # noqa: E731
 
     def loss(q, k, v, do):
@@ -100,13 +106,23 @@ def bench(args, devices, shape, seq: int) -> list[dict]:
         sharding = NamedSharding(mesh, P(None, ("sp", "usp")))
         to = lambda x: jax.device_put(layouts.to_layout(x, args.layout, n), sharding)  # noqa: E731
         q, k, v, do = (to(x) for x in natural)
-        row = dict(scheme=scheme_name(u, n), ulysses=u, ring=n, devices=len(devices), seq=seq,
-                   heads=h, kv_heads=kvh, head_dim=d, causal=bool(args.causal), layout=args.layout,
-                   impl=args.impl, dtype=args.dtype)
+        row = dict(
+            scheme=scheme_name(u, n),
+            ulysses=u,
+            ring=n,
+            devices=len(devices),
+            seq=seq,
+            heads=h,
+            kv_heads=kvh,
+            head_dim=d,
+            causal=bool(args.causal),
+            layout=args.layout,
+            impl=args.impl,
+            dtype=args.dtype,
+        )
         try:
             fwd, grad = make_fns(mesh, u, args)
-            outs = tuple(layouts.from_layout(x, args.layout, n) for x in (fwd(q, k, v),
-                                                                          *grad(q, k, v, do)))
+            outs = tuple(layouts.from_layout(x, args.layout, n) for x in (fwd(q, k, v), *grad(q, k, v, do)))
             first = outs if first is None else first
             row["err_vs_first"] = max(rel(a, b) for a, b in zip(outs, first))
             for mode, fn, a in (("fwd", fwd, (q, k, v)), ("fwdbwd", grad, (q, k, v, do))):
@@ -122,8 +138,21 @@ def bench(args, devices, shape, seq: int) -> list[dict]:
 
 
 def table(rows) -> str:
-    cols = ["scheme", "ulysses", "ring", "seq", "heads", "kv_heads", "head_dim", "fwd_ms",
-            "fwdbwd_ms", "fwd_tflops_per_device", "fwdbwd_tflops_per_device", "err_vs_first", "error"]
+    cols = [
+        "scheme",
+        "ulysses",
+        "ring",
+        "seq",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "fwd_ms",
+        "fwdbwd_ms",
+        "fwd_tflops_per_device",
+        "fwdbwd_tflops_per_device",
+        "err_vs_first",
+        "error",
+    ]
     fmt = lambda x: f"{x:.4g}" if isinstance(x, float) else str(x)[:60]  # noqa: E731
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
@@ -133,9 +162,14 @@ def table(rows) -> str:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     devices = jax.devices()[: args.devices or None]
-    meta = dict(date=datetime.date.today().isoformat(), jax=jax.__version__,
-                device=str(devices[0].device_kind), count=len(devices),
-                platform=jax.default_backend(), args=vars(args))
+    meta = dict(
+        date=datetime.date.today().isoformat(),
+        jax=jax.__version__,
+        device=str(devices[0].device_kind),
+        count=len(devices),
+        platform=jax.default_backend(),
+        args=vars(args),
+    )
     rows = []
     for shape in args.shapes.split(","):
         for seq in (int(s) for s in args.seqs.split(",")):
@@ -151,8 +185,10 @@ def write(out, meta, rows) -> None:
     with open(out + ".json", "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     with open(out + ".md", "w") as f:
-        f.write(f"{meta['date']}, jax {meta['jax']}, {meta['count']} x {meta['device']}, "
-                f"`{' '.join(sys.argv)}`\n\n{table(rows)}\n")
+        f.write(
+            f"{meta['date']}, jax {meta['jax']}, {meta['count']} x {meta['device']}, "
+            f"`{' '.join(sys.argv)}`\n\n{table(rows)}\n"
+        )
 
 
 if __name__ == "__main__":

@@ -38,13 +38,25 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=8192, help="data.seq_len (GPU runs)")
     p.add_argument("--steps", type=int, default=6, help="N: steps of runs A and B")
     p.add_argument("--stop", type=int, default=3, help="K: run C stops here, C' resumes")
-    p.add_argument("--no-deterministic", dest="deterministic", action="store_false",
-                   help="the control: the same runs without deterministic: true")
+    p.add_argument(
+        "--no-deterministic",
+        dest="deterministic",
+        action="store_false",
+        help="the control: the same runs without deterministic: true",
+    )
     p.add_argument("--sequential", action="store_true", help="run A, B and C one after another")
-    p.add_argument("--gpus", type=int, default=1, help="GPU runs: a ring of this many GPUs "
-                   "(mesh sp=N, CUDA devices 0..N-1); more than one runs A, B, C one after another")
-    p.add_argument("--cpu", action="store_true", help="CPU smoke test: debug preset, a ring of 2 "
-                                                      "virtual devices, 64 tokens, run after run")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="GPU runs: a ring of this many GPUs "
+        "(mesh sp=N, CUDA devices 0..N-1); more than one runs A, B, C one after another",
+    )
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="CPU smoke test: debug preset, a ring of 2 virtual devices, 64 tokens, run after run",
+    )
     p.add_argument("--workdir", default=None, help="run directories (default: <out>_runs)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per phase")
     p.add_argument("--out", required=True, help="path prefix of the .json result")
@@ -52,25 +64,48 @@ def parse_args(argv=None):
     if not 0 < args.stop < args.steps:
         p.error(f"need 0 < --stop < --steps; got {args.stop=} {args.steps=}")
     if args.gpus < 1 or args.seq % (2 * args.gpus):
-        p.error(f"need --gpus >= 1 and --seq divisible by 2 x --gpus (zigzag); got {args.gpus=} "
-                f"{args.seq=}")
+        p.error(f"need --gpus >= 1 and --seq divisible by 2 x --gpus (zigzag); got {args.gpus=} {args.seq=}")
     return args
 
 
 def train_args(args, run_dir: str) -> list[str]:
     """The ``python -m train`` command line shared by every run (plus per-run options)."""
-    common = [f"--run_dir={run_dir}", f"--steps={args.steps}", f"--deterministic={args.deterministic}",
-              "--checkpoint.every=0", "--checkpoint.keep=2", "--checkpoint.async_save=false",
-              "--log.every=1", "--log.tensorboard=false", "--log.progress=false",
-              "--data.eval_fraction=0", "--sample.tokens=0", "--optim.warmup_steps=2"]
+    common = [
+        f"--run_dir={run_dir}",
+        f"--steps={args.steps}",
+        f"--deterministic={args.deterministic}",
+        "--checkpoint.every=0",
+        "--checkpoint.keep=2",
+        "--checkpoint.async_save=false",
+        "--log.every=1",
+        "--log.tensorboard=false",
+        "--log.progress=false",
+        "--data.eval_fraction=0",
+        "--sample.tokens=0",
+        "--optim.warmup_steps=2",
+    ]
     if args.cpu:  # a ring of two virtual devices
-        return ["--config", os.path.join(ROOT, "configs", "debug.yaml"), *common,
-                "--cpu_devices=2", "--mesh.fsdp=1", "--mesh.sp=2", "--data.seq_len=64",
-                "--data.batch_size=2"]
-    return ["--config", os.path.join(ROOT, "configs", "llama1b_long.yaml"), *common,
-            f"--model.preset={args.preset}", f"--model.overrides.num_layers={args.layers}",
-            f"--data.seq_len={args.seq}", "--data.batch_size=1", "--optim.accum_steps=1",
-            f"--mesh.sp={args.gpus}"]
+        return [
+            "--config",
+            os.path.join(ROOT, "configs", "debug.yaml"),
+            *common,
+            "--cpu_devices=2",
+            "--mesh.fsdp=1",
+            "--mesh.sp=2",
+            "--data.seq_len=64",
+            "--data.batch_size=2",
+        ]
+    return [
+        "--config",
+        os.path.join(ROOT, "configs", "llama1b_long.yaml"),
+        *common,
+        f"--model.preset={args.preset}",
+        f"--model.overrides.num_layers={args.layers}",
+        f"--data.seq_len={args.seq}",
+        "--data.batch_size=1",
+        "--optim.accum_steps=1",
+        f"--mesh.sp={args.gpus}",
+    ]
 
 
 def launch(args, runs: dict[str, list[str]], parallel: bool) -> dict[str, dict]:
@@ -85,8 +120,13 @@ def launch(args, runs: dict[str, list[str]], parallel: bool) -> dict[str, dict]:
     out, procs = {}, {}
     for name, cmd in runs.items():
         log = open(os.path.join(args.workdir, f"{name}.log"), "w")  # noqa: SIM115
-        procs[name] = (subprocess.Popen([sys.executable, "-m", "train", *cmd], cwd=ROOT,
-                                        env=env, stdout=log, stderr=subprocess.STDOUT), log, time.time())
+        procs[name] = (
+            subprocess.Popen(
+                [sys.executable, "-m", "train", *cmd], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            ),
+            log,
+            time.time(),
+        )
         if not parallel:
             _wait(args, name, *procs.pop(name), out)
     for name, (proc, log, t0) in procs.items():
@@ -103,9 +143,13 @@ def _wait(args, name, proc, log, t0, out) -> None:
     log.close()
     text = open(log.name).read()
     device = re.search(r"on (\d+) (\w+) devices", text)
-    out[name] = {"returncode": proc.returncode, "seconds": round(time.time() - t0, 1),
-                 "devices": device.group(0) if device else None,
-                 "xla_deterministic_ops": "XLA deterministic ops" in text, "log": log.name}
+    out[name] = {
+        "returncode": proc.returncode,
+        "seconds": round(time.time() - t0, 1),
+        "devices": device.group(0) if device else None,
+        "xla_deterministic_ops": "XLA deterministic ops" in text,
+        "log": log.name,
+    }
     print(f"run {name}: exit {proc.returncode} after {out[name]['seconds']} s", flush=True)
 
 
@@ -125,8 +169,9 @@ def first_difference(a: dict[int, dict], b: dict[int, dict]) -> dict | None:
     for step in sorted(set(a) | set(b)):
         ra, rb = a.get(step), b.get(step)
         if ra != rb:
-            fields = sorted(k for k in set(ra or {}) | set(rb or {})
-                            if (ra or {}).get(k) != (rb or {}).get(k))
+            fields = sorted(
+                k for k in set(ra or {}) | set(rb or {}) if (ra or {}).get(k) != (rb or {}).get(k)
+            )
             return {"step": step, "fields": fields, "a": ra, "b": rb}
     return None
 
@@ -146,8 +191,9 @@ def same_bits(a, b) -> bool:
     import numpy as np
 
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(np.asarray(x).tobytes() == np.asarray(y).tobytes()
-                                      for x, y in zip(la, lb, strict=True))
+    return len(la) == len(lb) and all(
+        np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(la, lb, strict=True)
+    )
 
 
 def main(argv=None) -> dict:
@@ -159,11 +205,16 @@ def main(argv=None) -> dict:
         if os.path.exists(d):
             raise SystemExit(f"{d} exists: give a new --out or --workdir")
     t0 = time.time()
-    runs = launch(args, {"a": train_args(args, dirs["a"]), "b": train_args(args, dirs["b"]),
-                         "c": [*train_args(args, dirs["c"]), f"--stop_at={args.stop}"]},
-                  parallel=not (args.sequential or args.cpu or args.gpus > 1))
-    runs["c_resumed"] = launch(args, {"c_resumed": train_args(args, dirs["c"])},
-                               parallel=False)["c_resumed"]
+    runs = launch(
+        args,
+        {
+            "a": train_args(args, dirs["a"]),
+            "b": train_args(args, dirs["b"]),
+            "c": [*train_args(args, dirs["c"]), f"--stop_at={args.stop}"],
+        },
+        parallel=not (args.sequential or args.cpu or args.gpus > 1),
+    )
+    runs["c_resumed"] = launch(args, {"c_resumed": train_args(args, dirs["c"])}, parallel=False)["c_resumed"]
     result = {"args": vars(args), "runs": runs, "wall_seconds": None}
     if any(r["returncode"] != 0 for r in runs.values()):
         result.update(passed=False, error="a run failed; see its log")
@@ -172,24 +223,34 @@ def main(argv=None) -> dict:
         a, b, c = (train_records(d) for d in dirs.values())
         pa, pb, pc = (final_params(d) for d in dirs.values())
         result.update(
-            steps_compared=sorted(a), fields_compared=sorted(next(iter(a.values()))),
-            metrics_a_vs_b=first_difference(a, b), metrics_a_vs_resumed=first_difference(a, c),
-            params_a_vs_b_bitwise=same_bits(pa, pb), params_a_vs_resumed_bitwise=same_bits(pa, pc),
-            tokens_per_sec_a=[r.get("tokens_per_sec") for r in _raw(dirs["a"])])
-        result["passed"] = (result["metrics_a_vs_b"] is None and result["metrics_a_vs_resumed"]
-                            is None and result["params_a_vs_b_bitwise"]
-                            and result["params_a_vs_resumed_bitwise"]
-                            and sorted(a) == list(range(1, args.steps + 1)))
+            steps_compared=sorted(a),
+            fields_compared=sorted(next(iter(a.values()))),
+            metrics_a_vs_b=first_difference(a, b),
+            metrics_a_vs_resumed=first_difference(a, c),
+            params_a_vs_b_bitwise=same_bits(pa, pb),
+            params_a_vs_resumed_bitwise=same_bits(pa, pc),
+            tokens_per_sec_a=[r.get("tokens_per_sec") for r in _raw(dirs["a"])],
+        )
+        result["passed"] = (
+            result["metrics_a_vs_b"] is None
+            and result["metrics_a_vs_resumed"] is None
+            and result["params_a_vs_b_bitwise"]
+            and result["params_a_vs_resumed_bitwise"]
+            and sorted(a) == list(range(1, args.steps + 1))
+        )
     result["wall_seconds"] = round(time.time() - t0, 1)
     with open(args.out + ".json", "w") as f:
         json.dump(result, f, indent=1, default=str)
     verdict = "PASS" if result["passed"] else "FAIL"
-    print(f"{verdict}: deterministic={args.deterministic}; A vs B: "
-          f"{result.get('metrics_a_vs_b') or 'metrics equal'}, params "
-          f"{'equal' if result.get('params_a_vs_b_bitwise') else 'differ'}; A vs stop/resume: "
-          f"{result.get('metrics_a_vs_resumed') or 'metrics equal'}, params "
-          f"{'equal' if result.get('params_a_vs_resumed_bitwise') else 'differ'}; "
-          f"{result['wall_seconds']} s; wrote {args.out}.json", flush=True)
+    print(
+        f"{verdict}: deterministic={args.deterministic}; A vs B: "
+        f"{result.get('metrics_a_vs_b') or 'metrics equal'}, params "
+        f"{'equal' if result.get('params_a_vs_b_bitwise') else 'differ'}; A vs stop/resume: "
+        f"{result.get('metrics_a_vs_resumed') or 'metrics equal'}, params "
+        f"{'equal' if result.get('params_a_vs_resumed_bitwise') else 'differ'}; "
+        f"{result['wall_seconds']} s; wrote {args.out}.json",
+        flush=True,
+    )
     return result
 
 

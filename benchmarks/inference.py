@@ -50,11 +50,16 @@ def parse_args(argv=None):
     p.add_argument("--baseline-steps", type=int, default=8, help="timed rotating-baseline steps")
     p.add_argument("--sp", type=int, default=1, help="ring size (devices on the sp axis)")
     p.add_argument("--time-budget", type=float, default=200.0, help="seconds; no new context after")
-    p.add_argument("--contexts", default=None,
-                   help="explicit comma list of contexts (overrides the doubling)")
-    p.add_argument("--decode-only-from", type=int, default=None,
-                   help="from this context on, skip the prefill and decode from a random-filled cache "
-                        "(decode cost does not depend on the cached values; prefill is then unmeasured)")
+    p.add_argument(
+        "--contexts", default=None, help="explicit comma list of contexts (overrides the doubling)"
+    )
+    p.add_argument(
+        "--decode-only-from",
+        type=int,
+        default=None,
+        help="from this context on, skip the prefill and decode from a random-filled cache "
+        "(decode cost does not depend on the cached values; prefill is then unmeasured)",
+    )
     p.add_argument("--tiny", action="store_true", help="debug preset, contexts 64..256 (CPU test)")
     p.add_argument("--out", required=True, help="output path prefix (.json and .md are added)")
     return p.parse_args(argv)
@@ -111,9 +116,15 @@ def measure(config, params, context: int, args, mesh) -> dict:
     T = gen.cache_length(context + extra, config.layout, n)
     if args.decode_only_from is not None and context >= args.decode_only_from:
         logits, cache = synthetic_cache(config, args.batch, context, T, mesh)
-        row = {"context": context, "cache_len": T, "batch": args.batch,
-               "kv_bytes_per_device": cache.nbytes_per_device(), "prefill_s": None,
-               "prefill_tok_s": None, "synthetic_cache": True}
+        row = {
+            "context": context,
+            "cache_len": T,
+            "batch": args.batch,
+            "kv_bytes_per_device": cache.nbytes_per_device(),
+            "prefill_s": None,
+            "prefill_tok_s": None,
+            "synthetic_cache": True,
+        }
         return _decode_rows(config, params, cache, logits, args, mesh, row)
     rng = np.random.default_rng(context)
     tokens = np.zeros((args.batch, T), np.int32)
@@ -126,19 +137,23 @@ def measure(config, params, context: int, args, mesh) -> dict:
     logits, cache = compiled(params, jnp.asarray(tokens), lengths)
     jax.block_until_ready(logits)
     prefill_s = time.perf_counter() - t0
-    row = {"context": context, "cache_len": T, "batch": args.batch,
-           "kv_bytes_per_device": cache.nbytes_per_device(), "prefill_compile_s": compile_s,
-           "prefill_s": prefill_s, "prefill_tok_s": args.batch * context / prefill_s}
+    row = {
+        "context": context,
+        "cache_len": T,
+        "batch": args.batch,
+        "kv_bytes_per_device": cache.nbytes_per_device(),
+        "prefill_compile_s": compile_s,
+        "prefill_s": prefill_s,
+        "prefill_tok_s": args.batch * context / prefill_s,
+    }
     return _decode_rows(config, params, cache, logits, args, mesh, row)
 
 
 def _decode_rows(config, params, cache, logits, args, mesh, row: dict) -> dict:
-    step_s, cache = _time_decode(config, params, cache, logits, args.decode_steps, mesh,
-                                 "allreduce")
+    step_s, cache = _time_decode(config, params, cache, logits, args.decode_steps, mesh, "allreduce")
     row.update(decode_ms=1e3 * step_s, decode_tok_s=args.batch / step_s)
     if args.baseline_steps > 0:
-        step_s, cache = _time_decode(config, params, cache, logits, args.baseline_steps, mesh,
-                                     "rotate")
+        step_s, cache = _time_decode(config, params, cache, logits, args.baseline_steps, mesh, "rotate")
         row.update(baseline_decode_ms=1e3 * step_s, baseline_decode_tok_s=args.batch / step_s)
         row["decode_speedup"] = row["baseline_decode_ms"] / row["decode_ms"]
     del cache
@@ -146,23 +161,32 @@ def _decode_rows(config, params, cache, logits, args, mesh, row: dict) -> dict:
 
 
 def write_md(result: dict, path: str) -> None:
-    lines = [f"# Long-context inference: {result['preset']} on {result['device']}", "",
-             f"dtype {result['dtype']}, batch {result['batch']}, sp={result['sp']}, random weights; "
-             "decode = cache in place + one all-reduce per layer; baseline = rotate the cache "
-             "around the ring per token (ring attention's blockwise step over the whole cache).",
-             "", "| context | prefill tok/s | decode ms/tok | decode tok/s | baseline ms/tok | "
-             "speedup | KV bytes/device |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# Long-context inference: {result['preset']} on {result['device']}",
+        "",
+        f"dtype {result['dtype']}, batch {result['batch']}, sp={result['sp']}, random weights; "
+        "decode = cache in place + one all-reduce per layer; baseline = rotate the cache "
+        "around the ring per token (ring attention's blockwise step over the whole cache).",
+        "",
+        "| context | prefill tok/s | decode ms/tok | decode tok/s | baseline ms/tok | "
+        "speedup | KV bytes/device |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in result["rows"]:
         base = r.get("baseline_decode_ms")
         base_ms = "-" if base is None else f"{base:.2f}"
         speedup = "-" if base is None else f"{r['decode_speedup']:.2f}x"
         prefill = "not run" if r["prefill_tok_s"] is None else f"{r['prefill_tok_s']:,.0f}"
-        lines.append(f"| {r['context']} | {prefill} | {r['decode_ms']:.2f} | "
-                     f"{r['decode_tok_s']:.1f} | {base_ms} | {speedup} | "
-                     f"{r['kv_bytes_per_device'] / 2**20:,.1f} MiB |")
+        lines.append(
+            f"| {r['context']} | {prefill} | {r['decode_ms']:.2f} | "
+            f"{r['decode_tok_s']:.1f} | {base_ms} | {speedup} | "
+            f"{r['kv_bytes_per_device'] / 2**20:,.1f} MiB |"
+        )
     if any(r.get("synthetic_cache") for r in result["rows"]):
-        lines.append("\n'not run': decode measured from a random-filled cache of that length (decode "
-                     "cost does not depend on the cached values); the prefill was not run.")
+        lines.append(
+            "\n'not run': decode measured from a random-filled cache of that length (decode "
+            "cost does not depend on the cached values); the prefill was not run."
+        )
     for note in result["notes"]:
         lines.append(f"\n{note}")
     with open(path, "w") as f:
@@ -174,17 +198,30 @@ def main(argv=None) -> dict:
     if args.tiny:
         args.preset, args.min_context, args.max_context = "debug", 64, 256
         args.decode_steps, args.baseline_steps, args.mlp_chunk = 4, 2, 32
-    config = llama.get_config(args.preset, dtype=args.dtype, param_dtype=args.dtype,
-                              attention=args.attention, mlp_chunk=args.mlp_chunk)
+    config = llama.get_config(
+        args.preset,
+        dtype=args.dtype,
+        param_dtype=args.dtype,
+        attention=args.attention,
+        mlp_chunk=args.mlp_chunk,
+    )
     mesh = None
     if args.sp != 1:
         mesh = make_mesh(MeshConfig(sp=args.sp), jax.devices()[: args.sp])
     start = time.perf_counter()
     params = llama.init_params(config, jax.random.key(0), mesh)
-    result = {"preset": args.preset, "device": jax.devices()[0].device_kind, "dtype": args.dtype,
-              "batch": args.batch, "sp": args.sp, "attention": args.attention,
-              "decode_steps": args.decode_steps, "baseline_steps": args.baseline_steps,
-              "rows": [], "notes": []}
+    result = {
+        "preset": args.preset,
+        "device": jax.devices()[0].device_kind,
+        "dtype": args.dtype,
+        "batch": args.batch,
+        "sp": args.sp,
+        "attention": args.attention,
+        "decode_steps": args.decode_steps,
+        "baseline_steps": args.baseline_steps,
+        "rows": [],
+        "notes": [],
+    }
     if args.contexts:
         contexts = [int(c) for c in args.contexts.split(",") if c]
     else:
@@ -194,8 +231,9 @@ def main(argv=None) -> dict:
             c *= 2
     for context in contexts:
         if time.perf_counter() - start > args.time_budget:
-            result["notes"].append(f"stopped before context {context}: time budget "
-                                   f"{args.time_budget:.0f} s spent")
+            result["notes"].append(
+                f"stopped before context {context}: time budget {args.time_budget:.0f} s spent"
+            )
             break
         try:
             row = measure(config, params, context, args, mesh)

@@ -49,28 +49,49 @@ def parse_args(argv=None):
     p.add_argument("--sp", type=int, default=1, help="ring size: devices on the mesh's sp axis")
     p.add_argument("--layout", default=None, help="ring layout (default: zigzag when --sp > 1)")
     p.add_argument("--seqs", default="8192,32768,131072", help="contexts to time (comma list)")
-    p.add_argument("--fit-seqs", default="262144,524288,1048576,2097152,4194304",
-                   help="contexts tried in order for the longest full training step")
-    p.add_argument("--fit-mlp-chunk", type=int, default=16384,
-                   help="mlp_chunk for the longest-context search when the preset has none")
-    p.add_argument("--fit-remat", default=None, help="remat policy of the longest-context search "
-                                                     "(default: --remat, else the preset's)")
-    p.add_argument("--fit-compile-only", action="store_true",
-                   help="for the longest-context search, only compile each step and report XLA's "
-                        "memory analysis (peak bytes against the device's memory), running nothing")
+    p.add_argument(
+        "--fit-seqs",
+        default="262144,524288,1048576,2097152,4194304",
+        help="contexts tried in order for the longest full training step",
+    )
+    p.add_argument(
+        "--fit-mlp-chunk",
+        type=int,
+        default=16384,
+        help="mlp_chunk for the longest-context search when the preset has none",
+    )
+    p.add_argument(
+        "--fit-remat",
+        default=None,
+        help="remat policy of the longest-context search (default: --remat, else the preset's)",
+    )
+    p.add_argument(
+        "--fit-compile-only",
+        action="store_true",
+        help="for the longest-context search, only compile each step and report XLA's "
+        "memory analysis (peak bytes against the device's memory), running nothing",
+    )
     p.add_argument("--remat", default=None, help="override the preset's remat policy")
     p.add_argument("--mlp-chunk", type=int, default=None)
     p.add_argument("--loss-chunk", type=int, default=None)
     p.add_argument("--attention", default="auto")
     p.add_argument("--q-chunk", type=int, default=None)
     p.add_argument("--kv-chunk", type=int, default=None)
-    p.add_argument("--hopper-backward", default=None, choices=("triton", "mosaic", "fused"),
-                   help="pallas_hopper's backward kernels (overrides its default block sizes)")
+    p.add_argument(
+        "--hopper-backward",
+        default=None,
+        choices=("triton", "mosaic", "fused"),
+        help="pallas_hopper's backward kernels (overrides its default block sizes)",
+    )
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--peak-tflops", type=float, default=0.0,
-                   help="per-device peak the MFU divides by; 0: the device's datasheet dense bf16 "
-                        "peak, models.flops.peak_tflops (H100 and H200: 989 TFLOP/s)")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=0.0,
+        help="per-device peak the MFU divides by; 0: the device's datasheet dense bf16 "
+        "peak, models.flops.peak_tflops (H100 and H200: 989 TFLOP/s)",
+    )
     p.add_argument("--tiny", action="store_true", help="debug preset, tiny contexts (CPU test)")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
@@ -78,9 +99,14 @@ def parse_args(argv=None):
 
 def make_config(args) -> llama.LlamaConfig:
     over = {"attention": args.attention}
-    for field, value in (("remat", args.remat), ("mlp_chunk", args.mlp_chunk),
-                         ("loss_chunk", args.loss_chunk), ("q_chunk", args.q_chunk),
-                         ("kv_chunk", args.kv_chunk), ("layout", args.layout)):
+    for field, value in (
+        ("remat", args.remat),
+        ("mlp_chunk", args.mlp_chunk),
+        ("loss_chunk", args.loss_chunk),
+        ("q_chunk", args.q_chunk),
+        ("kv_chunk", args.kv_chunk),
+        ("layout", args.layout),
+    ):
         if value is not None:
             over[field] = value
     if args.sp > 1 and args.layout is None:
@@ -105,9 +131,12 @@ def make_batch(config, seq: int, mesh=None):
     n = 1 if mesh is None else mesh.shape["sp"]
     rng = np.random.default_rng(seq)
     ids = rng.integers(0, config.vocab_size, (1, seq + 1), dtype=np.int32)
-    natural = {"input_ids": ids[:, :-1], "targets": ids[:, 1:],
-               "positions": np.arange(seq, dtype=np.int32)[None],
-               "loss_mask": np.ones((1, seq), np.float32)}
+    natural = {
+        "input_ids": ids[:, :-1],
+        "targets": ids[:, 1:],
+        "positions": np.arange(seq, dtype=np.int32)[None],
+        "loss_mask": np.ones((1, seq), np.float32),
+    }
     batch = {k: np.asarray(layouts.to_layout(v, config.layout, n)) for k, v in natural.items()}
     if mesh is None:
         return jax.tree.map(jnp.asarray, batch)
@@ -117,8 +146,12 @@ def make_batch(config, seq: int, mesh=None):
 def batch_shapes(config, seq: int, mesh=None):
     sharding = None if mesh is None else NamedSharding(mesh, P(BATCH, "sp"))
     shape = lambda dt: jax.ShapeDtypeStruct((1, seq), dt, sharding=sharding)  # noqa: E731
-    return {"input_ids": shape(jnp.int32), "targets": shape(jnp.int32),
-            "positions": shape(jnp.int32), "loss_mask": shape(jnp.float32)}
+    return {
+        "input_ids": shape(jnp.int32),
+        "targets": shape(jnp.int32),
+        "positions": shape(jnp.int32),
+        "loss_mask": shape(jnp.float32),
+    }
 
 
 def timed(fn, args, steps: int, warmup: int) -> float:
@@ -136,10 +169,14 @@ def timed(fn, args, steps: int, warmup: int) -> float:
 def rates(config, seq: int, seconds: float, devices: int, peak: float) -> dict:
     """Per-device tokens/s, TFLOP/s and MFU of one step of ``seq`` tokens over ``devices``."""
     flops = llama.flops_per_token(config, seq) * seq
-    return {"step_seconds": seconds, "tokens_per_s": seq / seconds,
-            "tokens_per_s_per_device": seq / seconds / devices,
-            "tflops_per_s_per_device": flops / seconds / devices / 1e12,
-            "mfu": flops / seconds / (devices * peak * 1e12), "model_flops": flops}
+    return {
+        "step_seconds": seconds,
+        "tokens_per_s": seq / seconds,
+        "tokens_per_s_per_device": seq / seconds / devices,
+        "tflops_per_s_per_device": flops / seconds / devices / 1e12,
+        "mfu": flops / seconds / (devices * peak * 1e12),
+        "model_flops": flops,
+    }
 
 
 def throughput(config, params, seq: int, args, mesh) -> dict:
@@ -148,9 +185,14 @@ def throughput(config, params, seq: int, args, mesh) -> dict:
     grad = jax.jit(jax.grad(lambda p, b: llama.loss_fn(config, p, b, mesh=mesh)[0]))
     compiled = grad.lower(params, batch).compile()
     seconds = timed(compiled, (params, batch), args.steps, args.warmup)
-    return {"seq": seq, "devices": args.sp, "remat": config.remat,
-            **rates(config, seq, seconds, args.sp, args.peak_tflops), **memory(compiled),
-            **runtime_peak(mesh)}
+    return {
+        "seq": seq,
+        "devices": args.sp,
+        "remat": config.remat,
+        **rates(config, seq, seconds, args.sp, args.peak_tflops),
+        **memory(compiled),
+        **runtime_peak(mesh),
+    }
 
 
 def memory(compiled) -> dict:
@@ -158,8 +200,14 @@ def memory(compiled) -> dict:
     stats = compiled.memory_analysis()
     if stats is None:
         return {}
-    keys = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-            "alias_size_in_bytes", "peak_memory_in_bytes", "host_temp_size_in_bytes")
+    keys = (
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "temp_size_in_bytes",
+        "alias_size_in_bytes",
+        "peak_memory_in_bytes",
+        "host_temp_size_in_bytes",
+    )
     return {k: int(getattr(stats, k)) for k in keys if hasattr(stats, k)}
 
 
@@ -192,7 +240,8 @@ def device_bytes() -> dict:
 def train_step_fn(config, tx, mesh):
     def step(params, opt_state, batch):
         (loss, _), grads = jax.value_and_grad(
-            lambda p: llama.loss_fn(config, p, batch, mesh=mesh), has_aux=True)(params)
+            lambda p: llama.loss_fn(config, p, batch, mesh=mesh), has_aux=True
+        )(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -204,23 +253,26 @@ def abstract_state(config, tx, mesh):
     params = llama.abstract_params(config)
     if mesh is not None:
         shardings = llama.param_shardings(config, mesh)
-        params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                              params, shardings)
+        params = jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), params, shardings
+        )
     opt_state = jax.eval_shape(tx.init, params)
     if mesh is not None:  # moments like their parameter, scalars replicated
         out = jax.jit(tx.init).lower(params).compile().output_shardings
-        opt_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                 opt_state, out)
+        opt_state = jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), opt_state, out
+        )
     return params, opt_state
 
 
 def compile_only_row(compiled, seq: int, args) -> dict:
-    row = {"seq": seq, "devices": args.sp, "compiled_only": True, **memory(compiled),
-           **device_bytes()}
+    row = {"seq": seq, "devices": args.sp, "compiled_only": True, **memory(compiled), **device_bytes()}
     limit = row.get("device_bytes_limit")
-    row["needed_bytes"] = max(row.get("peak_memory_in_bytes", 0), sum(
-        row.get(k + "_size_in_bytes", 0) for k in ("argument", "temp", "output")
-    ) - row.get("alias_size_in_bytes", 0))  # conservative: all live at once
+    row["needed_bytes"] = max(
+        row.get("peak_memory_in_bytes", 0),
+        sum(row.get(k + "_size_in_bytes", 0) for k in ("argument", "temp", "output"))
+        - row.get("alias_size_in_bytes", 0),
+    )  # conservative: all live at once
     row["fits"] = None if limit is None else row["needed_bytes"] <= limit
     return row
 
@@ -246,8 +298,9 @@ def longest_fit(config, args, mesh, record) -> dict:
     for seq in [int(s) for s in args.fit_seqs.split(",") if s]:
         try:
             if args.fit_compile_only:  # shapes only: nothing is allocated or run
-                compiled = step.lower(*abstract_state(config, tx, mesh),
-                                      batch_shapes(config, seq, mesh)).compile()
+                compiled = step.lower(
+                    *abstract_state(config, tx, mesh), batch_shapes(config, seq, mesh)
+                ).compile()
                 row = compile_only_row(compiled, seq, args)
                 print(f"compiles: {row}", flush=True)
                 best = row if row["fits"] is not False else best
@@ -263,10 +316,16 @@ def longest_fit(config, args, mesh, record) -> dict:
             seconds = time.perf_counter() - t
             if not np.isfinite(loss):
                 raise FloatingPointError(f"loss={loss}")
-            best = {"seq": seq, "devices": args.sp, "remat": config.remat, "loss": loss,
-                    "train_step": "fwd+bwd+AdamW",
-                    **rates(config, seq, seconds, args.sp, args.peak_tflops), **memory(compiled),
-                    **runtime_peak(mesh)}
+            best = {
+                "seq": seq,
+                "devices": args.sp,
+                "remat": config.remat,
+                "loss": loss,
+                "train_step": "fwd+bwd+AdamW",
+                **rates(config, seq, seconds, args.sp, args.peak_tflops),
+                **memory(compiled),
+                **runtime_peak(mesh),
+            }
             print(f"fits: {best}", flush=True)
             record(best)
         except Exception as e:  # noqa: BLE001 - out-of-memory surfaces as several error types
@@ -276,14 +335,14 @@ def longest_fit(config, args, mesh, record) -> dict:
             break
         finally:
             params = opt_state = batch = None
-    return {"mlp_chunk": config.mlp_chunk, "remat": config.remat, "longest": best,
-            "first_failure": failure}
+    return {"mlp_chunk": config.mlp_chunk, "remat": config.remat, "longest": best, "first_failure": failure}
 
 
 def _use_hopper_backward(name: str) -> None:
     from ringattention.kernels.hopper import pallas_hopper
 
     default = pallas_hopper.default_block_sizes
+
     def patched(head_dim: int, causal: bool = True):
         return dataclasses.replace(default(head_dim, causal), backward=name)
 
@@ -307,16 +366,25 @@ def main(argv=None) -> dict:
         _use_hopper_backward(args.hopper_backward)
     device = jax.devices()[0]
     args.peak_tflops, peak_source = flops_lib.peak_tflops(device.device_kind, args.peak_tflops)
-    result = {"preset": "debug" if args.tiny else args.preset, "config": dataclasses.asdict(config),
-              "devices": args.sp, "device": device.device_kind, "backend": jax.default_backend(),
-              "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
-              "peak_tflops": args.peak_tflops, "peak_source": peak_source,
-              "mfu_definition": "model FLOPs (6N + causal attention, one document per row) / step "
-                                "seconds / (devices x peak_tflops, the datasheet dense bf16 peak)",
-              "command": " ".join(sys.argv[1:] if argv is None else argv),
-              "num_params": llama.num_params(config), "throughput": [], "fit_rows": [],
-              "attention_resolved": resolved_attention(config),
-              "hopper_backward": args.hopper_backward}
+    result = {
+        "preset": "debug" if args.tiny else args.preset,
+        "config": dataclasses.asdict(config),
+        "devices": args.sp,
+        "device": device.device_kind,
+        "backend": jax.default_backend(),
+        "jax": jax.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "peak_tflops": args.peak_tflops,
+        "peak_source": peak_source,
+        "mfu_definition": "model FLOPs (6N + causal attention, one document per row) / step "
+        "seconds / (devices x peak_tflops, the datasheet dense bf16 peak)",
+        "command": " ".join(sys.argv[1:] if argv is None else argv),
+        "num_params": llama.num_params(config),
+        "throughput": [],
+        "fit_rows": [],
+        "attention_resolved": resolved_attention(config),
+        "hopper_backward": args.hopper_backward,
+    }
     suffix = "" if args.sp == 1 else f"_sp{args.sp}"
     out = args.out or os.path.join(RESULTS, f"model_{result['preset']}_{result['backend']}{suffix}.json")
 
@@ -332,8 +400,7 @@ def main(argv=None) -> dict:
         result["throughput"].append(row)
         save()
     params = None
-    result["fit"] = longest_fit(config, args, mesh,
-                                lambda row: (result["fit_rows"].append(row), save()))
+    result["fit"] = longest_fit(config, args, mesh, lambda row: (result["fit_rows"].append(row), save()))
     save()
     print(f"wrote {out}")
     return result

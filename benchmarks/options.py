@@ -86,10 +86,12 @@ def _inputs(args, seq: int, qk_dim: int):
     B, H, K, D = 1, args.heads, args.kv_heads, args.head_dim
     kq, kk, kv, kd = jax.random.split(jax.random.PRNGKey(0), 4)
     dt = jnp.dtype(args.dtype)
-    return (jax.random.normal(kq, (B, seq, H, qk_dim), dt),  # q [B, L, H, Dqk]
-            jax.random.normal(kk, (B, seq, K, qk_dim), dt),  # k [B, L, K, Dqk]
-            jax.random.normal(kv, (B, seq, K, D), dt),  # v [B, L, K, D]
-            jax.random.normal(kd, (B, seq, H, D), dt))  # do [B, L, H, D]
+    return (
+        jax.random.normal(kq, (B, seq, H, qk_dim), dt),  # q [B, L, H, Dqk]
+        jax.random.normal(kk, (B, seq, K, qk_dim), dt),  # k [B, L, K, Dqk]
+        jax.random.normal(kv, (B, seq, K, D), dt),  # v [B, L, K, D]
+        jax.random.normal(kd, (B, seq, H, D), dt),
+    )  # do [B, L, H, D]
 
 
 def _segments(seq: int):
@@ -111,16 +113,25 @@ def make_fns(opts: dict, seq: int, heads: int, mesh):
     def local(q, k, v, s):
         return ra.ring_attention(q, k, v, "sp", causal=True, segment_ids=s, **kw)
 
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, spec), out_specs=spec,
-                       check_vma=opts.get("check_vma", True))
+    fn = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(spec, spec, spec, spec),
+        out_specs=spec,
+        check_vma=opts.get("check_vma", True),
+    )
     ref = lambda q, k, v: ra.reference_attention(q, k, v, causal=True, segment_ids=seg, **kw)  # noqa: E731
     return (lambda q, k, v: fn(q, k, v, seg)), ref
 
 
 def picked(opts: dict, seq: int, mesh) -> str:
     """The kernel "auto" runs the variant on."""
-    names = {"logits_soft_cap": "softcap", "prefix_length": "prefix",
-             "bidirectional_segments": "bidirectional", "qk_dim": "v_head_dim"}
+    names = {
+        "logits_soft_cap": "softcap",
+        "prefix_length": "prefix",
+        "bidirectional_segments": "bidirectional",
+        "qk_dim": "v_head_dim",
+    }
     used = frozenset(f for o, f in names.items() if o in opts)
     return ra.implementations.resolve("auto", mesh, shard=seq, needs=used).name
 
@@ -138,14 +149,18 @@ def _time_variant(name: str, opts: dict, args, seq: int, mesh) -> dict:
     fn, _ = make_fns(opts, seq, args.heads, mesh)
     f = jax.jit(fn)
     fb = jax.jit(lambda q, k, v, do, fn=fn: jax.vjp(fn, q, k, v)[1](do))
-    row = dict(variant=name, seq=seq, implementation=picked(opts, seq, mesh),
-               max_abs_err=check(opts, args, seq, mesh),
-               fwd_ms=1e3 * bench.time_fn(f, (q, k, v), reps=args.reps),
-               fwdbwd_ms=1e3 * bench.time_fn(lambda *a: (f(*a[:3]), fb(*a)), (q, k, v, do),
-                                             reps=args.reps))
+    row = dict(
+        variant=name,
+        seq=seq,
+        implementation=picked(opts, seq, mesh),
+        max_abs_err=check(opts, args, seq, mesh),
+        fwd_ms=1e3 * bench.time_fn(f, (q, k, v), reps=args.reps),
+        fwdbwd_ms=1e3 * bench.time_fn(lambda *a: (f(*a[:3]), fb(*a)), (q, k, v, do), reps=args.reps),
+    )
     for mode in ("fwd", "fwdbwd"):
-        row[f"{mode}_tflops"] = (variant_flops(opts, seq, args.heads, args.head_dim, mode)
-                                 / (row[f"{mode}_ms"] * 1e-3) / 1e12)
+        row[f"{mode}_tflops"] = (
+            variant_flops(opts, seq, args.heads, args.head_dim, mode) / (row[f"{mode}_ms"] * 1e-3) / 1e12
+        )
     return row
 
 
@@ -155,9 +170,10 @@ def _cudnn(args, seq: int) -> dict:
     q, k, v, do = _inputs(args, seq, args.head_dim)
     f = jax.jit(base)
     fb = jax.jit(lambda q, k, v, do: jax.vjp(base, q, k, v)[1](do))
-    return dict(cudnn_fwd_ms=1e3 * bench.time_fn(f, (q, k, v), reps=args.reps),
-                cudnn_fwdbwd_ms=1e3 * bench.time_fn(lambda *a: (f(*a[:3]), fb(*a)), (q, k, v, do),
-                                                    reps=args.reps))
+    return dict(
+        cudnn_fwd_ms=1e3 * bench.time_fn(f, (q, k, v), reps=args.reps),
+        cudnn_fwdbwd_ms=1e3 * bench.time_fn(lambda *a: (f(*a[:3]), fb(*a)), (q, k, v, do), reps=args.reps),
+    )
 
 
 def run(args) -> list[dict]:
@@ -183,19 +199,26 @@ def run(args) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| tokens | variant | auto ran | fwd / fwd+bwd TFLOP/s | vs plain (fwd / fwd+bwd) | "
-             "bar | max abs err |", "|---:|---|---|---|---|---|---|"]
+    lines = [
+        "| tokens | variant | auto ran | fwd / fwd+bwd TFLOP/s | vs plain (fwd / fwd+bwd) | "
+        "bar | max abs err |",
+        "|---:|---|---|---|---|---|---|",
+    ]
     for r in rows:
         ok = min(r["fwd_vs_plain"], r["fwdbwd_vs_plain"]) >= r["target"]
-        lines.append(f"| {r['seq'] // 1024}K | {r['variant']} | {r['implementation']} | "
-                     f"{r['fwd_tflops']:.0f} / {r['fwdbwd_tflops']:.0f} | {r['fwd_vs_plain']:.2f}x / "
-                     f"{r['fwdbwd_vs_plain']:.2f}x | {r['target']:.2f}x {'met' if ok else 'MISSED'} | "
-                     f"{r['max_abs_err']:.1e} |")
+        lines.append(
+            f"| {r['seq'] // 1024}K | {r['variant']} | {r['implementation']} | "
+            f"{r['fwd_tflops']:.0f} / {r['fwdbwd_tflops']:.0f} | {r['fwd_vs_plain']:.2f}x / "
+            f"{r['fwdbwd_vs_plain']:.2f}x | {r['target']:.2f}x {'met' if ok else 'MISSED'} | "
+            f"{r['max_abs_err']:.1e} |"
+        )
     for r in rows:
         if "cudnn_fwd_ms" in r:
-            lines.append(f"\nPlain ring against cuDNN at {r['seq'] // 1024}K: forward "
-                         f"{r['cudnn_fwd_ms'] / r['fwd_ms']:.2f}x, forward+backward "
-                         f"{r['cudnn_fwdbwd_ms'] / r['fwdbwd_ms']:.2f}x (cuDNN time / ours).")
+            lines.append(
+                f"\nPlain ring against cuDNN at {r['seq'] // 1024}K: forward "
+                f"{r['cudnn_fwd_ms'] / r['fwd_ms']:.2f}x, forward+backward "
+                f"{r['cudnn_fwdbwd_ms'] / r['fwdbwd_ms']:.2f}x (cuDNN time / ours)."
+            )
     return "\n".join(lines)
 
 
@@ -208,8 +231,9 @@ def main(argv=None) -> dict:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--check_len", type=int, default=2048)
-    p.add_argument("--variants", default="", help="comma-separated names (default: all); plain "
-                   "always runs first")
+    p.add_argument(
+        "--variants", default="", help="comma-separated names (default: all); plain always runs first"
+    )
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: 256 tokens, 4:2 heads, 32")
     p.add_argument("--out", default=None, help="prefix of the .json/.md to write")
     p.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD)")
@@ -219,17 +243,26 @@ def main(argv=None) -> dict:
         args.seqs, args.heads, args.kv_heads, args.head_dim = [256], 4, 2, 32
         args.dtype, args.reps, args.check_len = "float32", 1, 128
     rows = run(args)
-    meta = dict(date=datetime.date.today().isoformat(), commit=args.commit or git_commit(),
-                device=jax.devices()[0].device_kind, jax=jax.__version__, seqs=args.seqs,
-                heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype)
+    meta = dict(
+        date=datetime.date.today().isoformat(),
+        commit=args.commit or git_commit(),
+        device=jax.devices()[0].device_kind,
+        jax=jax.__version__,
+        seqs=args.seqs,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        dtype=args.dtype,
+    )
     md = table(rows)
     print(md)
     result = dict(meta=meta, rows=rows)
     if args.out:
         pathlib.Path(args.out + ".json").write_text(json.dumps(result, indent=1))
         head = " ".join(f"{k}={v}" for k, v in meta.items())
-        pathlib.Path(args.out + ".md").write_text(f"# Attention options against the plain ring\n\n"
-                                                  f"{head}\n\n{md}\n")
+        pathlib.Path(args.out + ".md").write_text(
+            f"# Attention options against the plain ring\n\n{head}\n\n{md}\n"
+        )
     return result
 
 

@@ -52,8 +52,9 @@ def hopper_ratios(path: str) -> tuple[dict, Ratios]:
                 out[(r["mode"], r["causal"])][shape].append((r["seq"], r["vs_cudnn"]))
     if not out:
         raise ValueError(f"{path}: no {SERIES!r} time records (hopper_check.py --parts bench writes them)")
-    ratios = {key: {shape: sorted(pts) for shape, pts in sorted(by_shape.items())}
-              for key, by_shape in out.items()}
+    ratios = {
+        key: {shape: sorted(pts) for shape, pts in sorted(by_shape.items())} for key, by_shape in out.items()
+    }
     return data.get("provenance", {}), ratios
 
 
@@ -71,16 +72,30 @@ def plot_hopper_vs_cudnn(source: str, png: str) -> Ratios:
     seqs = sorted({s for by_shape in ratios.values() for pts in by_shape.values() for s, _ in pts})
     values = [v for by_shape in ratios.values() for pts in by_shape.values() for _, v in pts]
     for (row, (mode, mode_name)), (col, (causal, mask_name)) in (
-            (m, c) for m in enumerate(MODES) for c in enumerate(MASKS)):
+        (m, c) for m in enumerate(MODES) for c in enumerate(MASKS)
+    ):
         ax = axes[row, col]
         ax.axhline(1.0, color="black", lw=1.2)
-        ax.annotate("cuDNN = 1.0x", (0.01, 1.0), xycoords=("axes fraction", "data"), xytext=(0, 2),
-                    textcoords="offset points", fontsize=8, va="bottom")
+        ax.annotate(
+            "cuDNN = 1.0x",
+            (0.01, 1.0),
+            xycoords=("axes fraction", "data"),
+            xytext=(0, 2),
+            textcoords="offset points",
+            fontsize=8,
+            va="bottom",
+        )
         for shape, pts in ratios.get((mode, causal), {}).items():
             mha = shape[0] == shape[1]
-            ax.plot([s for s, _ in pts], [v for _, v in pts], "-" if mha else "--",
-                    marker="o" if mha else "s", ms=5, color=HEAD_DIM_COLORS.get(shape[2], "C3"),
-                    label=_shape_label(shape))
+            ax.plot(
+                [s for s, _ in pts],
+                [v for _, v in pts],
+                "-" if mha else "--",
+                marker="o" if mha else "s",
+                ms=5,
+                color=HEAD_DIM_COLORS.get(shape[2], "C3"),
+                label=_shape_label(shape),
+            )
         ax.set_title(f"{mode_name}, {mask_name}", fontsize=11)
         ax.set_xscale("log", base=2)
         ax.set_xticks(seqs, [f"{s // 1024}K" for s in seqs])
@@ -96,15 +111,33 @@ def plot_hopper_vs_cudnn(source: str, png: str) -> Ratios:
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             by_label.setdefault(label, handle)
-    shapes = sorted({shape for by_shape in ratios.values() for shape in by_shape},
-                    key=lambda sh: (sh[2], sh[0] != sh[1], sh))  # a column per head dim, MHA first
+    shapes = sorted(
+        {shape for by_shape in ratios.values() for shape in by_shape},
+        key=lambda sh: (sh[2], sh[0] != sh[1], sh),
+    )  # a column per head dim, MHA first
     labels = [_shape_label(sh) for sh in shapes]
-    fig.legend([by_label[label] for label in labels], labels, loc="lower center",
-               ncol=len({sh[2] for sh in shapes}), fontsize=9, frameon=False)
-    fig.suptitle(f"pallas_hopper vs cuDNN on one {provenance.get('device', '?')}: bf16, batch 1, "
-                 "the ring step alone; above 1.0x = faster", fontsize=12)
-    fig.text(0.5, 0.94, f"{os.path.basename(source)} (jax {provenance.get('jax', '?')}); "
-             "ratio of throughputs measured in the same process", ha="center", fontsize=9, color="0.35")
+    fig.legend(
+        [by_label[label] for label in labels],
+        labels,
+        loc="lower center",
+        ncol=len({sh[2] for sh in shapes}),
+        fontsize=9,
+        frameon=False,
+    )
+    fig.suptitle(
+        f"pallas_hopper vs cuDNN on one {provenance.get('device', '?')}: bf16, batch 1, "
+        "the ring step alone; above 1.0x = faster",
+        fontsize=12,
+    )
+    fig.text(
+        0.5,
+        0.94,
+        f"{os.path.basename(source)} (jax {provenance.get('jax', '?')}); "
+        "ratio of throughputs measured in the same process",
+        ha="center",
+        fontsize=9,
+        color="0.35",
+    )
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     fig.savefig(png, dpi=DPI, metadata={"Software": None})
     plt.close(fig)

@@ -33,8 +33,10 @@ import model as bench  # noqa: E402
 from models import llama  # noqa: E402
 
 CATEGORIES = (
-    ("attention", re.compile(r"ring_step|fwd_kernel|dq_kernel|dkv_kernel|flash|fmha|attention|mosaic|cudnn",
-                             re.I)),
+    (
+        "attention",
+        re.compile(r"ring_step|fwd_kernel|dq_kernel|dkv_kernel|flash|fmha|attention|mosaic|cudnn", re.I),
+    ),
     ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|matmul|dot", re.I)),
     ("copy", re.compile(r"memcpy|memset|copy|transpose", re.I)),
     ("fusion", re.compile(r"fusion|reduce|loop_|input_|convert|scatter|gather", re.I)),
@@ -92,10 +94,14 @@ def summarize(events: list[tuple[str, float]], wall_s: float, top: int) -> dict:
         per_cat[category(name)] += sec
     busy = sum(per_cat.values())
     kernels = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]
-    return {"wall_s": wall_s, "device_busy_s": busy,
-            "categories": {k: {"s": v, "of_wall": v / wall_s} for k, v in per_cat.most_common()},
-            "top_kernels": [{"name": n[:160], "s": s, "count": c, "category": category(n)}
-                            for n, (s, c) in kernels]}
+    return {
+        "wall_s": wall_s,
+        "device_busy_s": busy,
+        "categories": {k: {"s": v, "of_wall": v / wall_s} for k, v in per_cat.most_common()},
+        "top_kernels": [
+            {"name": n[:160], "s": s, "count": c, "category": category(n)} for n, (s, c) in kernels
+        ],
+    }
 
 
 def main(argv=None) -> dict:
@@ -120,12 +126,18 @@ def main(argv=None) -> dict:
     summary = summarize(kernels, wall, args.top)
     summary["hlo_ops"] = summarize(ops, wall, args.top) if ops else None
     flops = llama.flops_per_token(config, seq) * seq
-    summary.update(seq=seq, preset="debug" if args.tiny else args.preset, remat=config.remat,
-                   attention=args.attention, mlp_chunk=config.mlp_chunk,
-                   model_tflops_per_s=flops / wall / 1e12, device=jax.devices()[0].device_kind,
-                   jax=jax.__version__, **bench.memory(compiled))
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("top_kernels", "hlo_ops")},
-                     indent=1))
+    summary.update(
+        seq=seq,
+        preset="debug" if args.tiny else args.preset,
+        remat=config.remat,
+        attention=args.attention,
+        mlp_chunk=config.mlp_chunk,
+        model_tflops_per_s=flops / wall / 1e12,
+        device=jax.devices()[0].device_kind,
+        jax=jax.__version__,
+        **bench.memory(compiled),
+    )
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("top_kernels", "hlo_ops")}, indent=1))
     for part in (summary, summary["hlo_ops"] or {"top_kernels": []}):
         print("-" * 20)
         for row in part["top_kernels"]:

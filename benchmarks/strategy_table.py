@@ -84,8 +84,18 @@ def rows() -> list[Row]:
 
 
 def shape(row: Row, seq: int, devices: int) -> st.Shape:
-    return st.Shape(1, seq, row.heads, row.kv_heads, row.head_dim, devices, DTYPE_BYTES,
-                    layout=LAYOUT, window=row.window, v_head_dim=row.v_head_dim)
+    return st.Shape(
+        1,
+        seq,
+        row.heads,
+        row.kv_heads,
+        row.head_dim,
+        devices,
+        DTYPE_BYTES,
+        layout=LAYOUT,
+        window=row.window,
+        v_head_dim=row.v_head_dim,
+    )
 
 
 def _tokens(seq: int) -> str:
@@ -106,31 +116,36 @@ def picks(platform: str) -> str:
     """The pick for every row, length and device count on ``platform``'s constants."""
     p = st.PLATFORMS[platform]
     budget = st.budget_bytes(p)
-    head = [f"| {platform}: model | heads : kv heads : head dim | configs | tokens | "
-            + " | ".join(f"{n} device{'s' if n > 1 else ''}" for n in DEVICES) + " |",
-            "|---" * (4 + len(DEVICES)) + "|"]
+    head = [
+        f"| {platform}: model | heads : kv heads : head dim | configs | tokens | "
+        + " | ".join(f"{n} device{'s' if n > 1 else ''}" for n in DEVICES)
+        + " |",
+        "|---" * (4 + len(DEVICES)) + "|",
+    ]
     lines = []
     for row in rows():
         for seq in SEQS:
             cells = [_cell(st.choose(shape(row, seq, n), p), budget) for n in DEVICES]
             configs = ", ".join(f"`{c}`" for c in row.configs)
-            lines.append(f"| {row.label} | {_dims(row)} | {configs} | {_tokens(seq)} | "
-                         + " | ".join(cells) + " |")
+            lines.append(
+                f"| {row.label} | {_dims(row)} | {configs} | {_tokens(seq)} | " + " | ".join(cells) + " |"
+            )
     return "\n".join(head + lines) + "\n"
 
 
 def _three(by: dict, key: str, scale: float, fmt: str) -> str:
-    return " / ".join(format(by[s][key] / scale, fmt) if by[s]["runs"] else "n/a"
-                      for s in st.STRATEGIES)
+    return " / ".join(format(by[s][key] / scale, fmt) if by[s]["runs"] else "n/a" for s in st.STRATEGIES)
 
 
 def details(platform: str = "h100") -> str:
     """The numbers behind the windowed preset's picks, with and without its window."""
     p = st.PLATFORMS[platform]
-    lines = [f"| {platform}: {WINDOWED} | tokens | N | ring hops fwd / bwd | weakest ring step "
-             "compute / hop (us) | fwd+bwd MiB ring / all_gather / ulysses | fwd compute ms ring "
-             "/ all_gather / ulysses | memory GiB ring / all_gather / ulysses | pick: reason |",
-             "|---" * 9 + "|"]
+    lines = [
+        f"| {platform}: {WINDOWED} | tokens | N | ring hops fwd / bwd | weakest ring step "
+        "compute / hop (us) | fwd+bwd MiB ring / all_gather / ulysses | fwd compute ms ring "
+        "/ all_gather / ulysses | memory GiB ring / all_gather / ulysses | pick: reason |",
+        "|---" * 9 + "|",
+    ]
     for row in (r for r in rows() if r.label.split(",")[0] == WINDOWED):
         for seq in SEQS:
             for n in DEVICES[1:]:
@@ -144,7 +159,8 @@ def details(platform: str = "h100") -> str:
                     f"{_three(by, 'bytes_fwd_bwd', 2**20, ',.0f')} | "
                     f"{_three(by, 'compute_s', 1e-3, ',.2f')} | "
                     f"{_three(by, 'memory_bytes', st.GIB, ',.2f')} | "
-                    f"{dec.strategy}: {dec.reason} |")
+                    f"{dec.strategy}: {dec.reason} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -157,7 +173,7 @@ def doc_block(text: str) -> str:
     """The generated block of a document's text (ValueError if its markers are missing)."""
     if BEGIN not in text or END not in text:
         raise ValueError(f"the document lacks the markers {BEGIN!r} ... {END!r}")
-    return text[text.index(BEGIN):text.index(END) + len(END)] + "\n"
+    return text[text.index(BEGIN) : text.index(END) + len(END)] + "\n"
 
 
 def main(argv=None) -> str:

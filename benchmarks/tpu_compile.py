@@ -62,8 +62,11 @@ def parse_args(argv=None):
     p.add_argument("--impls", default="auto,xla", help="ring part's implementations")
     p.add_argument("--head-dims", default="64,128,256", help="ring part's head dims")
     p.add_argument("--plan", default=",".join(DEFAULT_PLAN), help="preset@slice[@uspN] runs")
-    p.add_argument("--seqs", default=DEFAULT_SEQS, help="training-step tokens, ascending; a run "
-                   "stops at the first that does not fit")
+    p.add_argument(
+        "--seqs",
+        default=DEFAULT_SEQS,
+        help="training-step tokens, ascending; a run stops at the first that does not fit",
+    )
     p.add_argument("--out", default=os.path.join(RESULTS, "tpu_compile"))
     return p.parse_args(argv)
 
@@ -90,14 +93,27 @@ def ring_row(name: str, impl: str, head_dim: int, segments: bool) -> dict:
     mesh = Mesh(np.array(devices), ("sp",))
     H, K, shard = 32, 8, 8192  # GQA 4:1, 8K tokens per device
     resolved = ra.implementations.resolve(impl, mesh).name
-    row = {"slice": name, "impl": resolved, "head_dim": head_dim, "segments": segments,
-           "tokens": n * shard, "heads": f"{H}:{K}",
-           "blocks": _block_sizes(resolved, devices[0].device_kind)}
+    row = {
+        "slice": name,
+        "impl": resolved,
+        "head_dim": head_dim,
+        "segments": segments,
+        "tokens": n * shard,
+        "heads": f"{H}:{K}",
+        "blocks": _block_sizes(resolved, devices[0].device_kind),
+    }
 
     def local(q, k, v, seg):
         f = lambda q, k, v: ra.ring_attention(  # noqa: E731
-            q, k, v, "sp", causal=True, layout="zigzag", implementation=impl,
-            segment_ids=seg if segments else None)
+            q,
+            k,
+            v,
+            "sp",
+            causal=True,
+            layout="zigzag",
+            implementation=impl,
+            segment_ids=seg if segments else None,
+        )
         o, vjp = jax.vjp(f, q, k, v)
         return (o, *vjp(o))
 
@@ -110,8 +126,12 @@ def ring_row(name: str, impl: str, head_dim: int, segments: bool) -> dict:
         lowered = fn.trace(*args).lower()
         compiled = lowered.compile()
         mem = compiled.memory_analysis()
-        row.update(compiles=True, kernel="tpu_custom_call" in lowered.as_text(),
-                   temp_gib=mem.temp_size_in_bytes / GIB, hbm_gib=hbm)
+        row.update(
+            compiles=True,
+            kernel="tpu_custom_call" in lowered.as_text(),
+            temp_gib=mem.temp_size_in_bytes / GIB,
+            hbm_gib=hbm,
+        )
     except Exception as e:  # noqa: BLE001  recorded in the table
         row.update(compiles=False, error=f"{type(e).__name__}: {str(e)[:300]}")
     row["compile_s"] = round(time.perf_counter() - t, 1)
@@ -122,8 +142,9 @@ def train_row(preset: str, name: str, usp: int, seq: int) -> dict:
     devices, hbm = slice_devices(name)
     n = len(devices)
     mesh = make_mesh(MeshConfig(sp=n // usp, usp=usp), devices)
-    config = llama.get_config(preset, attention="auto", remat="full", dtype="bfloat16",
-                              param_dtype="float32", layout="zigzag")
+    config = llama.get_config(
+        preset, attention="auto", remat="full", dtype="bfloat16", param_dtype="float32", layout="zigzag"
+    )
     tx = optax.adamw(1e-5)
 
     def step(params, opt_state, batch):
@@ -133,30 +154,35 @@ def train_row(preset: str, name: str, usp: int, seq: int) -> dict:
 
     shardings = llama.param_shardings(config, mesh)
     shapes = llama.abstract_params(config)
-    params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                          shapes, shardings)
+    params = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+    )
     opt = jax.eval_shape(tx.init, shapes)
-    opt_sh = optax.tree_map_params(tx, lambda _, sh: sh, opt, shardings,
-                                   transform_non_params=lambda _: NamedSharding(mesh, P()))
-    opt = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                       opt, opt_sh)
+    opt_sh = optax.tree_map_params(
+        tx, lambda _, sh: sh, opt, shardings, transform_non_params=lambda _: NamedSharding(mesh, P())
+    )
+    opt = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), opt, opt_sh)
     tok = NamedSharding(mesh, P(("dp", "fsdp"), ("sp", "usp")))
-    batch = {k: jax.ShapeDtypeStruct((1, seq), jnp.int32, sharding=tok)
-             for k in ("input_ids", "targets")}
+    batch = {k: jax.ShapeDtypeStruct((1, seq), jnp.int32, sharding=tok) for k in ("input_ids", "targets")}
     row = {"preset": preset, "slice": name, "devices": n, "usp": usp, "seq": seq, "hbm_gib": hbm}
     t = time.perf_counter()
     try:
         lowered = jax.jit(step, donate_argnums=(0, 1)).trace(params, opt, batch).lower()
         compiled = lowered.compile()
         m = compiled.memory_analysis()
-        peak = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-                - m.alias_size_in_bytes)
+        peak = (
+            m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+        )
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        row.update(compiles=True, peak_gib=peak / GIB, fits=peak / GIB <= hbm,
-                   kernel="tpu_custom_call" in lowered.as_text(),
-                   compiler_tflop=float(cost.get("flops", 0.0)) / 1e12,
-                   model_tflop_per_device=llama.flops_per_token(config, seq) * seq / n / 1e12)
+        row.update(
+            compiles=True,
+            peak_gib=peak / GIB,
+            fits=peak / GIB <= hbm,
+            kernel="tpu_custom_call" in lowered.as_text(),
+            compiler_tflop=float(cost.get("flops", 0.0)) / 1e12,
+            model_tflop_per_device=llama.flops_per_token(config, seq) * seq / n / 1e12,
+        )
     except Exception as e:  # noqa: BLE001  recorded in the table
         row.update(compiles=False, fits=False, error=f"{type(e).__name__}: {str(e)[:300]}")
     row["compile_s"] = round(time.perf_counter() - t, 1)
@@ -188,49 +214,64 @@ def run_ring(args, rows: list, save) -> list[dict]:
 
 
 def markdown(meta: dict, ring_rows: list[dict], train_rows: list[dict]) -> str:
-    lines = [f"# Compiled for TPU slices on a CPU host ({meta['date']}, commit {meta['commit']}, "
-             f"jax {meta['jax']}, libtpu {meta['libtpu']})", "",
-             "`python benchmarks/tpu_compile.py`: the TPU compiler's own numbers, no TPU attached. "
-             "Memory is per device (a v4 device is one TensorCore: half a chip's 32 GiB). Model "
-             "TFLOP: the step's exact FLOPs (`models/flops.py`: 6 N per token plus causal "
-             "attention) per device. Compiler TFLOP: XLA's `cost_analysis()`, which counts "
-             "neither the Pallas kernels (custom calls) nor more than one trip of the layer scan, "
-             "so it is far below the work done.", ""]
+    lines = [
+        f"# Compiled for TPU slices on a CPU host ({meta['date']}, commit {meta['commit']}, "
+        f"jax {meta['jax']}, libtpu {meta['libtpu']})",
+        "",
+        "`python benchmarks/tpu_compile.py`: the TPU compiler's own numbers, no TPU attached. "
+        "Memory is per device (a v4 device is one TensorCore: half a chip's 32 GiB). Model "
+        "TFLOP: the step's exact FLOPs (`models/flops.py`: 6 N per token plus causal "
+        "attention) per device. Compiler TFLOP: XLA's `cost_analysis()`, which counts "
+        "neither the Pallas kernels (custom calls) nor more than one trip of the layer scan, "
+        "so it is far below the work done.",
+        "",
+    ]
     if ring_rows:
-        lines += ["## Ring attention, forward + gradients (32:8 heads, 8K tokens per device, "
-                  "causal zigzag, bf16)", "",
-                  "| slice | implementation | head dim | segments | compiles | blocks (q x kv) "
-                  "| temp GiB/device | compile s |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Ring attention, forward + gradients (32:8 heads, 8K tokens per device, causal zigzag, bf16)",
+            "",
+            "| slice | implementation | head dim | segments | compiles | blocks (q x kv) "
+            "| temp GiB/device | compile s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in ring_rows:
             ok = "yes" if r["compiles"] else f"no: {r['error'][:80]}"
             temp = f"{r['temp_gib']:.2f}" if r["compiles"] else "-"
-            lines.append(f"| {r['slice']} | {r['impl']} | {r['head_dim']} | "
-                         f"{'yes' if r['segments'] else 'no'} | {ok} | {r['blocks']} | {temp} | "
-                         f"{r['compile_s']} |")
+            lines.append(
+                f"| {r['slice']} | {r['impl']} | {r['head_dim']} | "
+                f"{'yes' if r['segments'] else 'no'} | {ok} | {r['blocks']} | {temp} | "
+                f"{r['compile_s']} |"
+            )
         lines.append("")
     if train_rows:
-        lines += ["## Training step (AdamW, remat full, bf16 compute, f32 weights, attention "
-                  "auto)", "",
-                  "| preset | slice | devices | sp x usp | tokens | peak GiB/device | HBM GiB | "
-                  "fits | compiler TFLOP | model TFLOP/device | compile s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Training step (AdamW, remat full, bf16 compute, f32 weights, attention auto)",
+            "",
+            "| preset | slice | devices | sp x usp | tokens | peak GiB/device | HBM GiB | "
+            "fits | compiler TFLOP | model TFLOP/device | compile s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in train_rows:
             sp = r["devices"] // r["usp"]
             if r["compiles"]:
-                cells = (f"{r['peak_gib']:.1f} | {r['hbm_gib']:.0f} | "
-                         f"{'yes' if r['fits'] else 'no'} | {r['compiler_tflop']:.0f} | "
-                         f"{r['model_tflop_per_device']:.0f}")
+                cells = (
+                    f"{r['peak_gib']:.1f} | {r['hbm_gib']:.0f} | "
+                    f"{'yes' if r['fits'] else 'no'} | {r['compiler_tflop']:.0f} | "
+                    f"{r['model_tflop_per_device']:.0f}"
+                )
             else:
                 cells = f"- | {r['hbm_gib']:.0f} | no: {r['error'][:80]} | - | -"
-            lines.append(f"| {r['preset']} | {r['slice']} | {r['devices']} | {sp} x {r['usp']} | "
-                         f"{r['seq'] // 1024}K | {cells} | {r['compile_s']} |")
+            lines.append(
+                f"| {r['preset']} | {r['slice']} | {r['devices']} | {sp} x {r['usp']} | "
+                f"{r['seq'] // 1024}K | {cells} | {r['compile_s']} |"
+            )
         lines += ["", "Longest context that fits, per preset and slice:", ""]
         for key in dict.fromkeys((r["preset"], r["slice"], r["usp"]) for r in train_rows):
-            fit = [r["seq"] for r in train_rows if (r["preset"], r["slice"], r["usp"]) == key
-                   and r["fits"]]
+            fit = [r["seq"] for r in train_rows if (r["preset"], r["slice"], r["usp"]) == key and r["fits"]]
             where = f"{key[1]}" + (f" (usp {key[2]})" if key[2] > 1 else "")
-            lines.append(f"- {key[0]} on {where}: "
-                         + (f"{max(fit) // 1024}K tokens" if fit else "none of those tried"))
+            lines.append(
+                f"- {key[0]} on {where}: " + (f"{max(fit) // 1024}K tokens" if fit else "none of those tried")
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -245,8 +286,12 @@ def _meta() -> dict:
         libtpu = importlib.metadata.version("libtpu")
     except importlib.metadata.PackageNotFoundError:
         libtpu = "unknown"
-    return {"date": datetime.date.today().isoformat(), "commit": commit, "jax": jax.__version__,
-            "libtpu": libtpu}
+    return {
+        "date": datetime.date.today().isoformat(),
+        "commit": commit,
+        "jax": jax.__version__,
+        "libtpu": libtpu,
+    }
 
 
 def main(argv=None):
@@ -257,8 +302,7 @@ def main(argv=None):
     def save():
         print(json.dumps((ring_rows + train_rows)[-1]), flush=True)
         with open(args.out + ".json", "w") as f:
-            json.dump({**meta, "args": vars(args), "ring": ring_rows, "train": train_rows}, f,
-                      indent=1)
+            json.dump({**meta, "args": vars(args), "ring": ring_rows, "train": train_rows}, f, indent=1)
         with open(args.out + ".md", "w") as f:
             f.write(markdown(meta, ring_rows, train_rows))
 

@@ -55,13 +55,26 @@ def parse_args(argv=None):
     p.add_argument("--no-baseline", action="store_true", help="skip cuDNN (XLA on CPU)")
     p.add_argument("--full-max", type=int, default=262144, help="longest full-causal run")
     p.add_argument("--reps", type=int, default=3, help="timed runs (median) after one warm-up")
-    p.add_argument("--time-budget", type=float, default=150.0,
-                   help="seconds; no full-causal length is started that would not fit")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=150.0,
+        help="seconds; no full-causal length is started that would not fit",
+    )
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: small shapes, xla, float32")
     p.add_argument("--out", default=None, help="output path prefix (.json and .md are added)")
     if p.parse_args(argv).tiny:  # smaller defaults; flags given still win
-        p.set_defaults(seqs="128,256", window=32, heads=2, kv_heads=1, head_dim=16, impls="xla",
-                       full_max=256, reps=1, dtype="float32")
+        p.set_defaults(
+            seqs="128,256",
+            window=32,
+            heads=2,
+            kv_heads=1,
+            head_dim=16,
+            impls="xla",
+            full_max=256,
+            reps=1,
+            dtype="float32",
+        )
     return p.parse_args(argv)
 
 
@@ -77,8 +90,9 @@ def ring_fn(impl: str, window: int | None):
     spec = P(None, "sp")
 
     def local(q, k, v):
-        return ringattention.ring_attention(q, k, v, "sp", causal=True, implementation=impl,
-                                            sliding_window=window)
+        return ringattention.ring_attention(
+            q, k, v, "sp", causal=True, implementation=impl, sliding_window=window
+        )
 
     return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
 
@@ -88,7 +102,8 @@ def baseline_fn(window: int | None):
     kind = "cudnn" if jax.default_backend() == "gpu" else "xla"
     local = None if window is None else (window - 1, 0)  # keys i - (W - 1) .. i
     fn = lambda q, k, v: jax.nn.dot_product_attention(  # noqa: E731
-        q, k, v, is_causal=True, local_window_size=local, implementation=kind)
+        q, k, v, is_causal=True, local_window_size=local, implementation=kind
+    )
     return fn, "cudnn" if kind == "cudnn" else "xla_sdpa"
 
 
@@ -113,10 +128,12 @@ def inputs(args, seq: int, seed: int = 0):
     keys = jax.random.split(jax.random.PRNGKey(seed + seq), 4)
     dt = jnp.dtype(args.dtype)
     b, h, kvh, d = args.batch, args.heads, args.kv_heads, args.head_dim
-    return (jax.random.normal(keys[0], (b, seq, h, d), dt),
-            jax.random.normal(keys[1], (b, seq, kvh, d), dt),
-            jax.random.normal(keys[2], (b, seq, kvh, d), dt),
-            jax.random.normal(keys[3], (b, seq, h, d), dt))
+    return (
+        jax.random.normal(keys[0], (b, seq, h, d), dt),
+        jax.random.normal(keys[1], (b, seq, kvh, d), dt),
+        jax.random.normal(keys[2], (b, seq, kvh, d), dt),
+        jax.random.normal(keys[3], (b, seq, h, d), dt),
+    )
 
 
 def rel(a, b) -> float:
@@ -133,7 +150,8 @@ def check(args, fns) -> dict:
     reference with the window at L = 2 W (inputs rounded to ``args.dtype`` for both)."""
     q, k, v, do = inputs(args, 2 * args.window, seed=1)
     ref_fn = lambda q, k, v: ringattention.reference_attention(  # noqa: E731
-        q, k, v, causal=True, sliding_window=args.window)
+        q, k, v, causal=True, sliding_window=args.window
+    )
     want = _with_grads(ref_fn)(*(x.astype(jnp.float32) for x in (q, k, v, do)))
     out = {}
     for name, fn in fns.items():
@@ -146,12 +164,21 @@ def check(args, fns) -> dict:
 def measure(fn, name, args, seq, window, reps) -> dict:
     print(f"RUN {name} seq={seq} window={window}", flush=True)  # names a hung or failing run
     q, k, v, do = inputs(args, seq)
-    row = dict(name=name, seq=seq, window=window, heads=args.heads, kv_heads=args.kv_heads,
-               head_dim=args.head_dim, dtype=args.dtype)
+    row = dict(
+        name=name,
+        seq=seq,
+        window=window,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        dtype=args.dtype,
+    )
     flop = 4.0 * args.batch * args.heads * args.head_dim * pairs(seq, window)
     try:
-        for mode, g, a, f in (("fwd", jax.jit(fn), (q, k, v), flop),
-                              ("fwdbwd", jax.jit(fwdbwd(fn)), (q, k, v, do), FWDBWD_FACTOR * flop)):
+        for mode, g, a, f in (
+            ("fwd", jax.jit(fn), (q, k, v), flop),
+            ("fwdbwd", jax.jit(fwdbwd(fn)), (q, k, v, do), FWDBWD_FACTOR * flop),
+        ):
             t = time_fn(g, a, reps)
             row[f"{mode}_ms"], row[f"{mode}_tflops"] = t * 1e3, f / t / 1e12
     except Exception as e:  # noqa: BLE001 - a failing variant is recorded, not fatal
@@ -167,8 +194,12 @@ def summary(rows) -> list[dict]:
     for r in rows:
         if r["window"] is None or "fwd_ms" not in r:
             continue
-        s = dict(name=r["name"], seq=r["seq"], window=r["window"],
-                 ideal_speedup=pairs(r["seq"], None) / pairs(r["seq"], r["window"]))
+        s = dict(
+            name=r["name"],
+            seq=r["seq"],
+            window=r["window"],
+            ideal_speedup=pairs(r["seq"], None) / pairs(r["seq"], r["window"]),
+        )
         f = full.get((r["name"], r["seq"]))
         for mode in ("fwd", "fwdbwd"):
             s[f"{mode}_ms"] = r.get(f"{mode}_ms")
@@ -190,43 +221,78 @@ def run(args) -> dict:
     print(json.dumps({"err_vs_f32_reference_at_2W": errors}), flush=True)
     rows = []
     for seq in seqs:  # windowed: linear in the length, always run
-        rows += [measure(make(args.window), name, args, seq, args.window, args.reps)
-                 for name, make in fns.items()]
+        rows += [
+            measure(make(args.window), name, args, seq, args.window, args.reps) for name, make in fns.items()
+        ]
     for name, make in fns.items():  # full causal: quadratic, within --full-max and the budget
         last = None
         for seq in seqs:
             left = args.time_budget - (time.perf_counter() - t_start)
             guess = None if last is None else (last[1] * (seq / last[0]) ** 2) * (args.reps + 1)
             if seq > args.full_max or (guess is not None and guess > left):
-                rows.append(dict(name=name, seq=seq, window=None, skipped=(
-                    f"seq > --full-max {args.full_max}" if seq > args.full_max else
-                    f"predicted {guess:.0f} s > {left:.0f} s left of --time-budget")))
+                rows.append(
+                    dict(
+                        name=name,
+                        seq=seq,
+                        window=None,
+                        skipped=(
+                            f"seq > --full-max {args.full_max}"
+                            if seq > args.full_max
+                            else f"predicted {guess:.0f} s > {left:.0f} s left of --time-budget"
+                        ),
+                    )
+                )
                 continue
             row = measure(make(None), name, args, seq, None, args.reps)
             rows.append(row)
             if "fwdbwd_ms" in row:
                 last = (seq, (row["fwd_ms"] + row["fwdbwd_ms"]) / 1e3)
-    meta = dict(date=datetime.date.today().isoformat(), jax=jax.__version__,
-                device=str(jax.devices()[0].device_kind), platform=jax.default_backend(),
-                baseline=base_name, wall_s=time.perf_counter() - t_start, args=vars(args))
+    meta = dict(
+        date=datetime.date.today().isoformat(),
+        jax=jax.__version__,
+        device=str(jax.devices()[0].device_kind),
+        platform=jax.default_backend(),
+        baseline=base_name,
+        wall_s=time.perf_counter() - t_start,
+        args=vars(args),
+    )
     return dict(meta=meta, err_vs_f32_reference_at_2W=errors, rows=rows, summary=summary(rows))
 
 
 def table(result) -> str:
-    cols = ["name", "seq", "window", "fwd_ms", "full_fwd_ms", "fwd_speedup", "fwdbwd_ms",
-            "full_fwdbwd_ms", "fwdbwd_speedup", "ideal_speedup"]
+    cols = [
+        "name",
+        "seq",
+        "window",
+        "fwd_ms",
+        "full_fwd_ms",
+        "fwd_speedup",
+        "fwdbwd_ms",
+        "full_fwdbwd_ms",
+        "fwdbwd_speedup",
+        "ideal_speedup",
+    ]
     fmt = lambda x: f"{x:.4g}" if isinstance(x, float) else ("-" if x is None else str(x))  # noqa: E731
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(s.get(c)) for c in cols) + " |" for s in result["summary"]]
-    skipped = [f"- {r['name']} full causal at {r['seq']}: not run ({r['skipped']})"
-               for r in result["rows"] if "skipped" in r]
+    skipped = [
+        f"- {r['name']} full causal at {r['seq']}: not run ({r['skipped']})"
+        for r in result["rows"]
+        if "skipped" in r
+    ]
     m = result["meta"]
-    head = (f"{m['date']}, jax {m['jax']}, {m['device']}, {m['args']['dtype']}, heads "
-            f"{m['args']['heads']}:{m['args']['kv_heads']}:{m['args']['head_dim']}, window "
-            f"{m['args']['window']}, ring of one, {m['wall_s']:.0f} s. Errors against a float32 "
-            "reference with the window at L = 2W:")
-    errs = [f"- {name}: " + " ".join(f"{n}={e[n]:.2e}" for n in ("o", "dq", "dk", "dv"))
-            + (" ok" if e["ok"] else " FAIL") for name, e in result["err_vs_f32_reference_at_2W"].items()]
+    head = (
+        f"{m['date']}, jax {m['jax']}, {m['device']}, {m['args']['dtype']}, heads "
+        f"{m['args']['heads']}:{m['args']['kv_heads']}:{m['args']['head_dim']}, window "
+        f"{m['args']['window']}, ring of one, {m['wall_s']:.0f} s. Errors against a float32 "
+        "reference with the window at L = 2W:"
+    )
+    errs = [
+        f"- {name}: "
+        + " ".join(f"{n}={e[n]:.2e}" for n in ("o", "dq", "dk", "dv"))
+        + (" ok" if e["ok"] else " FAIL")
+        for name, e in result["err_vs_f32_reference_at_2W"].items()
+    ]
     return "\n".join([head, *errs, "", *lines, "", *skipped]) + "\n"
 
 

@@ -39,15 +39,14 @@ class RopeScaling:
 
     def __post_init__(self):
         if self.rope_type not in ("llama3", "yarn"):
-            raise ValueError(f"rope_type={self.rope_type!r}: only 'llama3' and 'yarn' scaling are "
-                             "supported")
+            raise ValueError(f"rope_type={self.rope_type!r}: only 'llama3' and 'yarn' scaling are supported")
         if self.rope_type == "yarn":
             if not self.factor > 0 or not self.beta_fast > 0 or not self.beta_slow > 0:
-                raise ValueError(f"bad yarn rope scaling: {self.factor=} {self.beta_fast=} "
-                                 f"{self.beta_slow=}")
+                raise ValueError(f"bad yarn rope scaling: {self.factor=} {self.beta_fast=} {self.beta_slow=}")
         elif not self.factor > 0 or not self.high_freq_factor > self.low_freq_factor > 0:
-            raise ValueError(f"bad llama3 rope scaling: {self.factor=} {self.low_freq_factor=} "
-                             f"{self.high_freq_factor=}")
+            raise ValueError(
+                f"bad llama3 rope scaling: {self.factor=} {self.low_freq_factor=} {self.high_freq_factor=}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,17 +113,26 @@ class LlamaConfig:
 
     def validate(self) -> None:
         """Raises ValueError / TypeError on an inconsistent config (before anything is traced)."""
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "q_chunk", "kv_chunk"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "q_chunk",
+            "kv_chunk",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive int")
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
-                             f"num_heads={self.num_heads}")
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is not divisible by "
-                             f"num_kv_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
         v = self.v_head_dim
@@ -147,10 +155,14 @@ class LlamaConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
         window = self.sliding_window
-        if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer))
-                                   or not 1 <= window <= 2**31 - 1):
-            raise ValueError(f"sliding_window={window!r} must be None or an int in [1, 2**31 - 1] "
-                             "(positions are int32)")
+        if window is not None and (
+            isinstance(window, bool)
+            or not isinstance(window, (int, np.integer))
+            or not 1 <= window <= 2**31 - 1
+        ):
+            raise ValueError(
+                f"sliding_window={window!r} must be None or an int in [1, 2**31 - 1] (positions are int32)"
+            )
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ValueError(f"{self.rope_theta=} and {self.rms_norm_eps=} must be positive")
         self._validate_family()
@@ -159,20 +171,25 @@ class LlamaConfig:
         if self.family not in FAMILIES:
             raise ValueError(f"family={self.family!r}; choose one of {FAMILIES}")
         types = self.layer_types
-        if types is not None and (len(types) != self.num_layers
-                                  or any(t not in LAYER_TYPES for t in types)):
-            raise ValueError(f"layer_types={types!r} must be num_layers={self.num_layers} entries "
-                             f"of {LAYER_TYPES}")
+        if types is not None and (len(types) != self.num_layers or any(t not in LAYER_TYPES for t in types)):
+            raise ValueError(
+                f"layer_types={types!r} must be num_layers={self.num_layers} entries of {LAYER_TYPES}"
+            )
         for name in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name}={value!r} must be None or positive")
         moe = self.family == "gpt_oss"
-        if moe != (self.num_experts > 0) or not 0 <= self.experts_per_token <= self.num_experts or (
-                moe and self.experts_per_token < 1):
-            raise ValueError(f"num_experts={self.num_experts}, experts_per_token="
-                             f"{self.experts_per_token}: family 'gpt_oss' needs 1 <= "
-                             "experts_per_token <= num_experts, the other families num_experts=0")
+        if (
+            moe != (self.num_experts > 0)
+            or not 0 <= self.experts_per_token <= self.num_experts
+            or (moe and self.experts_per_token < 1)
+        ):
+            raise ValueError(
+                f"num_experts={self.num_experts}, experts_per_token="
+                f"{self.experts_per_token}: family 'gpt_oss' needs 1 <= "
+                "experts_per_token <= num_experts, the other families num_experts=0"
+            )
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of layer ``layer`` (None: full causal attention)."""
@@ -185,8 +202,11 @@ class LlamaConfig:
         """The smallest p dividing num_layers with layer i's window == layer (i mod p)'s: the
         layers are scanned in groups of p (a static window per position in the group)."""
         windows = [self.layer_window(i) for i in range(self.num_layers)]
-        return next(p for p in range(1, self.num_layers + 1)
-                    if self.num_layers % p == 0 and windows == windows[:p] * (self.num_layers // p))
+        return next(
+            p
+            for p in range(1, self.num_layers + 1)
+            if self.num_layers % p == 0 and windows == windows[:p] * (self.num_layers // p)
+        )
 
     @property
     def softmax_scale(self) -> float | None:
@@ -205,37 +225,101 @@ class LlamaConfig:
 
 
 def _llama3(factor: float) -> RopeScaling:
-    return RopeScaling(factor=factor, low_freq_factor=1.0, high_freq_factor=4.0,
-                       original_max_position_embeddings=8192)
+    return RopeScaling(
+        factor=factor, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+    )
 
 
-_LONG = dict(dtype="bfloat16", param_dtype="float32", remat="save_attn", scan_layers=True,
-             loss_chunk=2048, mlp_chunk=None)
+_LONG = dict(
+    dtype="bfloat16",
+    param_dtype="float32",
+    remat="save_attn",
+    scan_layers=True,
+    loss_chunk=2048,
+    mlp_chunk=None,
+)
 
 PRESETS: dict[str, LlamaConfig] = {
     # Tiny, CPU friendly, byte vocabulary.
-    "debug": LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
-                         num_heads=4, num_kv_heads=2, max_position_embeddings=2048, loss_chunk=128),
+    "debug": LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        max_position_embeddings=2048,
+        loss_chunk=128,
+    ),
     # Llama 3.2 1B / 3B (tied embeddings, llama3 scaling factor 32).
-    "1b": LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
-                      num_heads=32, num_kv_heads=8, head_dim=64, rope_theta=500000.0,
-                      rope_scaling=_llama3(32.0), tie_embeddings=True,
-                      max_position_embeddings=131072, **_LONG),
-    "3b": LlamaConfig(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_layers=28,
-                      num_heads=24, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
-                      rope_scaling=_llama3(32.0), tie_embeddings=True,
-                      max_position_embeddings=131072, **_LONG),
+    "1b": LlamaConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        rope_theta=500000.0,
+        rope_scaling=_llama3(32.0),
+        tie_embeddings=True,
+        max_position_embeddings=131072,
+        **_LONG,
+    ),
+    "3b": LlamaConfig(
+        vocab_size=128256,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_layers=28,
+        num_heads=24,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        rope_scaling=_llama3(32.0),
+        tie_embeddings=True,
+        max_position_embeddings=131072,
+        **_LONG,
+    ),
     # Llama 2 7B (multi-head attention, no scaling).
-    "7b": LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32,
-                      num_heads=32, num_kv_heads=32, head_dim=128, rope_theta=10000.0,
-                      max_position_embeddings=4096, **_LONG),
+    "7b": LlamaConfig(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=32,
+        head_dim=128,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        **_LONG,
+    ),
     # Llama 3.1 8B / 70B (untied, llama3 scaling factor 8).
-    "8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-                      num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
-                      rope_scaling=_llama3(8.0), max_position_embeddings=131072, **_LONG),
-    "70b": LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80,
-                       num_heads=64, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
-                       rope_scaling=_llama3(8.0), max_position_embeddings=131072, **_LONG),
+    "8b": LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        rope_scaling=_llama3(8.0),
+        max_position_embeddings=131072,
+        **_LONG,
+    ),
+    "70b": LlamaConfig(
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        rope_scaling=_llama3(8.0),
+        max_position_embeddings=131072,
+        **_LONG,
+    ),
 }
 
 
@@ -245,8 +329,10 @@ def get_config(name: str, **overrides) -> LlamaConfig:
         raise ValueError(f"config name={name!r} is not a preset; choose one of {tuple(PRESETS)}")
     unknown = set(overrides) - {f.name for f in dataclasses.fields(LlamaConfig)}
     if unknown:
-        raise TypeError(f"unknown LlamaConfig fields {sorted(unknown)}; known fields: "
-                        f"{', '.join(f.name for f in dataclasses.fields(LlamaConfig))}")
+        raise TypeError(
+            f"unknown LlamaConfig fields {sorted(unknown)}; known fields: "
+            f"{', '.join(f.name for f in dataclasses.fields(LlamaConfig))}"
+        )
     return dataclasses.replace(PRESETS[name], **overrides)
 
 
@@ -263,10 +349,10 @@ def rope_inv_freq(config: LlamaConfig) -> np.ndarray:
     low_wavelen = s.original_max_position_embeddings / s.low_freq_factor  # slowed fully above
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor  # kept below
     ramp = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor)
+        s.high_freq_factor - s.low_freq_factor
+    )
     blended = (1 - ramp) * inv / s.factor + ramp * inv
-    out = np.where(wavelen > low_wavelen, inv / s.factor, np.where(wavelen < high_wavelen, inv,
-                                                                  blended))
+    out = np.where(wavelen > low_wavelen, inv / s.factor, np.where(wavelen < high_wavelen, inv, blended))
     return out.astype(np.float32)
 
 

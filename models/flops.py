@@ -64,8 +64,9 @@ def segment_lengths(segment_ids) -> np.ndarray:
     """
     seg = np.asarray(segment_ids)
     if seg.ndim < 1 or seg.shape[-1] == 0 or not np.issubdtype(seg.dtype, np.integer):
-        raise ValueError(f"segment_ids must be integers [..., seq] with seq > 0; got "
-                         f"{seg.shape=} {seg.dtype=}")
+        raise ValueError(
+            f"segment_ids must be integers [..., seq] with seq > 0; got {seg.shape=} {seg.dtype=}"
+        )
     rows = seg.reshape(-1, seg.shape[-1])
     if (np.diff(rows, axis=1) < 0).any():  # layout order: group equal ids (natural order is sorted)
         rows = np.sort(rows, axis=1)
@@ -95,8 +96,7 @@ def attention_pairs(segment_ids, *, causal: bool = True, window: int | None = No
     return int(document_pairs(segment_lengths(segment_ids), causal=causal, window=window).sum())
 
 
-def batch_flops(config: LlamaConfig, segment_ids, *, causal: bool = True,
-                training: bool = True) -> int:
+def batch_flops(config: LlamaConfig, segment_ids, *, causal: bool = True, training: bool = True) -> int:
     """Model FLOPs of a batch with int ``segment_ids`` [..., seq] (one id per row when nothing is
     packed): matmuls of every token plus attention over the visible pairs (within each layer's
     sliding window, ``config.layer_window``). Exact (a Python int)."""
@@ -107,8 +107,9 @@ def batch_flops(config: LlamaConfig, segment_ids, *, causal: bool = True,
     return matmul + _attention_flops(config, training, pairs_of)
 
 
-def flops_per_token(config: LlamaConfig, seq_len: int, *, causal: bool = True,
-                    training: bool = True) -> float:
+def flops_per_token(
+    config: LlamaConfig, seq_len: int, *, causal: bool = True, training: bool = True
+) -> float:
     """Training (or forward) FLOPs per token of rows that hold one ``seq_len``-token document:
     ``6 N`` plus ``6 * layers * heads * (head_dim + v_head_dim)`` times the pairs per token,
     ``(seq_len + 1) / 2`` when causal, ``seq_len`` when not (fewer within a layer's sliding

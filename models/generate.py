@@ -51,8 +51,7 @@ def _stacked(config: LlamaConfig, params) -> Any:
     """Per-layer params stacked on a leading [layers] axis."""
     if config.scan_layers:
         return params["layers"]
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *[params[f"layers_{i}"]
-                                                     for i in range(config.num_layers)])
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *[params[f"layers_{i}"] for i in range(config.num_layers)])
 
 
 def _embed(config: LlamaConfig, mesh, params, ids, seq_name):
@@ -106,8 +105,7 @@ def _prefill_fn(config: LlamaConfig, mesh: Mesh | None):
         cos, sin = rope_tables(config, pos)
 
         def layer(x, p):
-            q, k, v = _qkv(config, mesh, p["attn"], _norm(config, p["attn_norm"], x), cos, sin,
-                           "act_seq")
+            q, k, v = _qkv(config, mesh, p["attn"], _norm(config, p["attn_norm"], x), cos, sin, "act_seq")
             x = x + _out(config, mesh, p["attn"], attend(config, mesh, q, k, v, None), "act_seq")
             return _mlp_block(config, mesh, p, x, "act_seq"), (k, v)
 
@@ -131,8 +129,9 @@ def prefill(config: LlamaConfig, params, tokens, lengths, *, mesh: Mesh | None =
     tokens = jnp.asarray(tokens, jnp.int32)
     lengths = jnp.asarray(lengths, jnp.int32)
     if tokens.ndim != 2 or lengths.shape != tokens.shape[:1]:
-        raise ValueError(f"tokens must be [batch, T] and lengths [batch]; got {tokens.shape=} "
-                         f"{lengths.shape=}")
+        raise ValueError(
+            f"tokens must be [batch, T] and lengths [batch]; got {tokens.shape=} {lengths.shape=}"
+        )
     kvcache.check_cache_mesh(config, mesh, *tokens.shape)
     return _prefill_fn(config, mesh)(params, tokens, lengths)
 
@@ -153,10 +152,8 @@ def _extend_fn(config: LlamaConfig, mesh: Mesh | None, mode: str):
 
         def layer(x, xs):
             p, ck, cv = xs  # ck/cv [B, T, K, D] this layer's cache
-            q, k, v = _qkv(config, mesh, p["attn"], _norm(config, p["attn_norm"], x), cos, sin,
-                           None)
-            o_c, lse_c = attn(ck, cv, q, cache.lengths, layout=cache.layout, mesh=mesh,
-                              scale=scale, **window)
+            q, k, v = _qkv(config, mesh, p["attn"], _norm(config, p["attn_norm"], x), cos, sin, None)
+            o_c, lse_c = attn(ck, cv, q, cache.lengths, layout=cache.layout, mesh=mesh, scale=scale, **window)
             o, _ = merge(o_c, lse_c, *kvcache.chunk_attention(q, k, v, scale, **window))
             x = x + _out(config, mesh, p["attn"], o, None)
             return _mlp_block(dense_cfg, mesh, p, x, None), (k, v)
@@ -171,8 +168,16 @@ def _extend_fn(config: LlamaConfig, mesh: Mesh | None, mode: str):
     return jax.jit(run, donate_argnums=(1,))
 
 
-def extend(config: LlamaConfig, params, cache: KVCache, tokens, counts=None, *,
-           mesh: Mesh | None = None, mode: str = "allreduce"):
+def extend(
+    config: LlamaConfig,
+    params,
+    cache: KVCache,
+    tokens,
+    counts=None,
+    *,
+    mesh: Mesh | None = None,
+    mode: str = "allreduce",
+):
     """Appends tokens int [B, C] (the first ``counts[b]`` of row b; default all) at positions
     ``cache.lengths[b] + i``. Returns (float32 logits [B, V] after each row's last new token, the
     updated cache). ``cache`` is donated. ``mode`` "rotate" is the per-token ring-rotation baseline.
@@ -181,19 +186,22 @@ def extend(config: LlamaConfig, params, cache: KVCache, tokens, counts=None, *,
         raise ValueError(f"mode={mode!r}; choose one of {CACHE_MODES}")
     kvcache.check_decodable(config)
     if mode == "rotate" and config.sliding_window is not None:
-        raise ValueError(f"mode='rotate' (the rotation baseline) has no sliding window; got "
-                         f"config.sliding_window={config.sliding_window}: use mode='allreduce'")
+        raise ValueError(
+            f"mode='rotate' (the rotation baseline) has no sliding window; got "
+            f"config.sliding_window={config.sliding_window}: use mode='allreduce'"
+        )
     tokens = jnp.asarray(tokens, jnp.int32)
     B = cache.k.shape[1]
     if tokens.ndim != 2 or tokens.shape[0] != B:
         raise ValueError(f"tokens must be [batch={B}, chunk]; got {tokens.shape=}")
-    counts = jnp.full((B,), tokens.shape[1], jnp.int32) if counts is None else jnp.asarray(
-        counts, jnp.int32)
+    counts = jnp.full((B,), tokens.shape[1], jnp.int32) if counts is None else jnp.asarray(counts, jnp.int32)
     if counts.shape != (B,):
         raise ValueError(f"counts must be [batch={B}]; got {counts.shape=}")
     if cache.ring != axis_size(mesh, "sp") or cache.layout != config.layout:
-        raise ValueError(f"cache (layout={cache.layout!r}, ring={cache.ring}) does not match "
-                         f"config.layout={config.layout!r} and sp={axis_size(mesh, 'sp')}")
+        raise ValueError(
+            f"cache (layout={cache.layout!r}, ring={cache.ring}) does not match "
+            f"config.layout={config.layout!r} and sp={axis_size(mesh, 'sp')}"
+        )
     return _extend_fn(config, mesh, mode)(params, cache, tokens, counts)
 
 
@@ -228,8 +236,9 @@ class Sampling:
 
     def __post_init__(self):
         if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"bad sampling: {self.temperature=} (>= 0), {self.top_k=} (>= 0), "
-                             f"{self.top_p=} (in (0, 1])")
+            raise ValueError(
+                f"bad sampling: {self.temperature=} (>= 0), {self.top_k=} (>= 0), {self.top_p=} (in (0, 1])"
+            )
 
 
 @dataclasses.dataclass
@@ -253,8 +262,10 @@ def cache_length(needed: int, layout: str, ring: int) -> int:
 
 def _check_prompts(config: LlamaConfig, prompts) -> list[list[int]]:
     if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError(f"prompts must be a non-empty list of non-empty token lists; got lengths "
-                         f"{[len(p) for p in prompts] if prompts else prompts}")
+        raise ValueError(
+            f"prompts must be a non-empty list of non-empty token lists; got lengths "
+            f"{[len(p) for p in prompts] if prompts else prompts}"
+        )
     out = [[int(t) for t in p] for p in prompts]
     bad = [t for p in out for t in p if not 0 <= t < config.vocab_size]
     if bad:
@@ -299,12 +310,23 @@ def _start(config, params, prompts, T, mesh, share_prefix, min_prefix):
     return logits, cache, p
 
 
-def generate(config: LlamaConfig, params, prompts: Sequence[Sequence[int]], *,
-             max_new_tokens: int, mesh: Mesh | None = None, sampling: Sampling = Sampling(),
-             stop_ids: Sequence[int] = (), stop_check: Callable[[int, list[int]], bool] | None = None,
-             stream: Callable[[int, int], None] | None = None, share_prefix: bool = True,
-             min_shared_prefix: int = 1, cache_len: int | None = None,
-             return_logits: bool = False, mode: str = "allreduce") -> Generation:
+def generate(
+    config: LlamaConfig,
+    params,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    mesh: Mesh | None = None,
+    sampling: Sampling = Sampling(),
+    stop_ids: Sequence[int] = (),
+    stop_check: Callable[[int, list[int]], bool] | None = None,
+    stream: Callable[[int, int], None] | None = None,
+    share_prefix: bool = True,
+    min_shared_prefix: int = 1,
+    cache_len: int | None = None,
+    return_logits: bool = False,
+    mode: str = "allreduce",
+) -> Generation:
     """Continues every prompt (a list of token ids) by up to ``max_new_tokens`` tokens.
 
     Prompts of different lengths share one right-padded batch with per-row lengths. Rows whose
@@ -323,8 +345,7 @@ def generate(config: LlamaConfig, params, prompts: Sequence[Sequence[int]], *,
     T = cache_length(needed, config.layout, n) if cache_len is None else cache_len
     if T < needed:
         raise ValueError(f"cache_len={T} < longest prompt + max_new_tokens = {needed}")
-    logits, cache, shared = _start(config, params, prompts, T, mesh, share_prefix,
-                                   max(1, min_shared_prefix))
+    logits, cache, shared = _start(config, params, prompts, T, mesh, share_prefix, max(1, min_shared_prefix))
     key = jax.random.key(sampling.seed)
     out: list[list[int]] = [[] for _ in prompts]
     done = np.zeros(len(prompts), bool)
@@ -335,9 +356,15 @@ def generate(config: LlamaConfig, params, prompts: Sequence[Sequence[int]], *,
     for step in range(max_new_tokens):
         if return_logits:
             kept.append(np.asarray(logits[:rows]))
-        tok = np.asarray(sample_logits(logits, jax.random.fold_in(key, step),
-                                       temperature=sampling.temperature, top_k=sampling.top_k,
-                                       top_p=sampling.top_p))
+        tok = np.asarray(
+            sample_logits(
+                logits,
+                jax.random.fold_in(key, step),
+                temperature=sampling.temperature,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+            )
+        )
         for i in np.flatnonzero(~done):
             t = int(tok[i])
             if t in stops:
@@ -350,13 +377,13 @@ def generate(config: LlamaConfig, params, prompts: Sequence[Sequence[int]], *,
                 done[i], finish[i] = True, "stop"
         if done.all() or step == max_new_tokens - 1:
             break
-        logits, cache = extend(config, params, cache, tok[:, None], (~done).astype(np.int32),
-                               mesh=mesh, mode=mode)
+        logits, cache = extend(
+            config, params, cache, tok[:, None], (~done).astype(np.int32), mesh=mesh, mode=mode
+        )
     return Generation(out[:rows], finish, np.stack(kept) if return_logits else None, T, shared)
 
 
-def load_model(*, hf: str | None = None, preset: str | None = None, mesh: Mesh | None = None,
-               **overrides):
+def load_model(*, hf: str | None = None, preset: str | None = None, mesh: Mesh | None = None, **overrides):
     """(config, params, tokenizer) from a Hugging Face directory or a preset with random weights.
 
     A training run directory is read on the training side: ``train.generate.load_run`` (CLI:
@@ -443,8 +470,12 @@ def _read_prompts(parser, args) -> list[str]:
     return prompts
 
 
-def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None,
-         prog: str = "python -m models.generate") -> list[str]:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    load_run: RunLoader | None = None,
+    prog: str = "python -m models.generate",
+) -> list[str]:
     """The CLI; returns the generated texts (stop strings cut off). ``load_run`` adds ``--run_dir``
     (``python -m train.generate`` passes the training side's loader)."""
     import sys
@@ -461,8 +492,9 @@ def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None
     if args.sp != 1 or args.tp != 1:
         devices = jax.devices() if args.sp == -1 else jax.devices()[: args.sp * args.tp]
         mesh = make_mesh(MeshConfig(dp=1, fsdp=1, tp=args.tp, sp=args.sp), devices)
-    overrides = {k: getattr(args, k) for k in ("dtype", "layout", "attention")
-                 if getattr(args, k) is not None}
+    overrides = {
+        k: getattr(args, k) for k in ("dtype", "layout", "attention") if getattr(args, k) is not None
+    }
     config, params, tok = load_from_args(args, mesh, load_run, **overrides)
     stop_ids = list(args.stop_id) + ([tok.eos_id] if tok.eos_id is not None else [])
     stop_check = None
@@ -474,17 +506,24 @@ def main(argv: Sequence[str] | None = None, *, load_run: RunLoader | None = None
     def stream_fn(row: int, token: int) -> None:
         partial[row].append(token)
         text = tok.decode(partial[row])
-        delta, printed[row] = text[printed[row]:], len(text)
+        delta, printed[row] = text[printed[row] :], len(text)
         prefix = "" if len(prompts) == 1 else f"[{row}] "
         sys.stdout.write(prefix + delta + ("" if len(prompts) == 1 else "\n"))
         sys.stdout.flush()
 
-    gen = generate(config, params, [tok.encode(p) for p in prompts],
-                   max_new_tokens=args.max_new_tokens, mesh=mesh,
-                   sampling=sampling,
-                   stop_ids=stop_ids, stop_check=stop_check,
-                   stream=stream_fn if args.stream else None,
-                   share_prefix=not args.no_share_prefix, cache_len=args.cache_len)
+    gen = generate(
+        config,
+        params,
+        [tok.encode(p) for p in prompts],
+        max_new_tokens=args.max_new_tokens,
+        mesh=mesh,
+        sampling=sampling,
+        stop_ids=stop_ids,
+        stop_check=stop_check,
+        stream=stream_fn if args.stream else None,
+        share_prefix=not args.no_share_prefix,
+        cache_len=args.cache_len,
+    )
     texts = []
     for ids in gen.tokens:
         text = tok.decode(ids)

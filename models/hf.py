@@ -27,8 +27,14 @@ from einops import rearrange
 from models import hf_families
 from models.config import LlamaConfig, RopeScaling
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
-              "I64": np.int64, "I32": np.int32}
+_ST_DTYPES = {
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "F64": np.float64,
+    "I64": np.int64,
+    "I32": np.int32,
+}
 _NP_TO_ST = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
 
 
@@ -55,8 +61,11 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
     for name, x in tensors.items():
         if x.dtype not in _NP_TO_ST:
             raise TypeError(f"tensor {name!r} has unsupported dtype {x.dtype}")
-        header[name] = {"dtype": _NP_TO_ST[x.dtype], "shape": list(x.shape),
-                        "data_offsets": [offset, offset + x.nbytes]}
+        header[name] = {
+            "dtype": _NP_TO_ST[x.dtype],
+            "shape": list(x.shape),
+            "data_offsets": [offset, offset + x.nbytes],
+        }
         offset += x.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -72,8 +81,7 @@ def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
     family = hf_families.family_of(hf)
     rope = dict(hf.get("rope_parameters") or {})
     theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
-    scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default"
-                                         else None)
+    scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     if scaling is not None:
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind == "default":
@@ -83,20 +91,27 @@ def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
         elif kind != "llama3":
             raise ValueError(f"rope scaling type {kind!r} is not supported (only 'llama3', 'yarn')")
         else:
-            scaling = RopeScaling(factor=float(scaling["factor"]),
-                                  low_freq_factor=float(scaling["low_freq_factor"]),
-                                  high_freq_factor=float(scaling["high_freq_factor"]),
-                                  original_max_position_embeddings=int(
-                                      scaling["original_max_position_embeddings"]))
+            scaling = RopeScaling(
+                factor=float(scaling["factor"]),
+                low_freq_factor=float(scaling["low_freq_factor"]),
+                high_freq_factor=float(scaling["high_freq_factor"]),
+                original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+            )
     heads = hf["num_attention_heads"]
     fields = dict(
-        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rope_theta=float(theta),
-        rope_scaling=scaling, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        rope_theta=float(theta),
+        rope_scaling=scaling,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 4096)))
+        max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+    )
     if hf.get("model_type") == "mistral" and hf.get("sliding_window") is not None:
         fields["sliding_window"] = int(hf["sliding_window"])
     if family != "llama":
@@ -116,17 +131,31 @@ def config_to_hf(config: LlamaConfig, torch_dtype: str) -> dict:
     when the config has a sliding window, or the config's family (Qwen3, Gemma 2, gpt-oss).
     ValueError for v's own head dim, which none of them has."""
     if config.v_dim != config.head_dim:
-        raise ValueError(f"v_head_dim={config.v_head_dim} != head_dim={config.head_dim}: no "
-                         "transformers family with plain projections has v's own head dim "
-                         "(DeepSeek's MLA factors them); such a model saves no HF checkpoint")
-    out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-           "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-           "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
-           "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
-           "head_dim": config.head_dim, "rms_norm_eps": config.rms_norm_eps,
-           "rope_theta": config.rope_theta, "tie_word_embeddings": config.tie_embeddings,
-           "max_position_embeddings": config.max_position_embeddings, "attention_bias": False,
-           "mlp_bias": False, "torch_dtype": torch_dtype, "dtype": torch_dtype}
+        raise ValueError(
+            f"v_head_dim={config.v_head_dim} != head_dim={config.head_dim}: no "
+            "transformers family with plain projections has v's own head dim "
+            "(DeepSeek's MLA factors them); such a model saves no HF checkpoint"
+        )
+    out = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "tie_word_embeddings": config.tie_embeddings,
+        "max_position_embeddings": config.max_position_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": torch_dtype,
+        "dtype": torch_dtype,
+    }
     rope = {"rope_type": "default", "rope_theta": config.rope_theta}
     s = config.rope_scaling
     if s is not None and s.rope_type == "yarn":
@@ -134,17 +163,22 @@ def config_to_hf(config: LlamaConfig, torch_dtype: str) -> dict:
         out["rope_scaling"] = scaling
         rope = {**scaling, "rope_theta": config.rope_theta}
     elif s is not None:
-        scaling = {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
-                   "high_freq_factor": s.high_freq_factor,
-                   "original_max_position_embeddings": s.original_max_position_embeddings}
+        scaling = {
+            "rope_type": "llama3",
+            "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings,
+        }
         out["rope_scaling"] = scaling
         rope = {**scaling, "rope_theta": config.rope_theta}
     out["rope_parameters"] = rope
     if config.family != "llama":
         out.update(hf_families.family_to_hf(config))
     elif config.sliding_window is not None:
-        out.update(architectures=["MistralForCausalLM"], model_type="mistral",
-                   sliding_window=config.sliding_window)
+        out.update(
+            architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=config.sliding_window
+        )
     return out
 
 
@@ -153,20 +187,29 @@ def _layer_map(config: LlamaConfig):
     H, K = config.num_heads, config.num_kv_heads
     t = lambda w: w.T
     # Hugging Face stores [out, in] matrices; ours are [embed, heads, head_dim] / [heads, head_dim, embed]
-    proj_in = lambda n: (lambda w: rearrange(w, "(h d) e -> e h d", h=n),  # noqa: E731
-                         lambda w: rearrange(w, "e h d -> (h d) e"))
-    return hf_families.family_layer_map(config, [
-        ("self_attn.q_proj.weight", ("attn", "wq"), *proj_in(H)),
-        ("self_attn.k_proj.weight", ("attn", "wk"), *proj_in(K)),
-        ("self_attn.v_proj.weight", ("attn", "wv"), *proj_in(K)),
-        ("self_attn.o_proj.weight", ("attn", "wo"), lambda w: rearrange(w, "e (h d) -> h d e", h=H),
-         lambda w: rearrange(w, "h d e -> e (h d)")),
-        ("mlp.gate_proj.weight", ("mlp", "w_gate"), t, t),
-        ("mlp.up_proj.weight", ("mlp", "w_up"), t, t),
-        ("mlp.down_proj.weight", ("mlp", "w_down"), t, t),
-        ("input_layernorm.weight", ("attn_norm", "scale"), lambda w: w, lambda w: w),
-        ("post_attention_layernorm.weight", ("mlp_norm", "scale"), lambda w: w, lambda w: w),
-    ])
+    proj_in = lambda n: (
+        lambda w: rearrange(w, "(h d) e -> e h d", h=n),  # noqa: E731
+        lambda w: rearrange(w, "e h d -> (h d) e"),
+    )
+    return hf_families.family_layer_map(
+        config,
+        [
+            ("self_attn.q_proj.weight", ("attn", "wq"), *proj_in(H)),
+            ("self_attn.k_proj.weight", ("attn", "wk"), *proj_in(K)),
+            ("self_attn.v_proj.weight", ("attn", "wv"), *proj_in(K)),
+            (
+                "self_attn.o_proj.weight",
+                ("attn", "wo"),
+                lambda w: rearrange(w, "e (h d) -> h d e", h=H),
+                lambda w: rearrange(w, "h d e -> e (h d)"),
+            ),
+            ("mlp.gate_proj.weight", ("mlp", "w_gate"), t, t),
+            ("mlp.up_proj.weight", ("mlp", "w_up"), t, t),
+            ("mlp.down_proj.weight", ("mlp", "w_down"), t, t),
+            ("input_layernorm.weight", ("attn_norm", "scale"), lambda w: w, lambda w: w),
+            ("post_attention_layernorm.weight", ("mlp_norm", "scale"), lambda w: w, lambda w: w),
+        ],
+    )
 
 
 def _read_dir(path: str) -> dict[str, np.ndarray]:
@@ -190,8 +233,10 @@ def params_from_hf(config: LlamaConfig, tensors: dict, dtype) -> dict:
     missing = [n for n in ("model.embed_tokens.weight", "model.norm.weight") if n not in tensors]
     if missing:
         raise KeyError(f"checkpoint lacks {missing}")
-    params = {"embedding": get("model.embed_tokens.weight"),
-              "final_norm": {"scale": get("model.norm.weight")}}
+    params = {
+        "embedding": get("model.embed_tokens.weight"),
+        "final_norm": {"scale": get("model.norm.weight")},
+    }
     if not config.tie_embeddings:
         params["lm_head"] = get("lm_head.weight").T
     layers = []
@@ -215,8 +260,7 @@ def params_to_hf(config: LlamaConfig, params, dtype) -> dict[str, np.ndarray]:
     host = jax.tree.map(lambda x: np.asarray(jax.device_get(x)).astype(dtype), params)
     out = {"model.embed_tokens.weight": host["embedding"]}
     for i in range(config.num_layers):
-        layer = (jax.tree.map(lambda x: x[i], host["layers"]) if config.scan_layers
-                 else host[f"layers_{i}"])
+        layer = jax.tree.map(lambda x: x[i], host["layers"]) if config.scan_layers else host[f"layers_{i}"]
         for suffix, path, _, to_hf in _layer_map(config):
             w = functools.reduce(lambda node, key: node[key], path, layer)
             out[f"model.layers.{i}.{suffix}"] = np.ascontiguousarray(to_hf(w))
@@ -242,8 +286,9 @@ def load_hf(path: str, **overrides) -> tuple[LlamaConfig, dict]:
     return config, jax.tree.map(jax.numpy.asarray, params)
 
 
-def save_hf(config: LlamaConfig, params, path: str, *, dtype: str | None = None,
-            max_shard_bytes: int = 5 * 2**30) -> None:
+def save_hf(
+    config: LlamaConfig, params, path: str, *, dtype: str | None = None, max_shard_bytes: int = 5 * 2**30
+) -> None:
     """Writes config.json + safetensors (sharded with an index above ``max_shard_bytes``)."""
     dtype = dtype or config.param_dtype
     hf_config = config_to_hf(config, dtype)  # its ValueErrors before anything is written
@@ -266,7 +311,6 @@ def save_hf(config: LlamaConfig, params, path: str, *, dtype: str | None = None,
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         write_safetensors(os.path.join(path, fname), shard)
         weight_map.update({name: fname for name in shard})
-    index = {"metadata": {"total_size": sum(x.nbytes for x in tensors.values())},
-             "weight_map": weight_map}
+    index = {"metadata": {"total_size": sum(x.nbytes for x in tensors.values())}, "weight_map": weight_map}
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
         json.dump(index, f, indent=2)

@@ -66,8 +66,7 @@ class KVCache:
         return 2 * math.prod(self.k.shape) * self.k.dtype.itemsize // self.ring
 
 
-jax.tree_util.register_dataclass(KVCache, data_fields=["k", "v", "lengths"],
-                                 meta_fields=["layout", "ring"])
+jax.tree_util.register_dataclass(KVCache, data_fields=["k", "v", "lengths"], meta_fields=["layout", "ring"])
 
 
 def granularity(layout: str, ring: int) -> int:
@@ -93,16 +92,23 @@ def check_decodable(config: LlamaConfig) -> None:
     """Raises ValueError for a model that decoding does not support: families other than
     LLaMA/Mistral, and v's own head dim (the cache and its kernels hold one head dim)."""
     if config.family != "llama":
-        raise ValueError(f"KV-cache decoding supports LLaMA and Mistral only; family="
-                         f"{config.family!r} ({_FAMILY_OPTIONS[config.family]}) is forward / loss only")
+        raise ValueError(
+            f"KV-cache decoding supports LLaMA and Mistral only; family="
+            f"{config.family!r} ({_FAMILY_OPTIONS[config.family]}) is forward / loss only"
+        )
     if config.v_dim != config.head_dim:
-        raise ValueError(f"KV-cache decoding needs v_head_dim == head_dim; got v_head_dim="
-                         f"{config.v_head_dim} != head_dim={config.head_dim} (MLA shapes are "
-                         "forward / loss only)")
+        raise ValueError(
+            f"KV-cache decoding needs v_head_dim == head_dim; got v_head_dim="
+            f"{config.v_head_dim} != head_dim={config.head_dim} (MLA shapes are "
+            "forward / loss only)"
+        )
 
 
-_FAMILY_OPTIONS = {"qwen3": "q/k norms", "gemma2": "soft caps, per-layer windows",
-                   "gpt_oss": "attention sinks, experts"}
+_FAMILY_OPTIONS = {
+    "qwen3": "q/k norms",
+    "gemma2": "soft caps, per-layer windows",
+    "gpt_oss": "attention sinks, experts",
+}
 
 
 def check_cache_mesh(config: LlamaConfig, mesh: Mesh | None, batch: int, max_len: int) -> None:
@@ -116,8 +122,9 @@ def check_cache_mesh(config: LlamaConfig, mesh: Mesh | None, batch: int, max_len
     if batch % nb:
         raise ValueError(f"batch={batch} must be divisible by dp*fsdp={nb}")
     if config.num_kv_heads % axis_size(mesh, "tp"):
-        raise ValueError(f"num_kv_heads={config.num_kv_heads} must be divisible by tp="
-                         f"{axis_size(mesh, 'tp')}")
+        raise ValueError(
+            f"num_kv_heads={config.num_kv_heads} must be divisible by tp={axis_size(mesh, 'tp')}"
+        )
 
 
 def cache_sharding(mesh: Mesh | None):
@@ -155,8 +162,9 @@ def dense_partial(q, k, v, mask, scale: float):
     o = jnp.einsum("bkgcs,bskd->bckgd", p.astype(v.dtype), v, preferred_element_type=F32)
     inv = jnp.where(l > 0, 1.0 / jnp.where(l > 0, l, 1.0), 0.0)  # [B, K, G, C, 1]
     o = o * jnp.moveaxis(inv[..., 0], 3, 1)[..., None]  # [B, C, K, G, D]
-    lse = jnp.where(l[..., 0] > 0, m_safe[..., 0] + jnp.log(jnp.where(l > 0, l, 1.0)[..., 0]),
-                    -jnp.inf)  # [B, K, G, C]
+    lse = jnp.where(
+        l[..., 0] > 0, m_safe[..., 0] + jnp.log(jnp.where(l > 0, l, 1.0)[..., 0]), -jnp.inf
+    )  # [B, K, G, C]
     return rearrange(o, "b c k g d -> b c (k g) d"), rearrange(lse, "b k g c -> b (k g) c")
 
 
@@ -176,8 +184,9 @@ def _allreduce_merge(o, lse, axis_name):
     return o, lse
 
 
-def cache_attention(cache_k, cache_v, q, lengths, *, layout: str, mesh: Mesh | None,
-                    scale: float, window: int | None = None):
+def cache_attention(
+    cache_k, cache_v, q, lengths, *, layout: str, mesh: Mesh | None, scale: float, window: int | None = None
+):
     """Attention of new queries q [B, C, H, D] to the cached positions ``< lengths`` [B].
 
     cache_k/v: one layer's [B, T, K, D] in layout order, sharded over "sp". Each device attends to
@@ -199,13 +208,30 @@ def cache_attention(cache_k, cache_v, q, lengths, *, layout: str, mesh: Mesh | N
         return _allreduce_merge(o, lse, "sp")
 
     kv_spec, q_spec = P(BATCH, "sp", "tp", None), P(BATCH, None, "tp", None)
-    return _run_sharded(local, mesh, (kv_spec, kv_spec, q_spec, P(BATCH)),
-                        (q_spec, P(BATCH, "tp", None)), cache_k, cache_v, q, lengths)
+    return _run_sharded(
+        local,
+        mesh,
+        (kv_spec, kv_spec, q_spec, P(BATCH)),
+        (q_spec, P(BATCH, "tp", None)),
+        cache_k,
+        cache_v,
+        q,
+        lengths,
+    )
 
 
-def rotating_cache_attention(cache_k, cache_v, q, lengths, *, layout: str, mesh: Mesh | None,
-                             scale: float, implementation: str = "xla",
-                             block_sizes: BlockSizes | None = None):
+def rotating_cache_attention(
+    cache_k,
+    cache_v,
+    q,
+    lengths,
+    *,
+    layout: str,
+    mesh: Mesh | None,
+    scale: float,
+    implementation: str = "xla",
+    block_sizes: BlockSizes | None = None,
+):
     """Baseline with the results of :func:`cache_attention`: the cache shards travel around the
     ring (one ``ppermute`` of the whole shard per ring step, per layer, per token), each device
     attending its queries to the shard it holds with ring attention's per-step kernel."""
@@ -223,9 +249,19 @@ def rotating_cache_attention(cache_k, cache_v, q, lengths, *, layout: str, mesh:
             nxt = (lax.ppermute(k, "sp", perm), lax.ppermute(v, "sp", perm)) if n > 1 else None
             pos = layouts.shard_positions(layout, S, n, (r - t) % n)  # [S] of the held shard
             k_seg = (pos[None, :] < lengths[:, None]).astype(jnp.int32)  # 1: filled, 0: not
-            o_t, lse_t = impl.forward_step(q, k, v, jnp.zeros((c,), jnp.int32), pos, q_seg, k_seg,
-                                           causal=False, softmax_scale=scale,
-                                           block_sizes=block_sizes, interpret=False)
+            o_t, lse_t = impl.forward_step(
+                q,
+                k,
+                v,
+                jnp.zeros((c,), jnp.int32),
+                pos,
+                q_seg,
+                k_seg,
+                causal=False,
+                softmax_scale=scale,
+                block_sizes=block_sizes,
+                interpret=False,
+            )
             o, lse = (o_t, lse_t) if o is None else merge(o, lse, o_t, lse_t)
             if nxt is not None:
                 k, v = nxt
@@ -234,9 +270,13 @@ def rotating_cache_attention(cache_k, cache_v, q, lengths, *, layout: str, mesh:
     kv_spec, q_spec = P(BATCH, "sp", "tp", None), P(BATCH, None, "tp", None)
     if mesh is None:
         return _run_sharded(local, None, None, None, cache_k, cache_v, q, lengths)
-    return jax.shard_map(local, mesh=mesh, in_specs=(kv_spec, kv_spec, q_spec, P(BATCH)),
-                         out_specs=(q_spec, P(BATCH, "tp", None)), check_vma=False)(
-                             cache_k, cache_v, q, lengths)
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(kv_spec, kv_spec, q_spec, P(BATCH)),
+        out_specs=(q_spec, P(BATCH, "tp", None)),
+        check_vma=False,
+    )(cache_k, cache_v, q, lengths)
 
 
 def chunk_attention(q, k, v, scale: float, window: int | None = None):
@@ -269,6 +309,16 @@ def write(cache: KVCache, k_new, v_new, positions, valid, mesh: Mesh | None) -> 
         return k, v
 
     new_spec, b_spec = P(None, BATCH, None, "tp", None), P(BATCH, None)
-    k, v = _run_sharded(local, mesh, (CACHE_SPEC, CACHE_SPEC, new_spec, new_spec, b_spec, b_spec),
-                        (CACHE_SPEC, CACHE_SPEC), cache.k, cache.v, k_new, v_new, positions, valid)
+    k, v = _run_sharded(
+        local,
+        mesh,
+        (CACHE_SPEC, CACHE_SPEC, new_spec, new_spec, b_spec, b_spec),
+        (CACHE_SPEC, CACHE_SPEC),
+        cache.k,
+        cache.v,
+        k_new,
+        v_new,
+        positions,
+        valid,
+    )
     return dataclasses.replace(cache, k=k, v=v)

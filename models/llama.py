@@ -63,9 +63,24 @@ from models.modules import Llama, default_positions, head_weight, soft_cap_logit
 from models.sharding import axis_size, check_mesh, constrain, logical_spec
 from ringattention import layouts
 
-__all__ = ["PRESETS", "LlamaConfig", "RopeScaling", "abstract_params", "batch_flops", "flops_per_token",
-           "forward", "get_config", "init_params", "load_hf", "loss_fn", "num_params",
-           "param_shardings", "param_specs", "save_hf", "validate"]
+__all__ = [
+    "PRESETS",
+    "LlamaConfig",
+    "RopeScaling",
+    "abstract_params",
+    "batch_flops",
+    "flops_per_token",
+    "forward",
+    "get_config",
+    "init_params",
+    "load_hf",
+    "loss_fn",
+    "num_params",
+    "param_shardings",
+    "param_specs",
+    "save_hf",
+    "validate",
+]
 
 Params = Any
 F32 = jnp.float32
@@ -114,11 +129,14 @@ def validate(config: LlamaConfig, mesh: Mesh | None = None, shape: tuple | None 
     tp, sp, usp = axis_size(mesh, "tp"), axis_size(mesh, "sp"), axis_size(mesh, "usp")
     nb = axis_size(mesh, "dp") * axis_size(mesh, "fsdp")
     if config.num_heads % tp or config.num_kv_heads % tp:
-        raise ValueError(f"num_heads={config.num_heads} and num_kv_heads={config.num_kv_heads} "
-                         f"must both be divisible by the tp axis size {tp}")
+        raise ValueError(
+            f"num_heads={config.num_heads} and num_kv_heads={config.num_kv_heads} "
+            f"must both be divisible by the tp axis size {tp}"
+        )
     if (config.num_heads // tp) % usp:
-        raise ValueError(f"num_heads={config.num_heads} / tp={tp} must be divisible by the Ulysses "
-                         f"axis size usp={usp}")
+        raise ValueError(
+            f"num_heads={config.num_heads} / tp={tp} must be divisible by the Ulysses axis size usp={usp}"
+        )
     if shape is None:
         return
     if len(shape) != 2:
@@ -134,8 +152,9 @@ def _check_ints(name: str, x, shape) -> None:
     if x is None:
         return
     if tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{name} must have the shape of input_ids {tuple(shape)}; got "
-                         f"{name}.shape={tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must have the shape of input_ids {tuple(shape)}; got {name}.shape={tuple(x.shape)}"
+        )
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"{name} must be integers; got {name}.dtype={x.dtype}")
 
@@ -162,9 +181,15 @@ def _forward_fn(config: LlamaConfig, mesh: Mesh | None):
     return jax.jit(run)
 
 
-def forward(config: LlamaConfig, params: Params, input_ids: jax.Array, *,
-            positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
-            mesh: Mesh | None = None) -> jax.Array:
+def forward(
+    config: LlamaConfig,
+    params: Params,
+    input_ids: jax.Array,
+    *,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    mesh: Mesh | None = None,
+) -> jax.Array:
     """float32 logits [batch, seq, vocab] for int input_ids [batch, seq] in natural order.
 
     ``positions`` (default ``arange(seq)``) feed RoPE, e.g. restarting at every packed document;
@@ -191,16 +216,18 @@ def _loss_fn(config: LlamaConfig, mesh: Mesh | None):
         if config.loss_chunk is None:
             loss_sum, tokens = cross_entropy_sum(h, w, t, mask, soft_cap=cap)
         else:
-            loss_sum, tokens = chunked_cross_entropy_sum(h, w, t, mask, config.loss_chunk,
-                                                         mesh=mesh, soft_cap=cap)
+            loss_sum, tokens = chunked_cross_entropy_sum(
+                h, w, t, mask, config.loss_chunk, mesh=mesh, soft_cap=cap
+            )
         loss = loss_sum / jnp.maximum(tokens, 1.0)
         return loss, {"loss": loss, "loss_sum": loss_sum, "tokens": tokens}
 
     return jax.jit(run)
 
 
-def loss_fn(config: LlamaConfig, params: Params, batch: dict, *,
-            mesh: Mesh | None = None) -> tuple[jax.Array, dict]:
+def loss_fn(
+    config: LlamaConfig, params: Params, batch: dict, *, mesh: Mesh | None = None
+) -> tuple[jax.Array, dict]:
     """Mean next-token cross-entropy over ``loss_mask``; returns (loss, aux).
 
     ``batch`` holds int [batch, seq] ``input_ids`` and ``targets`` and optionally ``positions``
@@ -209,8 +236,10 @@ def loss_fn(config: LlamaConfig, params: Params, batch: dict, *,
     sum over tokens) and "tokens" (float32 sum of loss_mask).
     """
     if not isinstance(batch, dict) or "input_ids" not in batch or "targets" not in batch:
-        raise ValueError(f"batch must be a dict with 'input_ids' and 'targets'; got "
-                         f"{type(batch).__name__} with keys {list(getattr(batch, 'keys', list)())}")
+        raise ValueError(
+            f"batch must be a dict with 'input_ids' and 'targets'; got "
+            f"{type(batch).__name__} with keys {list(getattr(batch, 'keys', list)())}"
+        )
     ids = jnp.asarray(batch["input_ids"])
     validate(config, mesh, ids.shape)
     for name in ("input_ids", "targets", "positions", "segment_ids"):
@@ -222,6 +251,6 @@ def loss_fn(config: LlamaConfig, params: Params, batch: dict, *,
     mask = jnp.ones(ids.shape, F32) if mask is None else jnp.asarray(mask)
     if mask.shape != ids.shape:
         raise ValueError(f"loss_mask.shape={mask.shape} must equal input_ids.shape={ids.shape}")
-    return _loss_fn(config, mesh)(params, ids, batch["targets"], positions,
-                                  batch.get("segment_ids"), mask.astype(F32))
-
+    return _loss_fn(config, mesh)(
+        params, ids, batch["targets"], positions, batch.get("segment_ids"), mask.astype(F32)
+    )

@@ -93,13 +93,20 @@ def attention_options(config: LlamaConfig, sinks: jax.Array | None = None) -> di
 def attention_needs(config: LlamaConfig) -> frozenset[str]:
     """The optional ring-step features (``ringattention.implementations.FEATURES``) the model's
     attention uses: "softcap" (Gemma 2), "v_head_dim" (MLA shapes)."""
-    used = {"softcap": config.attn_logit_softcap is not None,
-            "v_head_dim": config.v_dim != config.head_dim}
+    used = {"softcap": config.attn_logit_softcap is not None, "v_head_dim": config.v_dim != config.head_dim}
     return frozenset(name for name, on in used.items() if on)
 
 
-def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids, layer: int = 0,
-           sinks: jax.Array | None = None):
+def attend(
+    config: LlamaConfig,
+    mesh: Mesh | None,
+    q,
+    k,
+    v,
+    segment_ids,
+    layer: int = 0,
+    sinks: jax.Array | None = None,
+):
     """Causal attention of q/k [B, S, H | K, D], v [B, S, K, Dv] in ring-layout order -> [B, S, H,
     Dv] over the last ``config.layer_window(layer)`` positions when set, with the family's options
     (``sinks`` [H] float32: one extra softmax logit per head that takes weight but has no value)."""
@@ -110,18 +117,33 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids, layer: 
         pos = jnp.asarray(layouts.positions(q.shape[1], config.layout, n))  # [S] global
         if sinks is not None:
             opts["sinks"] = sinks
-        return reference_attention(q, k, v, causal=True, segment_ids=segment_ids, q_positions=pos,
-                                   kv_positions=pos, sliding_window=window, **opts).astype(q.dtype)
+        return reference_attention(
+            q,
+            k,
+            v,
+            causal=True,
+            segment_ids=segment_ids,
+            q_positions=pos,
+            kv_positions=pos,
+            sliding_window=window,
+            **opts,
+        ).astype(q.dtype)
     if config.attention == "cudnn":
         return _cudnn_attention(q, k, v, segment_ids, mesh, window, config, sinks)
     # for the mesh's platform (not the host's) and the ring's shard length
-    impl = ra_impl.resolve(config.attention, mesh, shard=q.shape[1] // n,
-                           needs=attention_needs(config)).name
+    impl = ra_impl.resolve(config.attention, mesh, shard=q.shape[1] // n, needs=attention_needs(config)).name
     blocks = BlockSizes(config.q_chunk, config.kv_chunk) if impl == "xla" else None
     seq, ulysses_axis = attention_axes(mesh)  # ("sp", "usp") with Ulysses: ring axis major
-    kw = dict(causal=True, layout=config.layout, implementation=impl, block_sizes=blocks,
-              interpret=config.interpret, deterministic=config.deterministic,
-              ulysses_axis=ulysses_axis, **opts)
+    kw = dict(
+        causal=True,
+        layout=config.layout,
+        implementation=impl,
+        block_sizes=blocks,
+        interpret=config.interpret,
+        deterministic=config.deterministic,
+        ulysses_axis=ulysses_axis,
+        **opts,
+    )
     if window is not None:
         kw["sliding_window"] = window
 
@@ -139,23 +161,36 @@ def attend(config: LlamaConfig, mesh: Mesh | None, q, k, v, segment_ids, layer: 
     return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec)(*args)
 
 
-def _cudnn_attention(q, k, v, segment_ids, mesh, window: int | None = None,
-                     config: LlamaConfig | None = None, sinks: jax.Array | None = None):
+def _cudnn_attention(
+    q,
+    k,
+    v,
+    segment_ids,
+    mesh,
+    window: int | None = None,
+    config: LlamaConfig | None = None,
+    sinks: jax.Array | None = None,
+):
     """Single-device causal attention through cuDNN's fused kernel (a speed baseline for one GPU)."""
     platform, ring = ra_impl.platform(mesh), seq_shards(mesh)
     if sinks is not None or (config is not None and attention_needs(config)):
         fields = {"softcap": "attn_logit_softcap", "v_head_dim": "v_head_dim"}
-        option = "sinks" if sinks is not None else " and ".join(
-            fields[n] for n in sorted(attention_needs(config)))
-        raise ValueError(f"attention='cudnn' cannot do {option} ({config.family}); use "
-                         "attention='auto' or 'xla'")
+        option = (
+            "sinks" if sinks is not None else " and ".join(fields[n] for n in sorted(attention_needs(config)))
+        )
+        raise ValueError(
+            f"attention='cudnn' cannot do {option} ({config.family}); use attention='auto' or 'xla'"
+        )
     if platform != "gpu" or ring != 1 or segment_ids is not None:
-        raise ValueError(f"attention='cudnn' runs on one CUDA GPU without packing; got {platform=}, "
-                         f"sp*usp={ring}, segment_ids {'given' if segment_ids is not None else 'None'}")
+        raise ValueError(
+            f"attention='cudnn' runs on one CUDA GPU without packing; got {platform=}, "
+            f"sp*usp={ring}, segment_ids {'given' if segment_ids is not None else 'None'}"
+        )
     local = None if window is None else (window - 1, 0)  # keys i - (W - 1) .. i
     scale = None if config is None else config.softmax_scale
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn",
-                                        local_window_size=local, scale=scale)
+    return jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, implementation="cudnn", local_window_size=local, scale=scale
+    )
 
 
 class RMSNorm(nn.Module):
@@ -200,8 +235,13 @@ class Attention(nn.Module):
         def proj(name, w, heads, names):  # -> [B, S, heads, D (v: Dv)]
             y = jnp.einsum("bse,ehd->bshd", x, w.astype(dt))
             if bias:
-                b = _param(self, f"b{name[1]}", (heads, w.shape[-1]),  # "act_heads" -> "heads"
-                           (names.removeprefix("act_"), "head_dim"), nn.initializers.zeros)
+                b = _param(
+                    self,
+                    f"b{name[1]}",
+                    (heads, w.shape[-1]),  # "act_heads" -> "heads"
+                    (names.removeprefix("act_"), "head_dim"),
+                    nn.initializers.zeros,
+                )
                 y = y + b.astype(dt)
             return constrain(y, ("act_batch", "act_seq", names, None), self.mesh)
 
@@ -226,8 +266,9 @@ def _per_shard_chunks(config: LlamaConfig, mesh: Mesh | None, ffn, x):
         return ffn(x)
     B, S, E = x.shape
     n = seq_shards(mesh)  # chunk within each device's shard, not across shards
-    x4 = constrain(x.reshape(B, n, S // n, E), ("act_batch", "act_seq", None, "act_embed"),
-                   mesh)  # [B, ring, shard, E]
+    x4 = constrain(
+        x.reshape(B, n, S // n, E), ("act_batch", "act_seq", None, "act_embed"), mesh
+    )  # [B, ring, shard, E]
     y = blockwise_feedforward(ffn, x4, largest_divisor(S // n, config.mlp_chunk), axis=2)
     return y.reshape(B, S, E)
 
@@ -280,8 +321,9 @@ class MoE(nn.Module):
         def ffn(h):  # [..., E] -> [..., E]
             logits = jnp.einsum("...e,ex->...x", h, wr) + br  # [..., X]
             top, idx = jax.lax.top_k(logits.astype(F32), c.experts_per_token)  # [..., k]
-            weight = jnp.sum(jax.nn.one_hot(idx, X, dtype=F32) * jax.nn.softmax(top)[..., None],
-                             axis=-2)  # [..., X], zero off the top k
+            weight = jnp.sum(
+                jax.nn.one_hot(idx, X, dtype=F32) * jax.nn.softmax(top)[..., None], axis=-2
+            )  # [..., X], zero off the top k
             gu = (jnp.einsum("...e,xef->...xf", h, wgu) + bgu).astype(F32)  # [..., X, 2F]
             gate = jnp.minimum(gu[..., ::2], c.swiglu_limit)
             up = jnp.clip(gu[..., 1::2], -c.swiglu_limit, c.swiglu_limit)
@@ -303,10 +345,8 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x, cos, sin, segment_ids):  # x [B, S, E]
         c, m = self.config, self.mesh
-        post = (lambda name: RMSNorm(c, name=name)) if c.family == "gemma2" else (
-            lambda name: lambda y: y)
-        a = Attention(c, m, self.layer, name="attn")(
-            RMSNorm(c, name="attn_norm")(x), cos, sin, segment_ids)
+        post = (lambda name: RMSNorm(c, name=name)) if c.family == "gemma2" else (lambda name: lambda y: y)
+        a = Attention(c, m, self.layer, name="attn")(RMSNorm(c, name="attn_norm")(x), cos, sin, segment_ids)
         h = x + post("post_attn_norm")(a)
         mlp = MoE if c.family == "gpt_oss" else MLP
         out = h + post("post_mlp_norm")(mlp(c, m, name="mlp")(RMSNorm(c, name="mlp_norm")(h)))
@@ -326,8 +366,7 @@ def _stacked_init(block: Block, num_layers: int, *args):
         rngs = jax.random.split(rng, num_layers)
         boxed = jax.vmap(lambda r: block.init(r, *args)["params"])(rngs)
         is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)
-        return jax.tree.map(lambda b: b.replace(names=("layers", *b.names)), boxed,
-                            is_leaf=is_box)
+        return jax.tree.map(lambda b: b.replace(names=("layers", *b.names)), boxed, is_leaf=is_box)
 
     return init
 
@@ -410,11 +449,9 @@ class Llama(nn.Module):
     @nn.compact
     def __call__(self, input_ids, positions, segment_ids):
         c, m, dt = self.config, self.mesh, jnp.dtype(self.config.dtype)
-        emb = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"),
-                     _dense_init())
+        emb = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"), _dense_init())
         if not c.tie_embeddings:
-            _param(self, "lm_head", (c.hidden_size, c.vocab_size), ("embed", "vocab"),
-                   _dense_init())
+            _param(self, "lm_head", (c.hidden_size, c.vocab_size), ("embed", "vocab"), _dense_init())
         table = constrain(emb.astype(dt), ("vocab", None), m)  # gathered over fsdp/sp for lookup
         x = jnp.take(table, input_ids, axis=0)  # [B, S, E]
         if c.family == "gemma2":  # times sqrt(hidden), rounded to the compute dtype as in HF

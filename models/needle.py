@@ -51,12 +51,13 @@ def _needle_text(city: str, number: int) -> str:
 
 def _question(needles) -> str:
     cities = ", ".join(c for c, _ in needles)
-    return (f"\nWhat is the special magic number for {cities}? Answer with the number"
-            f"{'s' if len(needles) > 1 else ''} only.\nAnswer:")
+    return (
+        f"\nWhat is the special magic number for {cities}? Answer with the number"
+        f"{'s' if len(needles) > 1 else ''} only.\nAnswer:"
+    )
 
 
-def make_case(tokenizer, length: int, depth: float, num_needles: int,
-              rng: np.random.Generator) -> Case:
+def make_case(tokenizer, length: int, depth: float, num_needles: int, rng: np.random.Generator) -> Case:
     """A prompt of exactly ``length`` tokens with needles from ``depth`` (0: start, 1: end of the
     haystack) on, spread evenly over the rest of it when there are several."""
     if not 0.0 <= depth <= 1.0:
@@ -69,8 +70,10 @@ def make_case(tokenizer, length: int, depth: float, num_needles: int,
     question = tokenizer.encode(_question(needles))
     room = length - len(question) - sum(len(p) for p in pieces)
     if room < 1:
-        raise ValueError(f"length={length} is too short for {num_needles} needle(s) and the "
-                         f"question ({length - room + 1} tokens needed)")
+        raise ValueError(
+            f"length={length} is too short for {num_needles} needle(s) and the "
+            f"question ({length - room + 1} tokens needed)"
+        )
     hay: list[int] = []
     while len(hay) < room:
         hay += tokenizer.encode(" " + FILLER[int(rng.integers(len(FILLER)))])
@@ -90,9 +93,19 @@ def score(needles, text: str) -> float:
     return sum(str(n) in text for _, n in needles) / len(needles)
 
 
-def run(config: LlamaConfig, params, tokenizer, *, lengths: Sequence[int],
-        depths: Sequence[float], num_needles: int = 1, trials: int = 1, max_new_tokens: int = 12,
-        mesh: Mesh | None = None, seed: int = 0) -> dict:
+def run(
+    config: LlamaConfig,
+    params,
+    tokenizer,
+    *,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    num_needles: int = 1,
+    trials: int = 1,
+    max_new_tokens: int = 12,
+    mesh: Mesh | None = None,
+    seed: int = 0,
+) -> dict:
     """Scores every (length, depth) over ``trials`` random needle sets, one batch per length.
 
     Returns a JSON-ready dict: "lengths", "depths", "num_needles", "trials", "accuracy" [lengths]
@@ -105,20 +118,40 @@ def run(config: LlamaConfig, params, tokenizer, *, lengths: Sequence[int],
     acc = np.zeros((len(lengths), len(depths)))
     records = []
     for i, length in enumerate(lengths):
-        cases = [make_case(tokenizer, int(length), float(d), num_needles, rng)
-                 for d in depths for _ in range(trials)]
-        out = gen.generate(config, params, [list(c.prompt) for c in cases],
-                           max_new_tokens=max_new_tokens, mesh=mesh, share_prefix=False)
+        cases = [
+            make_case(tokenizer, int(length), float(d), num_needles, rng)
+            for d in depths
+            for _ in range(trials)
+        ]
+        out = gen.generate(
+            config,
+            params,
+            [list(c.prompt) for c in cases],
+            max_new_tokens=max_new_tokens,
+            mesh=mesh,
+            share_prefix=False,
+        )
         for j, (case, toks) in enumerate(zip(cases, out.tokens, strict=True)):
             answer = tokenizer.decode(toks)
             s = score(case.needles, answer)
             acc[i, j // trials] += s / trials
-            records.append({"length": case.length, "depth": case.depth,
-                            "needles": [list(n) for n in case.needles], "answer": answer,
-                            "score": s})
-    return {"lengths": [int(x) for x in lengths], "depths": [float(d) for d in depths],
-            "num_needles": num_needles, "trials": trials, "accuracy": acc.tolist(),
-            "cases": records}
+            records.append(
+                {
+                    "length": case.length,
+                    "depth": case.depth,
+                    "needles": [list(n) for n in case.needles],
+                    "answer": answer,
+                    "score": s,
+                }
+            )
+    return {
+        "lengths": [int(x) for x in lengths],
+        "depths": [float(d) for d in depths],
+        "num_needles": num_needles,
+        "trials": trials,
+        "accuracy": acc.tolist(),
+        "cases": records,
+    }
 
 
 def plot_heatmap(result: dict, path: str, title: str = "") -> None:
@@ -148,8 +181,12 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def main(argv: Sequence[str] | None = None, *, load_run: gen.RunLoader | None = None,
-         prog: str = "python -m models.needle") -> dict:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    load_run: gen.RunLoader | None = None,
+    prog: str = "python -m models.needle",
+) -> dict:
     """CLI: writes ``needle.json`` and ``needle.png`` into ``--out``; returns the result.
     ``load_run`` adds ``--run_dir`` (``python -m train.generate needle`` passes it)."""
     import jax
@@ -175,9 +212,18 @@ def main(argv: Sequence[str] | None = None, *, load_run: gen.RunLoader | None = 
         mesh = make_mesh(MeshConfig(sp=args.sp), devices)
     overrides = {} if args.dtype is None else {"dtype": args.dtype}
     config, params, tok = gen.load_from_args(args, mesh, load_run, **overrides)
-    result = run(config, params, tok, lengths=[int(x) for x in _floats(args.lengths)],
-                 depths=_floats(args.depths), num_needles=args.needles, trials=args.trials,
-                 max_new_tokens=args.max_new_tokens, mesh=mesh, seed=args.seed)
+    result = run(
+        config,
+        params,
+        tok,
+        lengths=[int(x) for x in _floats(args.lengths)],
+        depths=_floats(args.depths),
+        num_needles=args.needles,
+        trials=args.trials,
+        max_new_tokens=args.max_new_tokens,
+        mesh=mesh,
+        seed=args.seed,
+    )
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "needle.json"), "w") as f:
         json.dump(result, f, indent=1)

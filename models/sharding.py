@@ -74,8 +74,9 @@ class MeshConfig:
         fixed = math.prod(s for s in sizes.values() if s != -1)
         if free:
             if num_devices % fixed:
-                raise ValueError(f"{self} leaves {num_devices=} / {fixed} devices for {free[0]}, "
-                                 "which is not an integer")
+                raise ValueError(
+                    f"{self} leaves {num_devices=} / {fixed} devices for {free[0]}, which is not an integer"
+                )
             sizes[free[0]] = num_devices // fixed
         elif fixed != num_devices:
             raise ValueError(f"{self} has {'*'.join(AXES)}={fixed} but {num_devices=}")
@@ -106,8 +107,9 @@ def attention_axes(mesh: Mesh | None) -> tuple[str | tuple[str, ...], str | None
     return "sp", None
 
 
-def logical_spec(names: Sequence[str | None], shape: Sequence[int] | None = None,
-                 mesh: Mesh | None = None) -> P:
+def logical_spec(
+    names: Sequence[str | None], shape: Sequence[int] | None = None, mesh: Mesh | None = None
+) -> P:
     """PartitionSpec for logical axis ``names``; axes that don't divide ``shape`` are dropped."""
     used: set[str] = set()
     out = []
@@ -143,5 +145,7 @@ def check_mesh(mesh: Mesh | None) -> None:
         raise TypeError(f"mesh must be a jax.sharding.Mesh or None; got {type(mesh).__name__}")
     missing = [a for a in AXES if a not in mesh.shape and a not in OPTIONAL]
     if missing:
-        raise ValueError(f"mesh is missing axes {missing}; mesh.shape={dict(mesh.shape)}; build it "
-                         "with models.sharding.make_mesh")
+        raise ValueError(
+            f"mesh is missing axes {missing}; mesh.shape={dict(mesh.shape)}; build it "
+            "with models.sharding.make_mesh"
+        )

@@ -28,13 +28,17 @@ def _positive_number(name: str, value: Any) -> float | None:
     ValueError naming ``name`` otherwise."""
     if value is None:
         return None
-    if isinstance(value, (jax.Array, np.ndarray)) and value.shape == () and \
-            jnp.issubdtype(value.dtype, jnp.number):
+    if (
+        isinstance(value, (jax.Array, np.ndarray))
+        and value.shape == ()
+        and jnp.issubdtype(value.dtype, jnp.number)
+    ):
         try:
             value = value.item()  # a 0-d array: jnp.float32(3.0), np.asarray(0.25)
         except jax.errors.ConcretizationTypeError:
-            raise TypeError(f"{name} must be a concrete number (it fixes the kernels traced); "
-                            f"got a traced value {value}") from None
+            raise TypeError(
+                f"{name} must be a concrete number (it fixes the kernels traced); got a traced value {value}"
+            ) from None
     number = isinstance(value, (int, float, np.integer, np.floating))
     if not number or isinstance(value, (bool, np.bool_)) or not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name}={value!r} must be a positive number or None")
@@ -75,8 +79,9 @@ def sinks(value: Any, heads: int) -> None:
         return
     got = getattr(value, "shape", None)
     if got is None or tuple(got) != (heads,):
-        raise ValueError(f"sinks must be [heads] = ({heads},), one logit per query head; got "
-                         f"sinks.shape={got}")
+        raise ValueError(
+            f"sinks must be [heads] = ({heads},), one logit per query head; got sinks.shape={got}"
+        )
     if not jnp.issubdtype(value.dtype, jnp.floating):
         raise TypeError(f"sinks must be floating point; got sinks.dtype={value.dtype}")
 
@@ -92,8 +97,10 @@ def prefix_length(value: Any, batch: int, is_causal: bool):
     if value is None:
         return None
     if not is_causal:
-        raise ValueError(f"prefix_length needs causal=True (a bidirectional prefix, causal after "
-                         f"it); got causal=False and prefix_length={value!r}")
+        raise ValueError(
+            f"prefix_length needs causal=True (a bidirectional prefix, causal after "
+            f"it); got causal=False and prefix_length={value!r}"
+        )
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"prefix_length={value!r} must be an int or an int array [batch]")
     if isinstance(value, (int, np.integer)):
@@ -102,8 +109,9 @@ def prefix_length(value: Any, batch: int, is_causal: bool):
         return jnp.full((batch,), value, jnp.int32)
     got = getattr(value, "shape", None)
     if got is None or tuple(got) != (batch,):
-        raise ValueError(f"prefix_length must be an int or [batch] = ({batch},); got "
-                         f"prefix_length.shape={got}")
+        raise ValueError(
+            f"prefix_length must be an int or [batch] = ({batch},); got prefix_length.shape={got}"
+        )
     if not jnp.issubdtype(value.dtype, jnp.integer):
         raise TypeError(f"prefix_length must be integers; got prefix_length.dtype={value.dtype}")
     try:
@@ -111,8 +119,7 @@ def prefix_length(value: Any, batch: int, is_causal: bool):
     except jax.errors.TracerArrayConversionError:  # traced: checked where it is made
         rows = None
     if rows is not None and (rows < 0).any():
-        raise ValueError(f"prefix_length must be >= 0 in every row; got "
-                         f"prefix_length={rows.tolist()}")
+        raise ValueError(f"prefix_length must be >= 0 in every row; got prefix_length={rows.tolist()}")
     return jnp.asarray(value).astype(jnp.int32)
 
 
@@ -122,9 +129,11 @@ def bidirectional_segments(value: Any, is_causal: bool, segment_ids: Any) -> boo
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"bidirectional_segments={value!r} must be a bool")
     if value and segment_ids is None:
-        raise ValueError("bidirectional_segments=True needs segment_ids (negative ids mark the "
-                         "bidirectional segments)")
+        raise ValueError(
+            "bidirectional_segments=True needs segment_ids (negative ids mark the bidirectional segments)"
+        )
     if value and not is_causal:
-        raise ValueError("bidirectional_segments=True needs causal=True (without it every segment "
-                         "is bidirectional)")
+        raise ValueError(
+            "bidirectional_segments=True needs causal=True (without it every segment is bidirectional)"
+        )
     return bool(value)

@@ -39,7 +39,6 @@ def struct(shape, dtype, *like) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), dtype, manual_axis_type=mat)
 
 
-
 def typed_by_args(make_kernel, out_type):
     """``make_kernel(out_type)(*args)`` with every output varying like ``args`` (a kernel launcher
     whose output types are fixed before its arguments are known)."""

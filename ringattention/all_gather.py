@@ -61,7 +61,7 @@ def _step_inputs(cfg, q, q_seg, k_seg, src, j: int, c: int):
     r = lax.axis_index(cfg.axis_name)
     size = q.shape[1] // c
     q_pos, k_pos, qs, ks = step_args(cfg, q, q_seg, k_seg, (r - src) % cfg.ring_size)
-    k_pos = k_pos[j * size:(j + 1) * size]  # [S / c]
+    k_pos = k_pos[j * size : (j + 1) * size]  # [S / c]
     return q_pos, k_pos, qs, ks
 
 
@@ -95,8 +95,10 @@ def forward(cfg, q, k, v, q_seg, k_seg, prefix=None):
     impl = implementations.resolve(cfg.implementation).load()
     B, S, H, _ = q.shape
     kw = step_kwargs(cfg, prefix)
-    empty = lambda: (full_like(q, (B, S, H, v.shape[-1]), 0.0),  # noqa: E731
-                     full_like(q, (B, H, S), -jnp.inf))
+    empty = lambda: (
+        full_like(q, (B, S, H, v.shape[-1]), 0.0),  # noqa: E731
+        full_like(q, (B, H, S), -jnp.inf),
+    )
 
     def compute(kv, src, j, c):  # (the step as a thunk, whether it is needed)
         k_, v_, ks = kv
@@ -128,8 +130,19 @@ def backward(cfg, q, k, v, q_seg, k_seg, do, lse, delta, prefix=None):
     def compute(kv, src, j, c):
         k_, v_, ks = kv
         q_pos, k_pos, qs, ks = _step_inputs(cfg, q, q_seg, ks, src, j, c)
-        run = lambda: impl.backward_step(q, k_, v_, do, lse, delta, q_pos, k_pos, qs, ks,  # noqa: E731
-                                         **kw)
+        run = lambda: impl.backward_step(
+            q,
+            k_,
+            v_,
+            do,
+            lse,
+            delta,
+            q_pos,
+            k_pos,
+            qs,
+            ks,  # noqa: E731
+            **kw,
+        )
         empty = lambda: tuple(full_like(q, x.shape, 0.0) for x in (q, k_, v_))  # noqa: E731
         return run, empty, _visible(cfg, q_pos, k_pos, qs, ks, src, prefix)
 
@@ -144,8 +157,7 @@ def backward(cfg, q, k, v, q_seg, k_seg, do, lse, delta, prefix=None):
 
         dq, dkv = lax.scan(body, acc[0], (*gathered, jnp.arange(cfg.ring_size)))
         # each shard's piece sums to its owner: [B, S / c, K, D]
-        return (dq, *acc[1:]), tuple(lax.psum_scatter(g, cfg.axis_name, scatter_dimension=0)
-                                     for g in dkv)
+        return (dq, *acc[1:]), tuple(lax.psum_scatter(g, cfg.axis_name, scatter_dimension=0) for g in dkv)
 
     (dq, dk_own, dv_own), outs = _schedule(cfg, (k, v, k_seg), own, piece, None)
     dk = dk_own + jnp.concatenate([d for d, _ in outs], axis=1)  # [B, S, K, D]

@@ -43,11 +43,13 @@ def _chunk(length: int, request: int) -> int:
     return c
 
 
-def _combined_table(q_pos, k_pos, q_seg, k_seg, causal, cq, ck, window=None, prefix=None,
-                    bidirectional=False):
+def _combined_table(
+    q_pos, k_pos, q_seg, k_seg, causal, cq, ck, window=None, prefix=None, bidirectional=False
+):
     # A chunk pair covers the whole batch: skip only if every sequence skips, FULL only if all are.
-    t = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, cq, ck, window, prefix,
-                          bidirectional)  # [B|1, nq, nk]
+    t = masks.block_table(
+        q_pos, k_pos, q_seg, k_seg, causal, cq, ck, window, prefix, bidirectional
+    )  # [B|1, nq, nk]
     full = jnp.all(t == masks.FULL, axis=0)
     any_ = jnp.any(t != masks.SKIP, axis=0)
     return jnp.where(full, masks.FULL, jnp.where(any_, masks.PARTIAL, masks.SKIP))  # [nq, nk]
@@ -70,8 +72,24 @@ def _mask(qp, kp, qs, ks, causal, window=None, prefix=None, bidirectional=False)
     return masks.visible(qp, kp, qs, ks, causal, window, prefix, bidirectional)[:, None, None]
 
 
-def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale, block_sizes=None,
-                 interpret=False, window=None, softcap=None, prefix=None, bidirectional=False):
+def forward_step(
+    q,
+    k,
+    v,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    *,
+    causal,
+    softmax_scale,
+    block_sizes=None,
+    interpret=False,
+    window=None,
+    softcap=None,
+    prefix=None,
+    bidirectional=False,
+):
     """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
     del interpret
     bs = block_sizes or BlockSizes()
@@ -101,8 +119,7 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale, 
             m_safe = jnp.where(jnp.isneginf(m_new), 0.0, m_new)
             p = jnp.exp(s - m_safe[..., None])
             corr = jnp.exp(m - m_safe)
-            pv = jnp.einsum("bhgqk,bkhd->bhgqd", p.astype(v_blk.dtype), v_blk,
-                            preferred_element_type=F32)
+            pv = jnp.einsum("bhgqk,bkhd->bhgqd", p.astype(v_blk.dtype), v_blk, preferred_element_type=F32)
             return acc * corr[..., None] + pv, m_new, l * corr + p.sum(-1)
 
         branches = [lambda: (acc, m, l), lambda: update(True), lambda: update(False)]
@@ -110,8 +127,11 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale, 
 
     def q_body(_, xs):
         kinds, q_blk, qp, qs = xs
-        init = (full_like(q_blk, (B, K, G, cq, Dv), 0.0), full_like(q_blk, (B, K, G, cq), -jnp.inf),
-                full_like(q_blk, (B, K, G, cq), 0.0))
+        init = (
+            full_like(q_blk, (B, K, G, cq, Dv), 0.0),
+            full_like(q_blk, (B, K, G, cq), -jnp.inf),
+            full_like(q_blk, (B, K, G, cq), 0.0),
+        )
         body = lambda c, ys: kv_body(q_blk, qp, qs, c, ys)  # noqa: E731
         (acc, m, l), _ = lax.scan(body, init, (kinds, kc, vc, kpc, ksc))
         seen = l > 0
@@ -126,9 +146,27 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale, 
     return o, lse
 
 
-def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
-                  block_sizes=None, interpret=False, window=None, softcap=None, prefix=None,
-                  bidirectional=False):
+def backward_step(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    *,
+    causal,
+    softmax_scale,
+    block_sizes=None,
+    interpret=False,
+    window=None,
+    softcap=None,
+    prefix=None,
+    bidirectional=False,
+):
     """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv."""
     del interpret
     bs = block_sizes or BlockSizes()
@@ -158,8 +196,9 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
             p = jnp.exp(s - lse_blk[..., None])
             if masked:
                 p = jnp.where(_mask(qp, kp, qs, ks, causal, **mask_kw), p, 0.0)
-            dv_new = dv + jnp.einsum("bhgqk,bqhgd->bkhd", p.astype(do_blk.dtype), do_blk,
-                                     preferred_element_type=F32)
+            dv_new = dv + jnp.einsum(
+                "bhgqk,bqhgd->bkhd", p.astype(do_blk.dtype), do_blk, preferred_element_type=F32
+            )
             dp = jnp.einsum("bqhgd,bkhd->bhgqk", do_blk, v_blk, preferred_element_type=F32)
             ds = p * (dp - delta_blk[..., None]) * softmax_scale
             if softcap is not None:  # d(C tanh(x / C)) / dx = 1 - (s / C)^2

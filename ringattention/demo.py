@@ -24,8 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layout", default="zigzag")
     args = ap.parse_args(argv)
     if "jax" not in sys.modules:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   f" --xla_force_host_platform_device_count={args.devices}")
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
+        )
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
     import jax.numpy as jnp
@@ -37,9 +38,11 @@ def main(argv: list[str] | None = None) -> None:
 
     n = args.devices
     if len(jax.devices()) < n:
-        raise SystemExit(f"--devices={n} but jax sees {len(jax.devices())} device(s); on CPU set "
-                         f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before jax is "
-                         "imported (make demo does)")
+        raise SystemExit(
+            f"--devices={n} but jax sees {len(jax.devices())} device(s); on CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before jax is "
+            "imported (make demo does)"
+        )
     mesh = Mesh(np.array(jax.devices()[:n]), ("sp",))
     key = jax.random.split(jax.random.PRNGKey(0), 3)
     B, L, H, K, D = 1, args.seq, args.heads, args.kv_heads, args.head_dim
@@ -53,17 +56,23 @@ def main(argv: list[str] | None = None) -> None:
     back = lambda x: ra.layouts.from_layout(x, args.layout, n)
     seg_l = to(seg)
     ring_local = jax.shard_map(
-        lambda q, k, v, s: ra.ring_attention(q, k, v, "sp", causal=True, segment_ids=s,
-                                             layout=args.layout, implementation="xla"),
-        mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)
+        lambda q, k, v, s: ra.ring_attention(
+            q, k, v, "sp", causal=True, segment_ids=s, layout=args.layout, implementation="xla"
+        ),
+        mesh=mesh,
+        in_specs=(spec,) * 4,
+        out_specs=spec,
+    )
     ring = lambda q, k, v: ring_local(q, k, v, seg_l)
     ref = lambda q, k, v: ra.reference_attention(q, k, v, **kw)
     loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v) ** 2)
     ring_g = jax.jit(jax.value_and_grad(loss(ring), argnums=(0, 1, 2)))
     ref_g = jax.jit(jax.value_and_grad(loss(ref), argnums=(0, 1, 2)))
     ql, kl, vl = to(q), to(k), to(v)
-    print(f"ring attention: L={L} tokens over {n} devices ({args.layout}), H={H} K={K} D={D}, "
-          f"causal + 4 packed documents")
+    print(
+        f"ring attention: L={L} tokens over {n} devices ({args.layout}), H={H} K={K} D={D}, "
+        f"causal + 4 packed documents"
+    )
     for name, f, a in (("ring", ring_g, (ql, kl, vl)), ("reference", ref_g, (q, k, v))):
         t0 = time.perf_counter()
         compiled = f.lower(*a).compile()
@@ -72,8 +81,10 @@ def main(argv: list[str] | None = None) -> None:
         t2 = time.perf_counter()
         mem = compiled.memory_analysis()
         per_dev = (mem.temp_size_in_bytes + mem.argument_size_in_bytes) / 2**20
-        print(f"  {name:9s} compile {t1 - t0:5.1f} s, fwd+bwd {t2 - t1:6.2f} s, "
-              f"per-device memory {per_dev:8.1f} MiB")
+        print(
+            f"  {name:9s} compile {t1 - t0:5.1f} s, fwd+bwd {t2 - t1:6.2f} s, "
+            f"per-device memory {per_dev:8.1f} MiB"
+        )
     (_, gr), (_, gf) = ring_g(ql, kl, vl), ref_g(q, k, v)
     gr = [back(g) for g in gr]
     o, o_ref = back(ring(ql, kl, vl)), ref(q, k, v)

@@ -110,8 +110,9 @@ def platform(mesh=None) -> str:
 FEATURES = ("softcap", "prefix", "bidirectional", "v_head_dim")
 
 
-def resolve(name: str, mesh=None, shard: int | None = None,
-            needs: frozenset[str] = frozenset()) -> Implementation:
+def resolve(
+    name: str, mesh=None, shard: int | None = None, needs: frozenset[str] = frozenset()
+) -> Implementation:
     """Returns the implementation called ``name`` ("auto": the best for the platform of ``mesh``,
     or of the mesh being traced; see :func:`mesh_device`). ``shard``:
     the ring's shard length, so "auto" takes only kernels that take it (pallas_tpu: multiples of
@@ -137,13 +138,14 @@ def resolve(name: str, mesh=None, shard: int | None = None,
     impl = _REGISTRY[name]
     if not needs <= impl.features:
         have = [n for n, i in _REGISTRY.items() if needs <= i.features]
-        raise ValueError(f"implementation={name!r} does not support {sorted(needs - impl.features)}"
-                         f"; these do: {have} (or 'auto')")
+        raise ValueError(
+            f"implementation={name!r} does not support {sorted(needs - impl.features)}"
+            f"; these do: {have} (or 'auto')"
+        )
     return impl
 
 
-def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int,
-                              causal: bool = True):
+def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int, causal: bool = True):
     """``block_sizes`` for ``deterministic=True``: the module's hook (contract above) if it has one."""
     hook = getattr(impl.load(), "deterministic_block_sizes", None)
     return block_sizes if hook is None else hook(block_sizes, head_dim, causal)
@@ -151,5 +153,8 @@ def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int,
 
 # The pure-JAX step; the Pallas kernels register themselves, one package per backend
 # (``ringattention.kernels``: hopper, triton, tpu), which ``import ringattention`` imports.
-register(Implementation("xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu"),
-                        features=frozenset(FEATURES)))
+register(
+    Implementation(
+        "xla", "ringattention.blockwise", platforms=("cpu", "gpu", "tpu"), features=frozenset(FEATURES)
+    )
+)

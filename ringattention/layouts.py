@@ -45,8 +45,11 @@ def check_divisible(seq_len: int, layout: str, ring_size: int) -> None:
     """Raises ValueError unless a global ``seq_len`` can be dealt to ``ring_size`` shards."""
     n = parts(layout, ring_size)
     if seq_len % n:
-        hint = (f"; layout='striped' (as balanced for causal attention) needs only a multiple of "
-                f"{ring_size}" if layout == "zigzag" and seq_len % ring_size == 0 else "")
+        hint = (
+            f"; layout='striped' (as balanced for causal attention) needs only a multiple of {ring_size}"
+            if layout == "zigzag" and seq_len % ring_size == 0
+            else ""
+        )
         raise ValueError(f"{seq_len=} must be divisible by {n} for {layout=} with {ring_size=}{hint}")
 
 
@@ -148,8 +151,9 @@ def _pairs_in_band(c: np.ndarray, stride: int, m: int, lo: int, hi: int) -> np.n
     return np.where(last >= first, upto(last) - upto(first - 1), 0)
 
 
-def visible_pairs(layout: str, ring_size: int, shard_len: int, causal: bool,
-                  window: int | None = None) -> np.ndarray:
+def visible_pairs(
+    layout: str, ring_size: int, shard_len: int, causal: bool, window: int | None = None
+) -> np.ndarray:
     """(query, key) pairs the mask lets through when device ``r`` holds the key shard of device
     ``r - t``: int64 [ring_size (device), ring_size (step)], in closed form (no [S, S] mask).
 

@@ -39,8 +39,16 @@ def check_window(window) -> None:
         raise ValueError(f"sliding_window={window!r} must be a positive int or None")
 
 
-def visible(q_pos, k_pos, q_seg, k_seg, causal: bool, window: int | None = None, prefix=None,
-            bidirectional: bool = False):
+def visible(
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    causal: bool,
+    window: int | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """Elementwise visibility. q_pos [Sq], k_pos [Sk], q_seg [B, Sq] | None, k_seg [B, Sk] | None,
     prefix int [B] | None; ``bidirectional`` needs segment ids.
 
@@ -68,8 +76,18 @@ def _block_min_max(x, block: int):
     return xb.min(-1), xb.max(-1)
 
 
-def block_table(q_pos, k_pos, q_seg, k_seg, causal: bool, block_q: int, block_k: int,
-                window: int | None = None, prefix=None, bidirectional: bool = False):
+def block_table(
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    causal: bool,
+    block_q: int,
+    block_k: int,
+    window: int | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """Classifies block pairs as SKIP / PARTIAL / FULL. int32 [B or 1, Sq // block_q, Sk // block_k].
 
     q_pos [Sq], k_pos [Sk] int32; q_seg [B, Sq], k_seg [B, Sk] int or None. Sq and Sk must be multiples

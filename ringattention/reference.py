@@ -17,17 +17,23 @@ from ringattention import _validate as checks
 from ringattention import masks
 
 
-def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
-                        segment_ids: jax.Array | None = None,
-                        kv_segment_ids: jax.Array | None = None,
-                        q_positions: jax.Array | None = None,
-                        kv_positions: jax.Array | None = None,
-                        softmax_scale: float | None = None,
-                        sliding_window: int | None = None,
-                        sinks: jax.Array | None = None,
-                        logits_soft_cap: float | None = None,
-                        prefix_length: jax.Array | int | None = None,
-                        bidirectional_segments: bool = False) -> jax.Array:
+def reference_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool = False,
+    segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    q_positions: jax.Array | None = None,
+    kv_positions: jax.Array | None = None,
+    softmax_scale: float | None = None,
+    sliding_window: int | None = None,
+    sinks: jax.Array | None = None,
+    logits_soft_cap: float | None = None,
+    prefix_length: jax.Array | int | None = None,
+    bidirectional_segments: bool = False,
+) -> jax.Array:
     """Naive attention. q [B, Sq, H, D], k [B, Sk, K, D], v [B, Sk, K, Dv] with H % K == 0 ->
     [B, Sq, H, Dv].
 
@@ -44,8 +50,7 @@ def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: boo
     if H % K:
         raise ValueError(f"query heads must be a multiple of kv heads; got {q.shape=} {k.shape=}")
     if k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"k and v must agree in batch, length and kv heads; got {k.shape=} "
-                         f"{v.shape=}")
+        raise ValueError(f"k and v must agree in batch, length and kv heads; got {k.shape=} {v.shape=}")
     causal = checks.causal(causal)
     checks.segment_ids(segment_ids, (B, Sq))
     if segment_ids is not None:
@@ -67,8 +72,9 @@ def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: boo
     qp = jnp.arange(Sq) if q_positions is None else q_positions
     kp = jnp.arange(Sk) if kv_positions is None else kv_positions
     ks = None if segment_ids is None else (segment_ids if kv_segment_ids is None else kv_segment_ids)
-    mask = masks.visible(qp, kp, segment_ids, ks, causal, sliding_window, prefix,
-                         bidirectional)  # [B|1, Sq, Sk]
+    mask = masks.visible(
+        qp, kp, segment_ids, ks, causal, sliding_window, prefix, bidirectional
+    )  # [B|1, Sq, Sk]
     s = jnp.where(mask[:, None, None], s, -jnp.inf)
     m = jnp.max(s, -1, keepdims=True)  # [B, K, G, Sq, 1]
     if sinks is not None:  # the sink joins the max and the denominator, not the values

@@ -36,8 +36,11 @@ def offload_attention(src: str = "device", dst: str = "pinned_host"):
     Offloading needs a backend with host memory spaces (GPU, TPU); on CPU the arrays simply stay.
     """
     return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[], names_which_can_be_offloaded=list(NAMES), offload_src=src,
-        offload_dst=dst)
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=list(NAMES),
+        offload_src=src,
+        offload_dst=dst,
+    )
 
 
 def allow_host_offload(fraction: float = 0.8) -> int | None:

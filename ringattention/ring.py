@@ -67,8 +67,12 @@ class _Config:
 
 def _features(cfg, q, v) -> frozenset[str]:
     """The optional step features (``implementations.FEATURES``) this call uses."""
-    used = {"softcap": cfg.softcap is not None, "prefix": cfg.prefix,
-            "bidirectional": cfg.bidirectional, "v_head_dim": v.shape[-1] != q.shape[-1]}
+    used = {
+        "softcap": cfg.softcap is not None,
+        "prefix": cfg.prefix,
+        "bidirectional": cfg.bidirectional,
+        "v_head_dim": v.shape[-1] != q.shape[-1],
+    }
     return frozenset(name for name, on in used.items() if on)
 
 
@@ -96,8 +100,10 @@ def _forward_lap(cfg, q, k, v, q_seg, k_seg, prefix=None):
         if n == 1:
             return run()
         B, S, H, _ = q.shape
-        empty = lambda: (full_like(q, (B, S, H, v.shape[-1]), 0.0),  # noqa: E731
-                         full_like(q, (B, H, S), -jnp.inf))
+        empty = lambda: (
+            full_like(q, (B, S, H, v.shape[-1]), 0.0),  # noqa: E731
+            full_like(q, (B, H, S), -jnp.inf),
+        )
         return lax.cond(step_visible(cfg, q_pos, k_pos, qs, ks, prefix), run, empty)
 
     kv = (k, v, k_seg)
@@ -134,8 +140,19 @@ def _backward_lap(cfg, q, k, v, q_seg, k_seg, do, lse, delta, prefix=None):
     def compute(kv, t):
         k_, v_, ks = kv
         q_pos, k_pos, qs, ks = step_args(cfg, q, q_seg, ks, t)
-        run = lambda: impl.backward_step(q, k_, v_, do, lse, delta, q_pos, k_pos, qs, ks,  # noqa: E731
-                                         **kw)
+        run = lambda: impl.backward_step(
+            q,
+            k_,
+            v_,
+            do,
+            lse,
+            delta,
+            q_pos,
+            k_pos,
+            qs,
+            ks,  # noqa: E731
+            **kw,
+        )
         if n == 1:
             return run()
         empty = lambda: tuple(full_like(q, x.shape, 0.0) for x in (q, k_, v_))  # noqa: E731
@@ -204,8 +221,7 @@ def _ring_fwd(q, k, v, segment_ids, prefix, sink_logits, cfg):
 def _ring_bwd(cfg, res, do):
     q, k, v, segment_ids, prefix, sink_logits, o, lse = res  # lse: with the sinks merged in
     delta = jnp.einsum("bshd,bshd->bhs", o.astype(F32), do.astype(F32))  # [B, H, S]
-    dq, dk, dv = _laps(cfg)[1](cfg, q, k, v, segment_ids, segment_ids, do.astype(q.dtype), lse,
-                               delta, prefix)
+    dq, dk, dv = _laps(cfg)[1](cfg, q, k, v, segment_ids, segment_ids, do.astype(q.dtype), lse, delta, prefix)
     dsinks = None if sink_logits is None else _sinks.grad(sink_logits, lse, delta)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, dsinks
 
@@ -216,21 +232,23 @@ _ring.defvjp(_ring_fwd, _ring_bwd)
 def _validate(q, k, v, segment_ids, layout, softmax_scale, sliding_window=None):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if getattr(x, "ndim", None) != 4:
-            raise ValueError(f"{name} must be [batch, shard, heads, head_dim]; got {name}.shape="
-                             f"{getattr(x, 'shape', None)}")
+            raise ValueError(
+                f"{name} must be [batch, shard, heads, head_dim]; got {name}.shape="
+                f"{getattr(x, 'shape', None)}"
+            )
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{name} must be floating point; got {name}.dtype={x.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype; got {q.dtype=} {k.dtype=} {v.dtype=}")
     if k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"k and v must agree in batch, shard length and kv heads (v's head_dim may "
-                         f"differ); got {k.shape=} {v.shape=}")
+        raise ValueError(
+            f"k and v must agree in batch, shard length and kv heads (v's head_dim may "
+            f"differ); got {k.shape=} {v.shape=}"
+        )
     if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q and k must agree in batch, shard length and head_dim; got {q.shape=} "
-                         f"{k.shape=}")
+        raise ValueError(f"q and k must agree in batch, shard length and head_dim; got {q.shape=} {k.shape=}")
     if q.shape[2] % k.shape[2]:
-        raise ValueError(f"query heads must be a multiple of kv heads; got {q.shape[2]=} "
-                         f"{k.shape[2]=}")
+        raise ValueError(f"query heads must be a multiple of kv heads; got {q.shape[2]=} {k.shape[2]=}")
     layouts.check_layout(layout)
     _checks.segment_ids(segment_ids, q.shape[:2], dims="[batch, shard]")
     _checks.softmax_scale(softmax_scale)
@@ -241,9 +259,11 @@ def _check_platform(impl, interpret: bool) -> None:
     """The kernel must run on the platform of the mesh being traced (not the host's backend)."""
     mesh_platform = implementations.platform()
     if not interpret and mesh_platform not in impl.platforms:
-        raise ValueError(f"implementation={impl.name!r} runs on {impl.platforms}, not on this "
-                         f"mesh's platform={mesh_platform!r}; pass interpret=True to emulate it, "
-                         "or use 'auto'/'xla'")
+        raise ValueError(
+            f"implementation={impl.name!r} runs on {impl.platforms}, not on this "
+            f"mesh's platform={mesh_platform!r}; pass interpret=True to emulate it, "
+            "or use 'auto'/'xla'"
+        )
 
 
 def _axis_size(axis_name, argument: str = "axis_name") -> int:
@@ -251,20 +271,34 @@ def _axis_size(axis_name, argument: str = "axis_name") -> int:
     try:
         return lax.psum(1, axis_name)
     except NameError as e:
-        raise ValueError(f"{argument}={axis_name!r} is not an axis of the enclosing shard_map "
-                         f"({e})") from None
+        raise ValueError(
+            f"{argument}={axis_name!r} is not an axis of the enclosing shard_map ({e})"
+        ) from None
 
 
-def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causal: bool = False,
-                   segment_ids: jax.Array | None = None, layout: str = "contiguous",
-                   softmax_scale: float | None = None, implementation: str = "auto",
-                   block_sizes=None, interpret: bool = False,
-                   deterministic: bool = False, ulysses_axis=None,
-                   sliding_window: int | None = None, sinks: jax.Array | None = None,
-                   logits_soft_cap: float | None = None,
-                   prefix_length: jax.Array | int | None = None,
-                   bidirectional_segments: bool = False, strategy: str = "ring",
-                   gather_chunks: int | None = None) -> jax.Array:
+def ring_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    axis_name,
+    *,
+    causal: bool = False,
+    segment_ids: jax.Array | None = None,
+    layout: str = "contiguous",
+    softmax_scale: float | None = None,
+    implementation: str = "auto",
+    block_sizes=None,
+    interpret: bool = False,
+    deterministic: bool = False,
+    ulysses_axis=None,
+    sliding_window: int | None = None,
+    sinks: jax.Array | None = None,
+    logits_soft_cap: float | None = None,
+    prefix_length: jax.Array | int | None = None,
+    bidirectional_segments: bool = False,
+    strategy: str = "ring",
+    gather_chunks: int | None = None,
+) -> jax.Array:
     """Exact attention over a sequence sharded along mesh axis ``axis_name`` (inside ``shard_map``).
 
     Args:
@@ -327,44 +361,79 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name, *, causa
     ring_size = _axis_size(axis_name)
     u = None if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis")
     if gather_chunks is not None and strategy in ("ring", "ulysses"):
-        raise ValueError(f"gather_chunks={gather_chunks!r} applies to strategy='all_gather' (or "
-                         f"'auto' where it picks all_gather); got strategy={strategy!r}")
+        raise ValueError(
+            f"gather_chunks={gather_chunks!r} applies to strategy='all_gather' (or "
+            f"'auto' where it picks all_gather); got strategy={strategy!r}"
+        )
     shard = q.shape[1] * (u or 1)  # the ring's: with Ulysses, the U pieces of the Ulysses group
     if layout == "zigzag" and ring_size > 1 and shard % 2:
-        raise ValueError(f"zigzag needs an even shard length on a ring of {ring_size}; got "
-                         f"{q.shape[1]=} (x {shard // q.shape[1]} Ulysses pieces)")
+        raise ValueError(
+            f"zigzag needs an even shard length on a ring of {ring_size}; got "
+            f"{q.shape[1]=} (x {shard // q.shape[1]} Ulysses pieces)"
+        )
     relaxed = prefix is not None or bidirectional  # causal, but some keys after a query visible
-    strategy = strategies.resolve(strategy, q.shape, k.shape, q.dtype.itemsize, axis_name,
-                                  ring_size, u, causal and not relaxed, implementations.mesh_device(),
-                                  layout=layout, window=sliding_window, v_head_dim=v.shape[-1])
+    strategy = strategies.resolve(
+        strategy,
+        q.shape,
+        k.shape,
+        q.dtype.itemsize,
+        axis_name,
+        ring_size,
+        u,
+        causal and not relaxed,
+        implementations.mesh_device(),
+        layout=layout,
+        window=sliding_window,
+        v_head_dim=v.shape[-1],
+    )
     step = shard * ring_size if strategy == "ulysses" else shard  # keys a step attends to
-    cfg = _Config(axis_name, bool(causal), layout, 1.0, "", None, bool(interpret), ring_size,
-                  softcap=softcap, prefix=prefix is not None, bidirectional=bidirectional)
+    cfg = _Config(
+        axis_name,
+        bool(causal),
+        layout,
+        1.0,
+        "",
+        None,
+        bool(interpret),
+        ring_size,
+        softcap=softcap,
+        prefix=prefix is not None,
+        bidirectional=bidirectional,
+    )
     impl = implementations.resolve(implementation, shard=step, needs=_features(cfg, q, v))
     _check_platform(impl, interpret)
     if deterministic:
-        block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1],
-                                                                causal)
+        block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1], causal)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     window, hops = window_plan(sliding_window, layout, ring_size, shard, causal and not relaxed)
-    cfg = dataclasses.replace(cfg, softmax_scale=scale, implementation=impl.name,
-                              block_sizes=block_sizes, window=window, hops=hops)
+    cfg = dataclasses.replace(
+        cfg, softmax_scale=scale, implementation=impl.name, block_sizes=block_sizes, window=window, hops=hops
+    )
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
     if sinks is not None:  # varying like q: its cotangent, per device, is summed by the transpose
         sinks = vary_like(sinks, q)
     if strategy == "ulysses":  # one step over the whole sequence, in natural order
-        whole = dataclasses.replace(cfg, layout="contiguous", ring_size=1, **dict(zip(
-            ("window", "hops"), window_plan(sliding_window, "contiguous", 1, step,
-                                             causal and not relaxed))))
+        whole = dataclasses.replace(
+            cfg,
+            layout="contiguous",
+            ring_size=1,
+            **dict(
+                zip(
+                    ("window", "hops"),
+                    window_plan(sliding_window, "contiguous", 1, step, causal and not relaxed),
+                )
+            ),
+        )
         attend = lambda q, k, v, seg, snk=None: _ring(q, k, v, seg, prefix, snk, whole)  # noqa: E731
-        return ulysses.whole_sequence_attention(attend, q, k, v, segment_ids, axis_name, layout,
-                                                sinks=sinks)
+        return ulysses.whole_sequence_attention(attend, q, k, v, segment_ids, axis_name, layout, sinks=sinks)
     if strategy == "all_gather":
-        cfg = dataclasses.replace(cfg, strategy=strategy, gather_chunks=strategies.gather_chunks(
-            gather_chunks, shard, impl.takes_shard))
+        cfg = dataclasses.replace(
+            cfg,
+            strategy=strategy,
+            gather_chunks=strategies.gather_chunks(gather_chunks, shard, impl.takes_shard),
+        )
     ring = lambda q, k, v, seg, snk=sinks: _ring(q, k, v, seg, prefix, snk, cfg)  # noqa: E731
     if ulysses_axis is not None:  # 2-D context parallelism (ringattention/ulysses.py)
-        return ulysses.ulysses_attention(ring, q, k, v, segment_ids, ulysses_axis, axis_name,
-                                         sinks=sinks)
+        return ulysses.ulysses_attention(ring, q, k, v, segment_ids, ulysses_axis, axis_name, sinks=sinks)
     return ring(q, k, v, segment_ids)

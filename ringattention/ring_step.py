@@ -75,8 +75,12 @@ def step_args(cfg, q, q_seg, k_seg, t):
 def step_kwargs(cfg, prefix=None) -> dict:
     """The keywords of a step call (``implementations.py``'s contract): window and the optional
     features only where used."""
-    kw = dict(causal=cfg.causal, softmax_scale=cfg.softmax_scale, block_sizes=cfg.block_sizes,
-              interpret=cfg.interpret)
+    kw = dict(
+        causal=cfg.causal,
+        softmax_scale=cfg.softmax_scale,
+        block_sizes=cfg.block_sizes,
+        interpret=cfg.interpret,
+    )
     if cfg.window is not None:  # only then: implementations without windows keep working
         kw["window"] = cfg.window
     if cfg.softcap is not None:  # optional features likewise (implementations.FEATURES)

@@ -26,16 +26,29 @@ def _check_axis(mesh: Mesh, name, what: str) -> int:
     return mesh.shape[name]
 
 
-def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
-                      seq_axis: str = "sp", batch_axis: str | None = None,
-                      head_axis: str | None = None, segment_ids: jax.Array | None = None,
-                      causal: bool = False, layout: str = "contiguous", reorder: bool = True,
-                      deterministic: bool = False, ulysses_axis: str | None = None,
-                      sliding_window: int | None = None, sinks: jax.Array | None = None,
-                      logits_soft_cap: float | None = None,
-                      prefix_length: jax.Array | int | None = None,
-                      bidirectional_segments: bool = False, strategy: str = "ring",
-                      **kwargs) -> jax.Array:
+def sharded_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mesh: Mesh,
+    *,
+    seq_axis: str = "sp",
+    batch_axis: str | None = None,
+    head_axis: str | None = None,
+    segment_ids: jax.Array | None = None,
+    causal: bool = False,
+    layout: str = "contiguous",
+    reorder: bool = True,
+    deterministic: bool = False,
+    ulysses_axis: str | None = None,
+    sliding_window: int | None = None,
+    sinks: jax.Array | None = None,
+    logits_soft_cap: float | None = None,
+    prefix_length: jax.Array | int | None = None,
+    bidirectional_segments: bool = False,
+    strategy: str = "ring",
+    **kwargs,
+) -> jax.Array:
     """Ring attention over global arrays. q [B, L, H, D], k [B, L, K, D], v [B, L, K, Dv] ->
     [B, L, H, Dv] (Dv = D but for MLA shapes).
 
@@ -59,11 +72,14 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     nb = _check_axis(mesh, batch_axis, "batch_axis")
     nh = _check_axis(mesh, head_axis, "head_axis")
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"q, k, v must be [batch, seq, heads, head_dim]; got {q.shape=} {k.shape=} "
-                         f"{v.shape=}")
+        raise ValueError(
+            f"q, k, v must be [batch, seq, heads, head_dim]; got {q.shape=} {k.shape=} {v.shape=}"
+        )
     if k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"k and v must agree in batch, seq and kv heads (v's head_dim may differ); "
-                         f"got {k.shape=} {v.shape=}")
+        raise ValueError(
+            f"k and v must agree in batch, seq and kv heads (v's head_dim may differ); "
+            f"got {k.shape=} {v.shape=}"
+        )
     causal = checks.causal(causal)
     checks.segment_ids(segment_ids, q.shape[:2])
     checks.sinks(sinks, q.shape[2])
@@ -72,16 +88,16 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     bidirectional = checks.bidirectional_segments(bidirectional_segments, causal, segment_ids)
     layouts.check_divisible(q.shape[1], layout, n)
     if q.shape[1] % (n * nu):
-        raise ValueError(f"sequence {q.shape[1]=} is not divisible by {seq_axis}={n} x "
-                         f"{ulysses_axis}={nu}")
+        raise ValueError(f"sequence {q.shape[1]=} is not divisible by {seq_axis}={n} x {ulysses_axis}={nu}")
     if q.shape[0] % nb:
         raise ValueError(f"batch {q.shape[0]=} is not divisible by {batch_axis}={nb}")
     if q.shape[2] % nh or k.shape[2] % nh:
-        raise ValueError(f"heads {q.shape[2]=} and kv heads {k.shape[2]=} must divide by "
-                         f"{head_axis}={nh}")
+        raise ValueError(f"heads {q.shape[2]=} and kv heads {k.shape[2]=} must divide by {head_axis}={nh}")
     if (q.shape[2] // nh) % nu:
-        raise ValueError(f"heads {q.shape[2]=} ({q.shape[2] // nh} per {head_axis}={nh} shard) are "
-                         f"not divisible by ulysses_axis {ulysses_axis}={nu}")
+        raise ValueError(
+            f"heads {q.shape[2]=} ({q.shape[2] // nh} per {head_axis}={nh} shard) are "
+            f"not divisible by ulysses_axis {ulysses_axis}={nu}"
+        )
     if reorder:
         q, k, v = (layouts.to_layout(x, layout, n) for x in (q, k, v))
         if segment_ids is not None:
@@ -91,19 +107,40 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, *,
     seg_spec = P(batch_axis, seq)
     strategies.check(strategy)
     step = q.shape[1] if strategy == "ulysses" else q.shape[1] // n  # keys one step attends to
-    used = {"softcap": softcap is not None, "prefix": prefix is not None,
-            "bidirectional": bidirectional, "v_head_dim": v.shape[3] != q.shape[3]}
-    impl = implementations.resolve(kwargs.pop("implementation", "auto"), mesh, shard=step,
-                                   needs=frozenset(f for f, on in used.items() if on)).name
+    used = {
+        "softcap": softcap is not None,
+        "prefix": prefix is not None,
+        "bidirectional": bidirectional,
+        "v_head_dim": v.shape[3] != q.shape[3],
+    }
+    impl = implementations.resolve(
+        kwargs.pop("implementation", "auto"),
+        mesh,
+        shard=step,
+        needs=frozenset(f for f, on in used.items() if on),
+    ).name
 
     def local(q, k, v, seg, snk, pre):
-        return ring_attention(q, k, v, seq_axis, causal=causal, segment_ids=seg, layout=layout,
-                              implementation=impl, deterministic=deterministic,
-                              ulysses_axis=ulysses_axis, sliding_window=sliding_window, sinks=snk,
-                              logits_soft_cap=softcap, prefix_length=pre,
-                              bidirectional_segments=bidirectional, strategy=strategy, **kwargs)
+        return ring_attention(
+            q,
+            k,
+            v,
+            seq_axis,
+            causal=causal,
+            segment_ids=seg,
+            layout=layout,
+            implementation=impl,
+            deterministic=deterministic,
+            ulysses_axis=ulysses_axis,
+            sliding_window=sliding_window,
+            sinks=snk,
+            logits_soft_cap=softcap,
+            prefix_length=pre,
+            bidirectional_segments=bidirectional,
+            strategy=strategy,
+            **kwargs,
+        )
 
     specs = (spec, spec, spec, seg_spec, P(head_axis), P(batch_axis))
-    out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec)(
-        q, k, v, segment_ids, sinks, prefix)
+    out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec)(q, k, v, segment_ids, sinks, prefix)
     return layouts.from_layout(out, layout, n) if reorder else out

@@ -263,8 +263,7 @@ def step_times(s: Shape, p: Platform) -> tuple[float, float]:
     steps = ring_steps(s)[1:] or [0]
     pairs = float(step_pairs(s)[:, steps].max(0).min())
     hop = _shard_kv(s) * s.dtype_bytes if s.devices > 1 else 0
-    return (pairs * _flops_per_pair(s, s.heads) / p.attention_flops_per_s,
-            hop / p.link_bytes_per_s)
+    return (pairs * _flops_per_pair(s, s.heads) / p.attention_flops_per_s, hop / p.link_bytes_per_s)
 
 
 def budget_bytes(p: Platform, memory_budget: float | None = None) -> float:
@@ -285,12 +284,24 @@ def table(s: Shape, p: Platform, memory_budget: float | None = None) -> list[dic
         if runs and mem > budget:
             why = f"{name} needs {mem / GIB:,.2f} GiB > budget {budget / GIB:,.2f} GiB"
         fwd, fwd_bwd = bytes_sent(s, name)
-        rows.append({"strategy": name, "runs": runs, "fits": mem <= budget,
-                     "feasible": why is None, "why_not": why, "bytes_fwd": fwd,
-                     "bytes_fwd_bwd": fwd_bwd, "kv_bytes": kv_bytes(s, name), "memory_bytes": mem,
-                     "compute_s": compute_seconds(s, p, name), "step_compute_s": compute,
-                     "step_transfer_s": transfer, "ring_hops": lap(s),
-                     "ring_hides_transfer": compute >= transfer})
+        rows.append(
+            {
+                "strategy": name,
+                "runs": runs,
+                "fits": mem <= budget,
+                "feasible": why is None,
+                "why_not": why,
+                "bytes_fwd": fwd,
+                "bytes_fwd_bwd": fwd_bwd,
+                "kv_bytes": kv_bytes(s, name),
+                "memory_bytes": mem,
+                "compute_s": compute_seconds(s, p, name),
+                "step_compute_s": compute,
+                "step_transfer_s": transfer,
+                "ring_hops": lap(s),
+                "ring_hides_transfer": compute >= transfer,
+            }
+        )
     return rows
 
 
@@ -309,8 +320,9 @@ def _mib(row: dict) -> str:
     return f"{row['bytes_fwd_bwd'] / 2**20:,.1f} MiB"
 
 
-def choose(s: Shape, p: Platform, memory_budget: float | None = None,
-           allowed: tuple[str, ...] = STRATEGIES) -> Decision:
+def choose(
+    s: Shape, p: Platform, memory_budget: float | None = None, allowed: tuple[str, ...] = STRATEGIES
+) -> Decision:
     """The strategy the cost model picks (module docstring), the reason and the numbers."""
     rows = tuple(table(s, p, memory_budget))
     by = {r["strategy"]: r for r in rows}
@@ -323,21 +335,23 @@ def choose(s: Shape, p: Platform, memory_budget: float | None = None,
     if not ok:
         pick = min(runs, key=lambda n: by[n]["memory_bytes"])
         sizes = ", ".join(f"{n} {_gib(by[n])}" for n in runs)
-        return Decision(pick, f"none fits the budget {budget:,.2f} GiB ({sizes}): the least "
-                        "memory", rows)
+        return Decision(pick, f"none fits the budget {budget:,.2f} GiB ({sizes}): the least memory", rows)
     if "ring" not in ok:
         pick = min(ok, key=lambda n: by[n]["bytes_fwd_bwd"])
         why = ring["why_not"] or "ring not allowed"
         return Decision(pick, f"{why}; it fits and sends {_mib(by[pick])}", rows)
     uly = by["ulysses"]
     if "ulysses" in ok and uly["bytes_fwd_bwd"] < ring["bytes_fwd_bwd"]:
-        return Decision("ulysses", f"heads allow it and it sends {_mib(uly)} < the ring's "
-                        f"{_mib(ring)}", rows)
+        return Decision("ulysses", f"heads allow it and it sends {_mib(uly)} < the ring's {_mib(ring)}", rows)
     hides, full_lap = ring["ring_hides_transfer"], ag["bytes_fwd"] <= ring["bytes_fwd"]
     if "all_gather" in ok and not hides and full_lap:
-        return Decision("all_gather", f"a ring step's transfer {ring['step_transfer_s'] * 1e6:,.1f}"
-                        f" us exceeds its compute {ring['step_compute_s'] * 1e6:,.1f} us and the "
-                        f"all-gather fits ({_gib(ag)})", rows)
+        return Decision(
+            "all_gather",
+            f"a ring step's transfer {ring['step_transfer_s'] * 1e6:,.1f}"
+            f" us exceeds its compute {ring['step_compute_s'] * 1e6:,.1f} us and the "
+            f"all-gather fits ({_gib(ag)})",
+            rows,
+        )
     if hides:
         why = "the ring hides each hop behind its step"
     elif not full_lap:
@@ -354,9 +368,21 @@ def check(strategy) -> str:
     return strategy
 
 
-def resolve(strategy, q_shape, k_shape, dtype_bytes: int, axis_name, ring_size: int,
-            ulysses_size: int | None, causal: bool, device=None, *, layout: str = "contiguous",
-            window: int | None = None, v_head_dim: int | None = None) -> str:
+def resolve(
+    strategy,
+    q_shape,
+    k_shape,
+    dtype_bytes: int,
+    axis_name,
+    ring_size: int,
+    ulysses_size: int | None,
+    causal: bool,
+    device=None,
+    *,
+    layout: str = "contiguous",
+    window: int | None = None,
+    v_head_dim: int | None = None,
+) -> str:
     """The strategy ``ring_attention`` runs: ``strategy`` checked, "auto" decided by :func:`choose`
     on this call's shapes, ``layout``, sliding ``window`` and v head dim, on the platform of
     ``device`` (the mesh's). ``causal``: the mask the lap is planned for (a prefix or bidirectional
@@ -369,11 +395,15 @@ def resolve(strategy, q_shape, k_shape, dtype_bytes: int, axis_name, ring_size: 
     K = k_shape[2]
     if strategy == "ulysses":
         if ulysses_size is not None:
-            raise ValueError("strategy='ulysses' exchanges heads over axis_name itself; with "
-                             "ulysses_axis set use strategy='ring' or 'all_gather' (Ulysses x ring)")
+            raise ValueError(
+                "strategy='ulysses' exchanges heads over axis_name itself; with "
+                "ulysses_axis set use strategy='ring' or 'all_gather' (Ulysses x ring)"
+            )
         if H % ring_size:
-            raise ValueError(f"strategy='ulysses' needs the query heads divisible by the size of "
-                             f"axis_name={axis_name!r}; got heads={H}, axis size {ring_size}")
+            raise ValueError(
+                f"strategy='ulysses' needs the query heads divisible by the size of "
+                f"axis_name={axis_name!r}; got heads={H}, axis size {ring_size}"
+            )
     if strategy != "auto":
         return strategy
     allowed = STRATEGIES
@@ -381,8 +411,19 @@ def resolve(strategy, q_shape, k_shape, dtype_bytes: int, axis_name, ring_size: 
         u = ulysses_size
         K = K * (ulysses.kv_repeats(H, K, u) if u > 1 else 1) // u
         S, H, allowed = S * u, H // u, ("ring", "all_gather")
-    shape = Shape(B, S * ring_size, H, K, D, ring_size, dtype_bytes, causal, layout=layout,
-                  window=window, v_head_dim=v_head_dim)
+    shape = Shape(
+        B,
+        S * ring_size,
+        H,
+        K,
+        D,
+        ring_size,
+        dtype_bytes,
+        causal,
+        layout=layout,
+        window=window,
+        v_head_dim=v_head_dim,
+    )
     return choose(shape, platform_of(device), allowed=allowed).strategy
 
 
@@ -391,8 +432,8 @@ def gather_chunks(requested, shard: int, takes_shard=lambda n: True) -> int:
     kernel takes the half), else 1. ValueError unless a positive int dividing the shard."""
     if requested is None:
         return 2 if shard % 2 == 0 and takes_shard(shard // 2) else 1
-    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1 or \
-            shard % requested:
-        raise ValueError(f"gather_chunks={requested!r} must be a positive int dividing the shard "
-                         f"length {shard}")
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1 or shard % requested:
+        raise ValueError(
+            f"gather_chunks={requested!r} must be a positive int dividing the shard length {shard}"
+        )
     return requested

@@ -57,8 +57,10 @@ def axis_size(axis_name, what: str = "ulysses_axis") -> int:
     try:
         return lax.psum(1, axis_name)
     except NameError:
-        raise ValueError(f"{what}={axis_name!r} is not a mesh axis bound here (call inside "
-                         "jax.shard_map over a mesh that has it)") from None
+        raise ValueError(
+            f"{what}={axis_name!r} is not a mesh axis bound here (call inside "
+            "jax.shard_map over a mesh that has it)"
+        ) from None
 
 
 def kv_repeats(heads: int, kv_heads: int, ulysses_size: int) -> int:
@@ -67,8 +69,10 @@ def kv_repeats(heads: int, kv_heads: int, ulysses_size: int) -> int:
     ValueError unless ``ulysses_size`` divides the query heads.
     """
     if heads % ulysses_size:
-        raise ValueError(f"query heads {heads} are not divisible by the Ulysses axis size "
-                         f"{ulysses_size}; Ulysses gives every device of its group heads/size heads")
+        raise ValueError(
+            f"query heads {heads} are not divisible by the Ulysses axis size "
+            f"{ulysses_size}; Ulysses gives every device of its group heads/size heads"
+        )
     return ulysses_size // math.gcd(kv_heads, ulysses_size)
 
 
@@ -82,9 +86,16 @@ def heads_to_seq(x: jax.Array, axis_name) -> jax.Array:
     return lax.all_to_all(x, axis_name, split_axis=1, concat_axis=2, tiled=True)
 
 
-def ulysses_attention(ring: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
-                      segment_ids: jax.Array | None, ulysses_axis, seq_axis,
-                      sinks: jax.Array | None = None) -> jax.Array:
+def ulysses_attention(
+    ring: Callable,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array | None,
+    ulysses_axis,
+    seq_axis,
+    sinks: jax.Array | None = None,
+) -> jax.Array:
     """Runs ``ring(q, k, v, segment_ids)`` over ``seq_axis`` on heads exchanged over ``ulysses_axis``.
 
     q [B, S, H, D], k [B, S, K, D], v [B, S, K, Dv], segment_ids int [B, S] | None: this device's
@@ -95,8 +106,7 @@ def ulysses_attention(ring: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
     Returns [B, S, H, Dv].
     """
     if ulysses_axis == seq_axis:
-        raise ValueError(f"ulysses_axis={ulysses_axis!r} must differ from the ring's axis "
-                         f"{seq_axis!r}")
+        raise ValueError(f"ulysses_axis={ulysses_axis!r} must differ from the ring's axis {seq_axis!r}")
     u = axis_size(ulysses_axis)
     if u == 1:
         return ring(q, k, v, segment_ids) if sinks is None else ring(q, k, v, segment_ids, sinks)
@@ -108,8 +118,7 @@ def ulysses_attention(ring: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
     q, k, v = (seq_to_heads(x, ulysses_axis) for x in (q, k, v))
     if sinks is None:
         return heads_to_seq(ring(q, k, v, segment_ids), ulysses_axis)
-    return heads_to_seq(ring(q, k, v, segment_ids, _local_sinks(sinks, ulysses_axis, u)),
-                        ulysses_axis)
+    return heads_to_seq(ring(q, k, v, segment_ids, _local_sinks(sinks, ulysses_axis, u)), ulysses_axis)
 
 
 def _local_sinks(sinks: jax.Array, axis_name, n: int) -> jax.Array:
@@ -136,9 +145,16 @@ def _reorder_bwd(layout, n, to_natural, _, g):
 _reorder.defvjp(_reorder_fwd, _reorder_bwd)
 
 
-def whole_sequence_attention(attend: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
-                             segment_ids: jax.Array | None, axis_name, layout: str,
-                             sinks: jax.Array | None = None) -> jax.Array:
+def whole_sequence_attention(
+    attend: Callable,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array | None,
+    axis_name,
+    layout: str,
+    sinks: jax.Array | None = None,
+) -> jax.Array:
     """Pure Ulysses over ``axis_name`` (N devices): ``attend`` sees the whole sequence.
 
     q [B, S, H, D], k [B, S, K, D], v [B, S, K, Dv], segment_ids int [B, S] | None: this device's
@@ -154,8 +170,9 @@ def whole_sequence_attention(attend: Callable, q: jax.Array, k: jax.Array, v: ja
     natural = lambda x: _reorder(x, layout, n, True)  # noqa: E731
     if segment_ids is not None:  # [B, N S] natural order
         segment_ids = lax.all_gather(segment_ids, axis_name, axis=1, tiled=True)
-        segment_ids = jnp.take(segment_ids, jnp.asarray(
-            np.argsort(layouts.permutation(segment_ids.shape[1], layout, n))), axis=1)
+        segment_ids = jnp.take(
+            segment_ids, jnp.asarray(np.argsort(layouts.permutation(segment_ids.shape[1], layout, n))), axis=1
+        )
     q, k, v = (natural(seq_to_heads(x, axis_name)) for x in (q, k, v))  # [B, N S, heads / N, .]
     local = None if sinks is None else _local_sinks(sinks, axis_name, n)
     o = _reorder(attend(q, k, v, segment_ids, local), layout, n, False)  # layout order

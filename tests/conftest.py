@@ -34,6 +34,7 @@ def forward_loops_used(monkeypatch):
         def run(w):
             used.append((name, w.cfg.pingpong))
             return loop(w)
+
         return run
 
     for name in ("loops", "overlap_loops"):

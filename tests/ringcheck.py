@@ -27,8 +27,21 @@ BF16_RTOL = 2e-2
 RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL}
 
 
-def reference64(q, k, v, do, *, causal, seg, scale=None, window=None, sinks=None, softcap=None,
-                prefix=None, bidirectional=False):
+def reference64(
+    q,
+    k,
+    v,
+    do,
+    *,
+    causal,
+    seg,
+    scale=None,
+    window=None,
+    sinks=None,
+    softcap=None,
+    prefix=None,
+    bidirectional=False,
+):
     """Naive attention and its gradients in float64. q [B,L,H,D], k [B,L,K,D], v [B,L,K,Dv],
     seg [B,L] | None, window: None or W (key j visible to query i only if |i - j| < W); sinks [H]
     (a logit per head in the denominator, no value), softcap C (scores C tanh(s / C)), prefix int [B]
@@ -181,18 +194,35 @@ def run_ring(pb: Problem, q, k, v, do, seg, check_vma: bool | None = None, extra
     prefix = None if prefix is None else jnp.asarray(prefix)
 
     def local(q, k, v, do, seg, sinks, prefix):
-        f = lambda q, k, v, snk: ring_attention(q, k, v, "sp", causal=pb.causal, segment_ids=seg,
-                                                layout=pb.layout, sliding_window=pb.window,
-                                                sinks=snk, prefix_length=prefix,
-                                                strategy=pb.strategy, **kwargs)
+        f = lambda q, k, v, snk: ring_attention(
+            q,
+            k,
+            v,
+            "sp",
+            causal=pb.causal,
+            segment_ids=seg,
+            layout=pb.layout,
+            sliding_window=pb.window,
+            sinks=snk,
+            prefix_length=prefix,
+            strategy=pb.strategy,
+            **kwargs,
+        )
         o, vjp = jax.vjp(f, q, k, v, sinks)
         dq, dk, dv, ds = vjp(do)
         if ds is not None and not check_vma:  # per device: sum over the mesh (check_vma does it)
             ds = jax.lax.psum(ds, axes)
         return o, dq, dk, dv, ds
 
-    fn = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4 + (sspec, P(), P()),
-                               out_specs=(spec,) * 4 + (P(),), check_vma=check_vma))
+    fn = jax.jit(
+        jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(spec,) * 4 + (sspec, P(), P()),
+            out_specs=(spec,) * 4 + (P(),),
+            check_vma=check_vma,
+        )
+    )
     *main, ds = fn(ql, kl, vl, dol, segl, sinks, prefix)
     out = tuple(back(x) for x in main)
     return out if ds is None else (*out, np.asarray(ds, np.float32))
@@ -204,17 +234,30 @@ def check_ring(pb: Problem, rtol: float | None = None, **kwargs) -> list[float]:
     q, k, v, do, seg = make_inputs(pb)
     extras = make_extras(pb)
     got = run_ring(pb, q, k, v, do, seg, extras=extras, **kwargs)
-    want = reference64(q, k, v, do, causal=pb.causal, seg=seg, window=pb.window,
-                       sinks=extras.get("sinks"), softcap=pb.softcap, prefix=extras.get("prefix"),
-                       bidirectional=pb.bidirectional)
+    want = reference64(
+        q,
+        k,
+        v,
+        do,
+        causal=pb.causal,
+        seg=seg,
+        window=pb.window,
+        sinks=extras.get("sinks"),
+        softcap=pb.softcap,
+        prefix=extras.get("prefix"),
+        bidirectional=pb.bidirectional,
+    )
     # dq and dk are exactly zero in float64 where every query sees one key (the softmax is constant)
     # and only rounding remains in float32: those are measured on the scale of dv, the gradient that
     # does flow, instead of against zero.
     dv_norm = np.linalg.norm(np.asarray(want[3], np.float64))
     assert all(np.all(np.isfinite(np.asarray(g))) for g in got), "non-finite values in result"
-    errs = [rel_err(g, w) if np.any(np.asarray(w)) or i == 3 else
-            float(np.linalg.norm(np.asarray(g, np.float64)) / max(dv_norm, 1e-30))
-            for i, (g, w) in enumerate(zip(got, want))]
+    errs = [
+        rel_err(g, w)
+        if np.any(np.asarray(w)) or i == 3
+        else float(np.linalg.norm(np.asarray(g, np.float64)) / max(dv_norm, 1e-30))
+        for i, (g, w) in enumerate(zip(got, want))
+    ]
     tol = RTOL[pb.dtype] if rtol is None else rtol
     names = ("o", "dq", "dk", "dv", "dsinks")
     bad = {n: e for n, e in zip(names, errs) if not e <= tol}
@@ -250,8 +293,9 @@ def _h200_topology(n: int):
     from jax.experimental import topologies
 
     xla_bridge._discover_and_register_pjrt_plugins()
-    return topologies.get_topology_desc(platform="cuda", topology=f"1x1x{n}",
-                                        target_config=hopper_aot.H200_TARGET_CONFIG).devices
+    return topologies.get_topology_desc(
+        platform="cuda", topology=f"1x1x{n}", target_config=hopper_aot.H200_TARGET_CONFIG
+    ).devices
 
 
 def h200_devices(n: int = 1):
@@ -271,5 +315,6 @@ def on_device(device, *structs):
     """``structs`` (ShapeDtypeStructs or None) placed on ``device``: a jitted function traced with
     them lowers for that device's platform."""
     sharding = jax.sharding.SingleDeviceSharding(device)
-    return tuple(None if s is None else jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
-                 for s in structs)
+    return tuple(
+        None if s is None else jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in structs
+    )

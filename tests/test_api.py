@@ -22,29 +22,30 @@ def _call(q, k, v, n=2, **kw):
     def local(q, k, v, seg):
         return ringattention.ring_attention(q, k, v, "sp", segment_ids=seg, **kw)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3 + (spec,), out_specs=spec)(
-        q, k, v, seg)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3 + (spec,), out_specs=spec)(q, k, v, seg)
 
 
 def _qkv(L=16, H=4, K=2, D=8, dtype=jnp.float32):
-    return (jnp.ones((1, L, H, D), dtype), jnp.ones((1, L, K, D), dtype),
-            jnp.ones((1, L, K, D), dtype))
+    return (jnp.ones((1, L, H, D), dtype), jnp.ones((1, L, K, D), dtype), jnp.ones((1, L, K, D), dtype))
 
 
-@pytest.mark.parametrize("bad, err, match", [
-    (dict(q=jnp.ones((1, 16, 3, 8))), ValueError, "heads"),
-    (dict(q=jnp.ones((16, 4, 8))), ValueError, "q.shape"),
-    (dict(k=jnp.ones((1, 16, 2, 4)), v=jnp.ones((1, 16, 2, 4))), ValueError, "head_dim"),
-    (dict(k=jnp.ones((1, 8, 2, 8)), v=jnp.ones((1, 8, 2, 8))), ValueError, "shard length"),
-    (dict(v=jnp.ones((1, 16, 1, 8))), ValueError, "v.shape"),  # v's head dim alone may differ
-    (dict(k=jnp.ones((1, 16, 2, 8), jnp.bfloat16)), TypeError, "dtype"),
-    (dict(q=jnp.ones((1, 16, 4, 8), jnp.int32)), TypeError, "floating"),
-    (dict(layout="spiral"), ValueError, "layout="),
-    (dict(implementation="cuda_magic"), ValueError, "implementation="),
-    (dict(segment_ids=jnp.zeros((1, 15), jnp.int32)), ValueError, "segment_ids"),
-    (dict(segment_ids=jnp.zeros((1, 16), jnp.float32)), TypeError, "segment_ids"),
-    (dict(softmax_scale=-1.0), ValueError, "softmax_scale"),
-])
+@pytest.mark.parametrize(
+    "bad, err, match",
+    [
+        (dict(q=jnp.ones((1, 16, 3, 8))), ValueError, "heads"),
+        (dict(q=jnp.ones((16, 4, 8))), ValueError, "q.shape"),
+        (dict(k=jnp.ones((1, 16, 2, 4)), v=jnp.ones((1, 16, 2, 4))), ValueError, "head_dim"),
+        (dict(k=jnp.ones((1, 8, 2, 8)), v=jnp.ones((1, 8, 2, 8))), ValueError, "shard length"),
+        (dict(v=jnp.ones((1, 16, 1, 8))), ValueError, "v.shape"),  # v's head dim alone may differ
+        (dict(k=jnp.ones((1, 16, 2, 8), jnp.bfloat16)), TypeError, "dtype"),
+        (dict(q=jnp.ones((1, 16, 4, 8), jnp.int32)), TypeError, "floating"),
+        (dict(layout="spiral"), ValueError, "layout="),
+        (dict(implementation="cuda_magic"), ValueError, "implementation="),
+        (dict(segment_ids=jnp.zeros((1, 15), jnp.int32)), ValueError, "segment_ids"),
+        (dict(segment_ids=jnp.zeros((1, 16), jnp.float32)), TypeError, "segment_ids"),
+        (dict(softmax_scale=-1.0), ValueError, "softmax_scale"),
+    ],
+)
 def test_bad_input_raises(bad, err, match):
     q, k, v = _qkv()
     args = dict(q=q, k=k, v=v)
@@ -57,8 +58,10 @@ def test_bad_input_raises(bad, err, match):
         with pytest.raises(err, match=match):
             jax.shard_map(
                 lambda q, k, v: ringattention.ring_attention(q, k, v, "sp", segment_ids=mesh_kw),
-                mesh=Mesh(np.array(jax.devices()[:1]), ("sp",)), in_specs=(P(),) * 3,
-                out_specs=P())(q, k, v)
+                mesh=Mesh(np.array(jax.devices()[:1]), ("sp",)),
+                in_specs=(P(),) * 3,
+                out_specs=P(),
+            )(q, k, v)
         return
     with pytest.raises(err, match=match):
         _call(args["q"], args["k"], args["v"], n=1, **kw)
@@ -84,10 +87,20 @@ def test_sharded_attention_on_global_arrays(layout):
     q = rng.standard_normal((2, 32, 4, 8)).astype(np.float32)
     k, v = (rng.standard_normal((2, 32, 2, 8)).astype(np.float32) for _ in range(2))
     seg = np.repeat(np.array([[0, 1, 1, 2]]), 8, axis=1).repeat(2, 0).astype(np.int32)
-    out = ringattention.sharded_attention(q, k, v, mesh, seq_axis="sp", batch_axis="dp",
-                                          head_axis="tp", segment_ids=seg, causal=True,
-                                          layout=layout, implementation="xla",
-                                          block_sizes=BlockSizes(4, 4))
+    out = ringattention.sharded_attention(
+        q,
+        k,
+        v,
+        mesh,
+        seq_axis="sp",
+        batch_axis="dp",
+        head_axis="tp",
+        segment_ids=seg,
+        causal=True,
+        layout=layout,
+        implementation="xla",
+        block_sizes=BlockSizes(4, 4),
+    )
     want = reference64(q, k, v, np.zeros_like(q), causal=True, seg=seg)[0]
     assert rel_err(out, want) <= F32_RTOL
 
@@ -135,8 +148,11 @@ def _sharded(q, k, v, **kw):
 @pytest.mark.parametrize("fn", ["reference", "sharded", "ring"])
 def test_causal_must_be_a_bool(fn):
     q, k, v = (np.asarray(x) for x in _qkv())
-    call = {"reference": ringattention.reference_attention, "sharded": _sharded,
-            "ring": lambda q, k, v, **kw: _call(q, k, v, n=2, **kw)}[fn]
+    call = {
+        "reference": ringattention.reference_attention,
+        "sharded": _sharded,
+        "ring": lambda q, k, v, **kw: _call(q, k, v, n=2, **kw),
+    }[fn]
     with pytest.raises(TypeError, match="causal='no' must be a bool"):
         call(q, k, v, causal="no")
     with pytest.raises(TypeError, match="causal=1 must be a bool"):
@@ -157,8 +173,11 @@ def test_numpy_scalars_are_numbers():
         np.testing.assert_array_equal(got, want)
     ring = _sharded(q, k, v, causal=True, softmax_scale=np.float32(0.25), sliding_window=np.int64(5))
     np.testing.assert_allclose(
-        ring, ringattention.reference_attention(q, k, v, causal=True, softmax_scale=0.25,
-                                                sliding_window=5), rtol=1e-5, atol=1e-5)
+        ring,
+        ringattention.reference_attention(q, k, v, causal=True, softmax_scale=0.25, sliding_window=5),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     for bad in (np.float32(0.0), np.float32("nan"), True, "0.25"):
         with pytest.raises(ValueError, match="softmax_scale="):
             ringattention.reference_attention(q, k, v, softmax_scale=bad)
@@ -169,8 +188,11 @@ def test_segment_ids_shape_error_names_the_expected_shape(fn):
     q, k, v = (np.asarray(x) for x in _qkv())
     call = ringattention.reference_attention if fn == "reference" else _sharded
     for bad in (np.zeros(16, np.int32), np.zeros((2, 16), np.int32)):
-        with pytest.raises(ValueError, match=r"segment_ids must be \[batch, seq\] = \(1, 16\); "
-                                             f"got segment_ids.shape={re.escape(str(bad.shape))}"):
+        with pytest.raises(
+            ValueError,
+            match=r"segment_ids must be \[batch, seq\] = \(1, 16\); "
+            f"got segment_ids.shape={re.escape(str(bad.shape))}",
+        ):
             call(q, k, v, segment_ids=bad)
 
 

@@ -26,8 +26,9 @@ def bench():
 
 def test_inference_prefill_then_decode_from_a_synthetic_cache(bench, tmp_path):
     out = str(tmp_path / "inf")
-    result = bench("inference").main(["--tiny", "--contexts", "64,128", "--decode-only-from", "128",
-                                      "--out", out])
+    result = bench("inference").main(
+        ["--tiny", "--contexts", "64,128", "--decode-only-from", "128", "--out", out]
+    )
     first, second = result["rows"]
     assert first["prefill_tok_s"] > 0 and "synthetic_cache" not in first
     assert second["synthetic_cache"] and second["prefill_tok_s"] is None
@@ -39,8 +40,9 @@ def test_inference_prefill_then_decode_from_a_synthetic_cache(bench, tmp_path):
 
 def test_model_compile_only_fit_reports_memory_without_running(bench, tmp_path):
     out = str(tmp_path / "model.json")
-    result = bench("model").main(["--tiny", "--seqs=", "--fit-seqs", "256,512", "--fit-compile-only",
-                                  "--out", out])
+    result = bench("model").main(
+        ["--tiny", "--seqs=", "--fit-seqs", "256,512", "--fit-compile-only", "--out", out]
+    )
     assert result["throughput"] == [] and [r["seq"] for r in result["fit_rows"]] == [256, 512]
     fit = result["fit"]["longest"]
     assert fit["compiled_only"] and fit["seq"] == 512
@@ -52,8 +54,9 @@ def test_model_compile_only_fit_reports_memory_without_running(bench, tmp_path):
 def test_model_on_a_ring_of_two_reports_per_device_rates(bench, tmp_path):
     """``--sp 2``: the model on a ring of two virtual devices, timed rows and executed fit steps."""
     out = str(tmp_path / "model_sp2.json")
-    result = bench("model").main(["--tiny", "--sp", "2", "--remat", "save_attn", "--seqs", "64",
-                                  "--fit-seqs", "256", "--out", out])
+    result = bench("model").main(
+        ["--tiny", "--sp", "2", "--remat", "save_attn", "--seqs", "64", "--fit-seqs", "256", "--out", out]
+    )
     assert result["devices"] == 2 and result["config"]["layout"] == "zigzag"
     rows = result["throughput"] + [result["fit"]["longest"]]
     assert [r["seq"] for r in rows] == [64, 256]
@@ -109,8 +112,9 @@ def test_committed_mfu_divides_by_the_datasheet_peak(name):
             seconds = r.get("step_seconds", r.get("seconds"))
             counted = llama.flops_per_token(config, r["seq"]) * r["seq"]
             assert r.get("model_flops", counted) == counted
-            assert r["mfu"] == pytest.approx(counted / (seconds * devices * peak.tflops * 1e12),
-                                             rel=FLOP_COUNT_RTOL)
+            assert r["mfu"] == pytest.approx(
+                counted / (seconds * devices * peak.tflops * 1e12), rel=FLOP_COUNT_RTOL
+            )
             assert 0 < r["mfu"] < 1
 
 
@@ -149,9 +153,25 @@ def test_determinism_script_smoke(bench, tmp_path):
 def test_attention_deterministic_rows(bench, tmp_path):
     """``benchmarks/attention.py --deterministic`` times each implementation both ways."""
     out = str(tmp_path / "attn")
-    rows = bench("attention").main(["--impls", "xla", "--seqs", "128", "--causal", "1", "--shapes",
-                                    "2:1:64", "--reps", "1", "--dtype", "float32",
-                                    "--deterministic", "--out", out])
+    rows = bench("attention").main(
+        [
+            "--impls",
+            "xla",
+            "--seqs",
+            "128",
+            "--causal",
+            "1",
+            "--shapes",
+            "2:1:64",
+            "--reps",
+            "1",
+            "--dtype",
+            "float32",
+            "--deterministic",
+            "--out",
+            out,
+        ]
+    )
     names = [r["name"] for r in rows]
     assert names == ["xla_sdpa", "ring[xla]", "ring[xla deterministic]"]
     assert all(r["fwdbwd_tflops"] > 0 and r["err_vs_f32_ref_prefix"] < 1e-5 for r in rows)
@@ -162,8 +182,7 @@ def test_cp_bytes_hlo_matches_the_formula(bench, tmp_path):
     """``cp_bytes.py``: collective bytes of the compiled HLO equal the analytic formula."""
     cb = bench("cp_bytes")
     out = str(tmp_path / "cp")
-    result = cb.main(["--tiny", "--devices", "4", "--seqs", "256,512", "--schemes", "hybrid",
-                      "--out", out])
+    result = cb.main(["--tiny", "--devices", "4", "--seqs", "256,512", "--schemes", "hybrid", "--out", out])
     measured, longer = result["rows"]
     assert (measured["scheme"], measured["seq"], longer["seq"]) == ("hybrid 2x2", 256, 512)
     # measured at 256 tokens: each kind agrees exactly, no other collective is sent
@@ -180,7 +199,9 @@ def test_cp_bytes_hlo_matches_the_formula(bench, tmp_path):
     assert "| yes |" in open(out + ".md").read()
     # bytes of a Ulysses group: q, k, v and o each send (U - 1) / U of themselves
     assert cb.analytic(8, 8, 16, 64, 4, 1, 2)["fwd"] == {
-        "all-to-all": 3 / 4 * 16 * 16 * (2 * 8 + 2 * 8) * 2, "collective-permute": 0}
+        "all-to-all": 3 / 4 * 16 * 16 * (2 * 8 + 2 * 8) * 2,
+        "collective-permute": 0,
+    }
 
 
 def test_cp_bytes_all_gather_matches_the_formula(bench, tmp_path):
@@ -189,8 +210,19 @@ def test_cp_bytes_all_gather_matches_the_formula(bench, tmp_path):
     from ringattention import strategy
 
     cb = bench("cp_bytes")
-    result = cb.main(["--tiny", "--devices", "4", "--seqs", "256", "--schemes", "all_gather",
-                      "--out", str(tmp_path / "ag")])
+    result = cb.main(
+        [
+            "--tiny",
+            "--devices",
+            "4",
+            "--seqs",
+            "256",
+            "--schemes",
+            "all_gather",
+            "--out",
+            str(tmp_path / "ag"),
+        ]
+    )
     (row,) = result["rows"]
     assert row["scheme"] == "all_gather" and row["hlo_matches"]
     hlo = row["hlo_f32"]
@@ -199,8 +231,10 @@ def test_cp_bytes_all_gather_matches_the_formula(bench, tmp_path):
     assert hlo["fwd_bwd"]["collective-permute"] == hlo["fwd_bwd"]["all-to-all"] == 0
     heads, kv_heads, dim = cb.TINY
     shape = strategy.Shape(1, 256, heads, kv_heads, dim, 4, dtype_bytes=4)
-    assert strategy.bytes_sent(shape, "all_gather") == (cb.total(row["f32"]["fwd"]),
-                                                        cb.total(row["f32"]["fwd_bwd"]))
+    assert strategy.bytes_sent(shape, "all_gather") == (
+        cb.total(row["f32"]["fwd"]),
+        cb.total(row["f32"]["fwd_bwd"]),
+    )
     ring = cb.analytic(heads, kv_heads, dim, 256, 1, 4, 4)
     assert strategy.bytes_sent(shape, "ring") == (cb.total(ring["fwd"]), cb.total(ring["fwd_bwd"]))
 
@@ -255,15 +289,34 @@ def test_attention_times_a_ring_of_two_per_device(bench, tmp_path):
     """``attention.py --sp 1,2``: the ring of two runs on layout-ordered, sharded inputs, agrees with
     the baseline, and reports TFLOP/s per device."""
     out = str(tmp_path / "attn_sp")
-    rows = bench("attention").main(["--impls", "xla", "--seqs", "128", "--causal", "1", "--shapes",
-                                    "2:1:64", "--reps", "1", "--dtype", "float32", "--sp", "1,2",
-                                    "--out", out])
+    rows = bench("attention").main(
+        [
+            "--impls",
+            "xla",
+            "--seqs",
+            "128",
+            "--causal",
+            "1",
+            "--shapes",
+            "2:1:64",
+            "--reps",
+            "1",
+            "--dtype",
+            "float32",
+            "--sp",
+            "1,2",
+            "--out",
+            out,
+        ]
+    )
     assert [(r["name"], r["devices"]) for r in rows] == [
-        ("xla_sdpa", 1), ("ring[xla]", 1), ("ring[xla] sp=2 zigzag", 2)]
+        ("xla_sdpa", 1),
+        ("ring[xla]", 1),
+        ("ring[xla] sp=2 zigzag", 2),
+    ]
     for r in rows:
         assert r["err_vs_baseline"] < 1e-5 and r["err_vs_f32_ref_prefix"] < 1e-5
-        assert r["fwd_tflops"] == pytest.approx(4 * 2 * 128 * 128 * 64 / 2 / r["fwd_ms"] / 1e9
-                                                / r["devices"])
+        assert r["fwd_tflops"] == pytest.approx(4 * 2 * 128 * 128 * 64 / 2 / r["fwd_ms"] / 1e9 / r["devices"])
 
 
 def test_determinism_gpu_ring_command(bench):
@@ -283,8 +336,9 @@ def test_options_every_variant_is_exact_and_timed(bench, tmp_path):
     result = bench("options").main(["--tiny", "--out", out])
     names = [r["variant"] for r in result["rows"]]
     assert names[0] == "plain" and {"sinks", "softcap 50", "check_vma=False"} <= set(names)
-    assert all(r["max_abs_err"] < 1e-5 and r["fwd_tflops"] > 0 and r["fwdbwd_tflops"] > 0
-               for r in result["rows"])
+    assert all(
+        r["max_abs_err"] < 1e-5 and r["fwd_tflops"] > 0 and r["fwdbwd_tflops"] > 0 for r in result["rows"]
+    )
     assert json.load(open(out + ".json"))["rows"][0]["fwd_vs_plain"] == 1.0
     assert "| 0K | sinks | xla |" in open(out + ".md").read()
 
@@ -300,10 +354,14 @@ def test_options_count_the_pairs_each_mask_lets_through(bench):
     L = 64
     i = jnp.arange(L)
     seg = opt._segments(L)[0]
-    cases = {"plain": ({}, {}), "prefix": (dict(prefix_length=L // 4),
-                                           dict(prefix=jnp.full((1,), L // 4, jnp.int32))),
-             "bidirectional": (dict(bidirectional_segments=True),
-                               dict(q_seg=seg[None], k_seg=seg[None], bidirectional=True))}
+    cases = {
+        "plain": ({}, {}),
+        "prefix": (dict(prefix_length=L // 4), dict(prefix=jnp.full((1,), L // 4, jnp.int32))),
+        "bidirectional": (
+            dict(bidirectional_segments=True),
+            dict(q_seg=seg[None], k_seg=seg[None], bidirectional=True),
+        ),
+    }
     for name, (opts, kw) in cases.items():
         q_seg, k_seg = kw.pop("q_seg", None), kw.pop("k_seg", None)
         vis = masks.visible(i, i, q_seg, k_seg, True, **kw)
@@ -327,7 +385,8 @@ def test_plot_redraws_exactly_the_cited_charts_from_the_committed_results(bench,
     committed = os.path.join(BENCH, "results", "plots")
     assert sorted(os.path.basename(p) for p in written) == sorted(os.listdir(committed))
     docs = [os.path.join(root, "README.md")] + [
-        os.path.join(root, "docs", n) for n in os.listdir(os.path.join(root, "docs"))]
+        os.path.join(root, "docs", n) for n in os.listdir(os.path.join(root, "docs"))
+    ]
     text = "".join(open(p).read() for p in docs if p.endswith(".md"))
     for path in written:
         name = os.path.basename(path)
@@ -336,12 +395,22 @@ def test_plot_redraws_exactly_the_cited_charts_from_the_committed_results(bench,
         assert _png_size(path) == _png_size(os.path.join(committed, name))
     source = os.path.join(BENCH, "results", "pallas_hopper_h200.json")
     with open(source) as f:
-        records = [r for section in json.load(f).values() if isinstance(section, dict)
-                   for r in section.get("records", [])]
-    expected = {(r["mode"], r["causal"], r["heads"], r["kv_heads"], r["head_dim"], r["seq"]): r["vs_cudnn"]
-                for r in records
-                if r.get("kind") == "time" and r["name"] == "pallas_hopper backward=default"}
+        records = [
+            r
+            for section in json.load(f).values()
+            if isinstance(section, dict)
+            for r in section.get("records", [])
+        ]
+    expected = {
+        (r["mode"], r["causal"], r["heads"], r["kv_heads"], r["head_dim"], r["seq"]): r["vs_cudnn"]
+        for r in records
+        if r.get("kind") == "time" and r["name"] == "pallas_hopper backward=default"
+    }
     ratios = plot.plot_hopper_vs_cudnn(source, str(tmp_path / "again.png"))
-    plotted = {(mode, causal, *shape, seq): v for (mode, causal), by_shape in ratios.items()
-               for shape, pts in by_shape.items() for seq, v in pts}
+    plotted = {
+        (mode, causal, *shape, seq): v
+        for (mode, causal), by_shape in ratios.items()
+        for shape, pts in by_shape.items()
+        for seq, v in pts
+    }
     assert plotted == expected and {k[4] for k in plotted} == {64, 128, 256}

@@ -52,8 +52,16 @@ def test_progressive_stages_chain():
 
 
 def test_overrides_are_typed():
-    config = config_lib.load(None, ["--data.seq_len=128", "--optim.lr", "1e-3",
-                                    "--model.overrides.rope_theta=1e6", "--data.paths=[a, b]"])
+    config = config_lib.load(
+        None,
+        [
+            "--data.seq_len=128",
+            "--optim.lr",
+            "1e-3",
+            "--model.overrides.rope_theta=1e6",
+            "--data.paths=[a, b]",
+        ],
+    )
     assert config.data.seq_len == 128 and config.optim.lr == pytest.approx(1e-3)
     assert config.model.overrides == {"rope_theta": 1e6} and config.data.paths == ["a", "b"]
 
@@ -114,22 +122,31 @@ def test_bare_command_prints_usage_and_exits_2(capsys):
     assert err.startswith("usage: python -m train --config CONFIG.yaml") and "--help" in err
 
 
-@pytest.mark.parametrize("argv, error", [
-    (["--config", "{bad}"], "config error: {bad}:2:4: invalid YAML: expected ',' or ']'"),
-    ([f"--config={DEBUG}", "--steps=[1"], "config error: --steps=[1 is not valid YAML (column 3)"),
-    (["--config", "/nonexistent/x.yaml"], "config error: config file '/nonexistent/x.yaml' does "
-                                          "not exist"),
-    (["--config"], "config error: --config needs a path"),
-    ([f"--config={DEBUG}", "--optim.min_lr_ratio=2"], "config error: optim.min_lr_ratio=2.0 must "
-                                                      "be in [0, 1]"),
-    ([f"--config={DEBUG}", "--optim.b2=1.5"], "config error: optim.b2=1.5 must be in [0, 1)"),
-    ([f"--config={DEBUG}", "--optim.b1=-0.1"], "config error: optim.b1=-0.1 must be in [0, 1)"),
-    ([f"--config={DEBUG}", "--optim.eps=0"], "config error: optim.eps=0.0 must be > 0"),
-    ([f"--config={DEBUG}", "--sample.temperature=-1"], "config error: sample.temperature=-1.0 "
-                                                       "must be >= 0"),
-    ([f"--config={DEBUG}", "--steps=0"], "config error: steps=0 must be >= 1"),
-    ([f"--config={DEBUG}", "--optim.lr=.nan"], "config error: optim.lr=nan must be a finite"),
-])
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (["--config", "{bad}"], "config error: {bad}:2:4: invalid YAML: expected ',' or ']'"),
+        ([f"--config={DEBUG}", "--steps=[1"], "config error: --steps=[1 is not valid YAML (column 3)"),
+        (
+            ["--config", "/nonexistent/x.yaml"],
+            "config error: config file '/nonexistent/x.yaml' does not exist",
+        ),
+        (["--config"], "config error: --config needs a path"),
+        (
+            [f"--config={DEBUG}", "--optim.min_lr_ratio=2"],
+            "config error: optim.min_lr_ratio=2.0 must be in [0, 1]",
+        ),
+        ([f"--config={DEBUG}", "--optim.b2=1.5"], "config error: optim.b2=1.5 must be in [0, 1)"),
+        ([f"--config={DEBUG}", "--optim.b1=-0.1"], "config error: optim.b1=-0.1 must be in [0, 1)"),
+        ([f"--config={DEBUG}", "--optim.eps=0"], "config error: optim.eps=0.0 must be > 0"),
+        (
+            [f"--config={DEBUG}", "--sample.temperature=-1"],
+            "config error: sample.temperature=-1.0 must be >= 0",
+        ),
+        ([f"--config={DEBUG}", "--steps=0"], "config error: steps=0 must be >= 1"),
+        ([f"--config={DEBUG}", "--optim.lr=.nan"], "config error: optim.lr=nan must be a finite"),
+    ],
+)
 def test_cli_mistakes_are_one_line(tmp_path, capsys, argv, error):
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: [1\n  x: 2\n")
@@ -138,19 +155,28 @@ def test_cli_mistakes_are_one_line(tmp_path, capsys, argv, error):
 
 
 def test_ranges_accept_their_ends():
-    config_lib.check(config_lib.load(None, ["--optim.min_lr_ratio=0", "--optim.b1=0",
-                                            "--optim.b2=0", "--sample.temperature=0"]))
+    config_lib.check(
+        config_lib.load(
+            None, ["--optim.min_lr_ratio=0", "--optim.b1=0", "--optim.b2=0", "--sample.temperature=0"]
+        )
+    )
     config_lib.check(config_lib.load(None, ["--optim.min_lr_ratio=1", "--steps=1"]))
 
 
-@pytest.mark.parametrize("override, error", [
-    ("--model.overrides={attention: bogus}", "config error: attention='bogus' is not known; "
-                                             "choose one of ('auto', 'xla'"),
-    ("--model.overrides={bogus: 1}", "config error: unknown LlamaConfig fields ['bogus']; known "
-                                     "fields: vocab_size,"),
-    ("--model.preset=nope", "config error: config name='nope' is not a preset; choose one of"),
-])
+@pytest.mark.parametrize(
+    "override, error",
+    [
+        (
+            "--model.overrides={attention: bogus}",
+            "config error: attention='bogus' is not known; choose one of ('auto', 'xla'",
+        ),
+        (
+            "--model.overrides={bogus: 1}",
+            "config error: unknown LlamaConfig fields ['bogus']; known fields: vocab_size,",
+        ),
+        ("--model.preset=nope", "config error: config name='nope' is not a preset; choose one of"),
+    ],
+)
 def test_unknown_model_names_list_the_known_ones(tmp_path, capsys, override, error):
-    err = _one_line_error(capsys, ["--config", DEBUG, f"--run_dir={tmp_path}", "--cpu_devices=0",
-                                   override])
+    err = _one_line_error(capsys, ["--config", DEBUG, f"--run_dir={tmp_path}", "--cpu_devices=0", override])
     assert err.startswith(error), err

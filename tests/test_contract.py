@@ -37,8 +37,7 @@ def _ring_fn(mesh, check_vma: bool, **kw):
     def local(q, k, v):
         return ra.ring_attention(q, k, v, "sp", causal=True, **kw)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC,
-                         check_vma=check_vma)
+    return jax.shard_map(local, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=check_vma)
 
 
 def _abstract(B=1, L=4 * 512, H=4, K=2, D=128, dtype=jnp.bfloat16):
@@ -85,8 +84,9 @@ def _h200_mesh_device(mesh=None):
     return types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H200")
 
 
-@pytest.mark.parametrize("kind,today", [("NVIDIA A100-SXM4-80GB", "pallas_gpu"),
-                                        ("NVIDIA H200", "pallas_hopper")])
+@pytest.mark.parametrize(
+    "kind,today", [("NVIDIA A100-SXM4-80GB", "pallas_gpu"), ("NVIDIA H200", "pallas_hopper")]
+)
 def test_auto_runs_xla_where_the_pallas_kernels_cannot_be_imported(kind, today):
     """Where the kernel modules fail to import (pallas_gpu is Pallas Triton, deprecated since jax
     0.11; pallas_hopper is Mosaic GPU), "auto" passes over them: every NVIDIA GPU then runs the XLA
@@ -165,13 +165,18 @@ def test_hopper_needs_no_pallas_triton():
     F32_RTOL of float64, every feature on), and
     ``BlockSizes(backward="triton")`` is a ValueError saying why; no Triton module was imported."""
     h200_devices()  # skips where this jax has no CUDA plugin
-    out = subprocess.run([sys.executable, "-c", _NO_TRITON], capture_output=True, text=True,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_TRITON],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     got = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
     assert got["auto"] == "pallas_hopper" and got["pallas_gpu available"] == "False", got
-    assert got["backward=triton"].startswith("ValueError") and "Pallas Triton" in got[
-        "backward=triton"], got
+    assert got["backward=triton"].startswith("ValueError") and "Pallas Triton" in got["backward=triton"], got
     for key in ("bf16 64", "bf16 128", "bf16 256", "bf16 deterministic"):
         mosaic, triton = map(int, got[key].split())
         assert mosaic >= 2 and triton == 0, (key, got[key])  # a forward and a backward kernel
@@ -186,8 +191,10 @@ def test_pallas_gpu_lowers_for_cuda_under_check_vma():
     mesh = Mesh(np.array(h200_devices(4)).reshape(2, 2), ("dp", "sp"))
     fn = _ring_fn(mesh, True, implementation="pallas_gpu")
     assert implementations.resolve("auto", mesh).name == "pallas_hopper"  # "auto" on an H200
-    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, SPEC))
-            for a in _abstract(B=2, L=2 * 256, H=4, K=2, D=64)]
+    args = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, SPEC))
+        for a in _abstract(B=2, L=2 * 256, H=4, K=2, D=64)
+    ]
     text = jax.jit(_grad_of(fn)).trace(*args).lower().as_text()
     assert text.count("triton") >= 3  # forward, dq and dk/dv kernels
 
@@ -222,7 +229,8 @@ def test_pallas_hopper_under_check_vma_lowers_the_same_kernels():
         assert implementations.resolve("auto").name == "pallas_hopper"
         checked, unchecked = (
             _mosaic_kernel_ops(_grad_of(_ring_fn(mesh, vma, implementation="auto")), *args)
-            for vma in (True, False))
+            for vma in (True, False)
+        )
     assert len(checked) == len(unchecked) >= 2  # forward and backward kernels
     for a, b in zip(checked, unchecked):
         extra = a - b
@@ -236,9 +244,10 @@ def test_pallas_hopper_under_check_vma_lowers_the_same_kernels():
 def test_xla_in_a_user_shard_map_matches_float64(n, check_vma):
     mesh = Mesh(np.array(jax.devices()[: 2 * n]).reshape(2, n), ("dp", "sp"))
     rng = np.random.default_rng(n)
-    q, k, v, do = (rng.standard_normal(s).astype(np.float32)
-                   for s in [(2, 16 * n, 4, 16), (2, 16 * n, 2, 16), (2, 16 * n, 2, 16),
-                             (2, 16 * n, 4, 16)])
+    q, k, v, do = (
+        rng.standard_normal(s).astype(np.float32)
+        for s in [(2, 16 * n, 4, 16), (2, 16 * n, 2, 16), (2, 16 * n, 2, 16), (2, 16 * n, 4, 16)]
+    )
     fn = _ring_fn(mesh, check_vma, implementation="auto")
     o, vjp = jax.vjp(jax.jit(fn), q, k, v)
     got = (o, *vjp(jnp.asarray(do)))
@@ -265,8 +274,16 @@ def test_every_kernel_in_a_user_shard_map_matches_float64(impl, n, check_vma):
     both check_vma settings, forward and gradients against the float64 global reference."""
     if impl == "pallas_hopper" and n > 1:
         pytest.skip("Mosaic GPU's interpreter simulates one GPU (rings over several: pallas_gpu)")
-    pb = Problem(n=n, layout="zigzag", causal=True, segments=True, batch=1, heads=4, kv_heads=2,
-                 **INTERPRET_CASES[impl])
+    pb = Problem(
+        n=n,
+        layout="zigzag",
+        causal=True,
+        segments=True,
+        batch=1,
+        heads=4,
+        kv_heads=2,
+        **INTERPRET_CASES[impl],
+    )
     check_ring(pb, check_vma=check_vma, implementation=impl, interpret=impl != "xla")
 
 
@@ -307,13 +324,28 @@ def test_tpu_compile_benchmark_writes_its_table(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = str(tmp_path / "tc")
-    mod.main(["--slices", "v5e:2x2", "--impls", "auto", "--head-dims", "128", "--plan",
-              "debug@v5e:2x2", "--seqs", "1024,2048", "--out", out])
+    mod.main(
+        [
+            "--slices",
+            "v5e:2x2",
+            "--impls",
+            "auto",
+            "--head-dims",
+            "128",
+            "--plan",
+            "debug@v5e:2x2",
+            "--seqs",
+            "1024,2048",
+            "--out",
+            out,
+        ]
+    )
     saved = json.loads(pathlib.Path(out + ".json").read_text())
     ring, train = saved["ring"], saved["train"]
     assert [r["segments"] for r in ring] == [False, True]
-    assert all(r["compiles"] and r["impl"] == "pallas_tpu" and r["blocks"].startswith("512x1024")
-               for r in ring)  # v5e's blocks, not the CPU host's
+    assert all(
+        r["compiles"] and r["impl"] == "pallas_tpu" and r["blocks"].startswith("512x1024") for r in ring
+    )  # v5e's blocks, not the CPU host's
     assert [r["seq"] for r in train] == [1024, 2048] and all(r["fits"] for r in train)
     assert all(0 < r["peak_gib"] < r["hbm_gib"] and r["kernel"] for r in train)
     assert "| debug | v5e:2x2 | 4 | 4 x 1 | 2K |" in pathlib.Path(out + ".md").read_text()
@@ -336,8 +368,9 @@ def test_notebook_02_functions_compile_for_tpu():
     from train import sample, steps
 
     root = pathlib.Path(__file__).parents[1]
-    config = config_lib.load(str(root / "configs" / "debug.yaml"),
-                             ["--cpu_devices=0", "--mesh={dp: 1, fsdp: 1, tp: 1, sp: -1}"])
+    config = config_lib.load(
+        str(root / "configs" / "debug.yaml"), ["--cpu_devices=0", "--mesh={dp: 1, fsdp: 1, tp: 1, sp: -1}"]
+    )
     mesh = make_mesh(MeshConfig(sp=-1), tpu_devices())
     model_cfg = steps.model_config(config)
     fns = steps.functions(model_cfg, mesh, config.optim, config.steps)
@@ -345,8 +378,10 @@ def test_notebook_02_functions_compile_for_tpu():
     bspec = P(None, BATCH, "sp")
     batch = {k: _sds(mesh, (1, rows, L), jnp.int32, bspec) for k in ("input_ids", "targets")}
     batch["loss_mask"] = _sds(mesh, (1, rows, L), jnp.float32, bspec)
-    compiled = [fns.train_step.trace(fns.params_abstract, fns.opt_abstract, batch).lower().compile(),
-                fns.eval_step.trace(fns.params_abstract, batch).lower().compile()]
+    compiled = [
+        fns.train_step.trace(fns.params_abstract, fns.opt_abstract, batch).lower().compile(),
+        fns.eval_step.trace(fns.params_abstract, batch).lower().compile(),
+    ]
     buf = _sds(mesh, (1, L), jnp.int32, P(BATCH, "sp"))
     key = jax.eval_shape(lambda: jax.random.key(0))
     step = sample._next_token_fn(model_cfg, mesh, config.sample.temperature)
@@ -364,22 +399,32 @@ def test_notebook_03_functions_compile_for_tpu():
     from models.sharding import MeshConfig, make_mesh
 
     mesh = make_mesh(MeshConfig(sp=-1), tpu_devices())
-    config = llama.get_config("debug", max_position_embeddings=4096, layout="zigzag",
-                              attention="auto")
-    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          llama.abstract_params(config), llama.param_shardings(config, mesh))
+    config = llama.get_config("debug", max_position_embeddings=4096, layout="zigzag", attention="auto")
+    params = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        llama.abstract_params(config),
+        llama.param_shardings(config, mesh),
+    )
     T = gen.cache_length(2048 + 8, config.layout, mesh.shape["sp"])
-    prefill = gen._prefill_fn(config, mesh).trace(
-        params, _sds(mesh, (1, T), jnp.int32), _sds(mesh, (1,), jnp.int32)).lower()
+    prefill = (
+        gen._prefill_fn(config, mesh)
+        .trace(params, _sds(mesh, (1, T), jnp.int32), _sds(mesh, (1,), jnp.int32))
+        .lower()
+    )
     assert "tpu_custom_call" in prefill.as_text()  # the ring ran the Mosaic TPU kernel
     logits, cache = prefill.out_info
     sh = kvcache.cache_sharding(mesh)
-    cache = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh
-                                                        if a.ndim == 5 else
-                                                        jax.sharding.NamedSharding(mesh, P())),
-                         cache)
-    extend = gen._extend_fn(config, mesh, "allreduce").trace(
-        params, cache, _sds(mesh, (1, 8), jnp.int32), _sds(mesh, (1,), jnp.int32)).lower()
+    cache = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(
+            a.shape, a.dtype, sharding=sh if a.ndim == 5 else jax.sharding.NamedSharding(mesh, P())
+        ),
+        cache,
+    )
+    extend = (
+        gen._extend_fn(config, mesh, "allreduce")
+        .trace(params, cache, _sds(mesh, (1, 8), jnp.int32), _sds(mesh, (1,), jnp.int32))
+        .lower()
+    )
     for lowered in (prefill, extend):
         assert lowered.compile().memory_analysis().temp_size_in_bytes > 0
 
@@ -400,10 +445,22 @@ def test_notebook_01_functions_compile_for_tpu():
     mesh, one = Mesh(np.array(devices), ("sp",)), Mesh(np.array(devices[:1]), ("sp",))
     seg = jnp.asarray(np.minimum(np.arange(L) // (L // 4), 3)[None], jnp.int32)
     loss_of = lambda attn: lambda q, k, v: jnp.sum(jnp.sin(attn(q, k, v)))  # noqa: E731
-    ring = lambda q, k, v: ra.sharded_attention(q, k, v, mesh, causal=True,  # noqa: E731
-                                                segment_ids=seg, layout="zigzag")
-    ref = lambda q, k, v: ra.reference_attention(q, k, v, causal=True,  # noqa: E731
-                                                 segment_ids=seg)
+    ring = lambda q, k, v: ra.sharded_attention(
+        q,
+        k,
+        v,
+        mesh,
+        causal=True,  # noqa: E731
+        segment_ids=seg,
+        layout="zigzag",
+    )
+    ref = lambda q, k, v: ra.reference_attention(
+        q,
+        k,
+        v,
+        causal=True,  # noqa: E731
+        segment_ids=seg,
+    )
     for fn, m in ((ring, mesh), (ref, one)):
         args = [_sds(m, (1, L, h, D), jnp.float32) for h in (H, K, K)]
         lowered = jax.jit(jax.grad(loss_of(fn), argnums=(0, 1, 2))).trace(*args).lower()

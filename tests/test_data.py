@@ -12,15 +12,23 @@ from models.tokenizer import ByteTokenizer, get_tokenizer
 from ringattention import layouts
 from train import data
 
-DOCS = ["alpha beta gamma", "the quick brown fox jumps", "x", "", "lorem ipsum dolor sit amet",
-        "one two three four five six seven", "ab"]
+DOCS = [
+    "alpha beta gamma",
+    "the quick brown fox jumps",
+    "x",
+    "",
+    "lorem ipsum dolor sit amet",
+    "one two three four five six seven",
+    "ab",
+]
 
 
 def _packer(docs, ids=None, *, streams=2, rows=None, seq=16, seed=0, wrap=True):
     ids = np.arange(len(docs)) if ids is None else ids
     rows = list(range(streams)) if rows is None else rows
-    return data.Packer(docs, ids, ByteTokenizer(), num_streams=streams, rows=rows, seq_len=seq,
-                       seed=seed, wrap=wrap)
+    return data.Packer(
+        docs, ids, ByteTokenizer(), num_streams=streams, rows=rows, seq_len=seq, seed=seed, wrap=wrap
+    )
 
 
 def test_embedded_corpus_is_there():
@@ -73,7 +81,7 @@ def test_packing_pairs_segments_positions():
             assert (r["input_ids"][m][1:] == r["targets"][m][:-1]).all()
             text = tok.decode(r["input_ids"][m].tolist() + [int(r["targets"][m][-1])])
             assert any(text in d for d in DOCS)
-            assert any(d[pos[0]:].startswith(text) for d in DOCS)
+            assert any(d[pos[0] :].startswith(text) for d in DOCS)
 
 
 def test_eval_packing_pads_without_loss():
@@ -124,8 +132,7 @@ def test_state_resumes_exactly_across_epochs():
 def test_rows_do_not_depend_on_which_host_builds_them():
     docs = [d for d in DOCS if len(d) > 1]
     full = _packer(docs, streams=4, seq=16)
-    halves = [_packer(docs, streams=4, rows=[0, 1], seq=16),
-              _packer(docs, streams=4, rows=[2, 3], seq=16)]
+    halves = [_packer(docs, streams=4, rows=[0, 1], seq=16), _packer(docs, streams=4, rows=[2, 3], seq=16)]
     for _ in range(4):
         whole = full.next_rows()
         parts = [h.next_rows() for h in halves]
@@ -148,8 +155,7 @@ def test_hf_and_sentencepiece_tokenizers(tmp_path):
     text = " ".join(DOCS) * 20
     hf = Tokenizer(models.BPE(unk_token="<unk>"))
     hf.pre_tokenizer = pre_tokenizers.Whitespace()
-    hf.train_from_iterator([text], trainers.BpeTrainer(vocab_size=80,
-                                                       special_tokens=["<unk>", "</s>"]))
+    hf.train_from_iterator([text], trainers.BpeTrainer(vocab_size=80, special_tokens=["<unk>", "</s>"]))
     hf.save(str(tmp_path / "tok.json"))
     tok = get_tokenizer("hf", str(tmp_path / "tok.json"))
     assert tok.eos_id == hf.token_to_id("</s>")
@@ -159,9 +165,13 @@ def test_hf_and_sentencepiece_tokenizers(tmp_path):
     import sentencepiece as spm
 
     (tmp_path / "corpus.txt").write_text("\n".join(DOCS * 30))
-    spm.SentencePieceTrainer.train(input=str(tmp_path / "corpus.txt"),
-                                   model_prefix=str(tmp_path / "sp"), vocab_size=40,
-                                   model_type="bpe", minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(tmp_path / "corpus.txt"),
+        model_prefix=str(tmp_path / "sp"),
+        vocab_size=40,
+        model_type="bpe",
+        minloglevel=2,
+    )
     sp = get_tokenizer("sentencepiece", str(tmp_path / "sp.model"))
     assert sp.decode(sp.encode("quick brown fox")) == "quick brown fox"
     assert sp.eos_id is not None and sp.vocab_size == 40

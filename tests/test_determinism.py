@@ -27,8 +27,9 @@ from train import config as config_lib
 from train import steps, train
 from train.metrics import read_metrics
 
-needs_interpret = pytest.mark.skipif(ph.interpret_params() is None,
-                                     reason="this jax has no Mosaic GPU interpret mode")
+needs_interpret = pytest.mark.skipif(
+    ph.interpret_params() is None, reason="this jax has no Mosaic GPU interpret mode"
+)
 
 
 def test_hopper_deterministic_block_sizes():
@@ -45,11 +46,9 @@ def test_hopper_deterministic_block_sizes():
         if d <= 64:
             want = dataclasses.replace(want, bwd_stages=2, registers=232, bwd_block_k=128)
         assert got == want
-        assert (got.block_k, got.stages, got.schedule) == (default.block_k, default.stages,
-                                                           default.schedule)
+        assert (got.block_k, got.stages, got.schedule) == (default.block_k, default.stages, default.schedule)
     hopper = implementations.resolve("pallas_hopper")
-    assert implementations.deterministic_block_sizes(hopper, None, 128,
-                                                     causal=False).schedule == "overlap"
+    assert implementations.deterministic_block_sizes(hopper, None, 128, causal=False).schedule == "overlap"
     mine = ph.BlockSizes(backward="triton", block_k=64)
     assert ph.deterministic_block_sizes(mine, 128) is mine
     with pytest.raises(ValueError, match="fused"):
@@ -64,16 +63,24 @@ def backward_calls(monkeypatch):
     calls = []
     for name, module in (("mosaic", hb), ("fused", hcb)):
         original = module.backward
-        monkeypatch.setattr(module, "backward", lambda *a, _o=original, _n=name, **k: (
-            calls.append(_n), _o(*a, **k))[1])
+        monkeypatch.setattr(
+            module, "backward", lambda *a, _o=original, _n=name, **k: (calls.append(_n), _o(*a, **k))[1]
+        )
     return calls
 
 
 def _ring_loss(deterministic: bool, causal: bool = True):
     def loss(q, k, v):
-        run = lambda q, k, v: ring_attention(q, k, v, "sp", causal=causal,
-                                             implementation="pallas_hopper", interpret=True,
-                                             deterministic=deterministic)
+        run = lambda q, k, v: ring_attention(
+            q,
+            k,
+            v,
+            "sp",
+            causal=causal,
+            implementation="pallas_hopper",
+            interpret=True,
+            deterministic=deterministic,
+        )
         out = jax.vmap(run, axis_name="sp", axis_size=1)(q[None], k[None], v[None])[0]
         return out.astype(jnp.float32).sum()
 
@@ -105,9 +112,18 @@ def test_deterministic_ring_runs_the_forward_of_its_mask(forward_loops_used):
 @needs_interpret
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_model_flag_reaches_the_kernel(backward_calls, deterministic):
-    config = llama.get_config("debug", hidden_size=256, num_heads=2, num_kv_heads=1, head_dim=128,
-                              num_layers=1, dtype="bfloat16", attention="pallas_hopper",
-                              interpret=True, deterministic=deterministic)
+    config = llama.get_config(
+        "debug",
+        hidden_size=256,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=128,
+        num_layers=1,
+        dtype="bfloat16",
+        attention="pallas_hopper",
+        interpret=True,
+        deterministic=deterministic,
+    )
     ids = jnp.zeros((1, 128), jnp.int32)
     batch = {"input_ids": ids, "targets": ids}
     loss = lambda p: llama.loss_fn(config, p, batch)[0]  # noqa: E731
@@ -122,20 +138,23 @@ def test_training_config_turns_it_on(tmp_path, monkeypatch):
         config_lib.check(small(tmp_path, "--model.overrides.deterministic=true"))
     assert config_lib.xla_deterministic(f"--foo=1 {config_lib.XLA_DETERMINISTIC}")
     assert config_lib.xla_deterministic("--xla_gpu_exclude_nondeterministic_ops")
-    assert not config_lib.xla_deterministic(f"{config_lib.XLA_DETERMINISTIC} "
-                                            "--xla_gpu_deterministic_ops=false")
+    assert not config_lib.xla_deterministic(
+        f"{config_lib.XLA_DETERMINISTIC} --xla_gpu_deterministic_ops=false"
+    )
     # a library caller on a GPU without XLA's flag is told, before anything runs
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "").replace(
-        config_lib.XLA_DETERMINISTIC, ""))
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "").replace(config_lib.XLA_DETERMINISTIC, ""))
     with pytest.raises(config_lib.ConfigError, match="xla_gpu_deterministic_ops"):
         train.main(dataclasses.replace(config, cpu_devices=0))
 
 
 def _records(run_dir) -> dict[int, dict]:
     timing = ("tokens_per_sec", "mfu")
-    return {r["step"]: {k: v for k, v in r.items() if k not in timing}
-            for r in read_metrics(str(run_dir)) if "loss" in r}
+    return {
+        r["step"]: {k: v for k, v in r.items() if k not in timing}
+        for r in read_metrics(str(run_dir))
+        if "loss" in r
+    }
 
 
 def test_two_runs_and_a_resume_are_bitwise_equal(tmp_path):

@@ -7,8 +7,12 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-        *sorted((ROOT / "benchmarks").glob("**/*.md")), *sorted((ROOT / "tools").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "benchmarks").glob("**/*.md")),
+    *sorted((ROOT / "tools").glob("*.md")),
+]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -21,7 +25,6 @@ def _relative_links(path: pathlib.Path) -> list[str]:
 def test_relative_links_exist(doc):
     missing = [x for x in _relative_links(doc) if not (doc.parent / x).exists()]
     assert not missing, f"{doc.relative_to(ROOT)} links to missing files: {missing}"
-
 
 
 def test_tested_jax_versions_are_stated():

@@ -74,14 +74,23 @@ def test_feature_matrix_full(case):
 
 def test_ulysses_ring_with_sinks_and_softcap():
     # n=2 x U=2: each Ulysses rank gets its slice of the sinks; dsinks sums back over the slices
-    check_ring(Problem(n=2, ulysses=2, shard=8, layout="zigzag", segments=True, sinks=True,
-                       softcap=2.0, prefix=True), implementation="xla", block_sizes=BlockSizes(4, 4))
+    check_ring(
+        Problem(
+            n=2, ulysses=2, shard=8, layout="zigzag", segments=True, sinks=True, softcap=2.0, prefix=True
+        ),
+        implementation="xla",
+        block_sizes=BlockSizes(4, 4),
+    )
 
 
 def test_sinks_gradient_without_check_vma():
     # a user's shard_map(check_vma=False): dsinks per device, summed by shard_map's transpose
-    check_ring(Problem(n=2, layout="striped", sinks=True, kv_heads=1), implementation="xla",
-               block_sizes=BS, check_vma=False)
+    check_ring(
+        Problem(n=2, layout="striped", sinks=True, kv_heads=1),
+        implementation="xla",
+        block_sizes=BS,
+        check_vma=False,
+    )
 
 
 def test_large_logits_with_softcap_and_sinks_stay_finite():
@@ -117,15 +126,45 @@ def test_sink_merge_of_rows_without_keys():
 
 
 def test_reference_attention_features_match_float64():
-    pb = Problem(n=1, shard=12, batch=3, heads=4, kv_heads=2, segments=True, bidirectional=True,
-                 prefix=True, sinks=True, softcap=1.5, logit_scale=3.0, v_head_dim=6)
+    pb = Problem(
+        n=1,
+        shard=12,
+        batch=3,
+        heads=4,
+        kv_heads=2,
+        segments=True,
+        bidirectional=True,
+        prefix=True,
+        sinks=True,
+        softcap=1.5,
+        logit_scale=3.0,
+        v_head_dim=6,
+    )
     q, k, v, do, seg = make_inputs(pb)
     ex = make_extras(pb)
     got = ringattention.reference_attention(
-        q, k, v, causal=True, segment_ids=seg, sinks=ex["sinks"], logits_soft_cap=1.5,
-        prefix_length=ex["prefix"], bidirectional_segments=True)
-    want = reference64(q, k, v, do, causal=True, seg=seg, sinks=ex["sinks"], softcap=1.5,
-                       prefix=ex["prefix"], bidirectional=True)[0]
+        q,
+        k,
+        v,
+        causal=True,
+        segment_ids=seg,
+        sinks=ex["sinks"],
+        logits_soft_cap=1.5,
+        prefix_length=ex["prefix"],
+        bidirectional_segments=True,
+    )
+    want = reference64(
+        q,
+        k,
+        v,
+        do,
+        causal=True,
+        seg=seg,
+        sinks=ex["sinks"],
+        softcap=1.5,
+        prefix=ex["prefix"],
+        bidirectional=True,
+    )[0]
     assert got.shape == (3, 12, 4, 6)
     assert rel_err(got, want) <= F32_RTOL
 
@@ -133,8 +172,9 @@ def test_reference_attention_features_match_float64():
 def test_reference_attention_rows_without_keys_and_sinks_are_zero():
     q, k, v = jnp.ones((1, 4, 2, 4)), jnp.ones((1, 4, 1, 4)), jnp.ones((1, 4, 1, 4))
     seg, kseg = jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32)
-    out = ringattention.reference_attention(q, k, v, segment_ids=seg, kv_segment_ids=kseg,
-                                            sinks=jnp.array([0.0, 3.0]))
+    out = ringattention.reference_attention(
+        q, k, v, segment_ids=seg, kv_segment_ids=kseg, sinks=jnp.array([0.0, 3.0])
+    )
     np.testing.assert_array_equal(out, 0.0)
 
 
@@ -150,13 +190,22 @@ def test_prefix_as_int_is_the_same_for_every_row():
 def test_sharded_attention_with_features():
     # batch over "dp" (prefix_length too), heads over "tp" (the sinks too), MLA v head dim
     mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("dp", "sp", "tp"))
-    pb = Problem(n=2, shard=8, batch=2, heads=4, kv_heads=2, head_dim=8, v_head_dim=4,
-                 sinks=True, prefix=True)
+    pb = Problem(
+        n=2, shard=8, batch=2, heads=4, kv_heads=2, head_dim=8, v_head_dim=4, sinks=True, prefix=True
+    )
     q, k, v, do, _ = make_inputs(pb)
     ex = make_extras(pb)
-    kw = dict(seq_axis="sp", batch_axis="dp", head_axis="tp", causal=True, layout="zigzag",
-              logits_soft_cap=2.0, prefix_length=jnp.asarray(ex["prefix"]),
-              implementation="xla", block_sizes=BlockSizes(4, 4))
+    kw = dict(
+        seq_axis="sp",
+        batch_axis="dp",
+        head_axis="tp",
+        causal=True,
+        layout="zigzag",
+        logits_soft_cap=2.0,
+        prefix_length=jnp.asarray(ex["prefix"]),
+        implementation="xla",
+        block_sizes=BlockSizes(4, 4),
+    )
 
     def loss(q, k, v, snk):
         o = ringattention.sharded_attention(q, k, v, mesh, sinks=snk, **kw)
@@ -164,8 +213,9 @@ def test_sharded_attention_with_features():
 
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
     grads, out = grad(q, k, v, jnp.asarray(ex["sinks"]))
-    want = reference64(q, k, v, do, causal=True, seg=None, sinks=ex["sinks"], softcap=2.0,
-                       prefix=ex["prefix"])
+    want = reference64(
+        q, k, v, do, causal=True, seg=None, sinks=ex["sinks"], softcap=2.0, prefix=ex["prefix"]
+    )
     assert out.shape == (2, 16, 4, 4)
     for g, w in zip((out, *grads), want):
         assert rel_err(g, w) <= F32_RTOL
@@ -177,23 +227,31 @@ def _ring_call(q, k, v, n=1, **kw):
     seg = kw.pop("segment_ids", None)
     return jax.shard_map(
         lambda q, k, v, seg: ringattention.ring_attention(q, k, v, "sp", segment_ids=seg, **kw),
-        mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)(q, k, v, seg)
+        mesh=mesh,
+        in_specs=(spec,) * 4,
+        out_specs=spec,
+    )(q, k, v, seg)
 
 
 BAD = [
     (dict(sinks=jnp.zeros((3,))), ValueError, r"sinks must be \[heads\] = \(4,\)"),
     (dict(sinks=jnp.zeros((4,), jnp.int32)), TypeError, "sinks.dtype"),
     (dict(prefix_length=2), ValueError, "prefix_length needs causal=True"),
-    (dict(causal=True, prefix_length=jnp.zeros((2,), jnp.int32)), ValueError,
-     r"prefix_length.shape=\(2,\)"),
+    (dict(causal=True, prefix_length=jnp.zeros((2,), jnp.int32)), ValueError, r"prefix_length.shape=\(2,\)"),
     (dict(causal=True, prefix_length=jnp.zeros((1,))), TypeError, "prefix_length.dtype"),
     (dict(causal=True, prefix_length=-1), ValueError, "prefix_length=-1"),
-    (dict(causal=True, prefix_length=np.asarray([-2], np.int32)), ValueError,
-     r">= 0 in every row; got prefix_length=\[-2\]"),
+    (
+        dict(causal=True, prefix_length=np.asarray([-2], np.int32)),
+        ValueError,
+        r">= 0 in every row; got prefix_length=\[-2\]",
+    ),
     (dict(logits_soft_cap=jnp.float32(-3.0)), ValueError, "logits_soft_cap=-3.0"),
     (dict(causal=True, bidirectional_segments=True), ValueError, "needs segment_ids"),
-    (dict(bidirectional_segments=True, segment_ids=jnp.zeros((1, 16), jnp.int32)), ValueError,
-     "needs causal=True"),
+    (
+        dict(bidirectional_segments=True, segment_ids=jnp.zeros((1, 16), jnp.int32)),
+        ValueError,
+        "needs causal=True",
+    ),
     (dict(logits_soft_cap=0.0), ValueError, "logits_soft_cap=0.0"),
     (dict(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
     (dict(v=jnp.ones((2, 16, 2, 4))), ValueError, "v.shape"),  # v's batch differs from k's
@@ -235,8 +293,11 @@ def _without(monkeypatch, name, lacks):
     """Registers ``name`` as the registry's entry with the features in ``lacks`` removed: every
     kernel claims every feature today, so the mechanism is tested on a kernel that does not."""
     impl = implementations._REGISTRY[name]
-    monkeypatch.setitem(implementations._REGISTRY, name, implementations.dataclasses.replace(
-        impl, features=impl.features - frozenset(lacks)))
+    monkeypatch.setitem(
+        implementations._REGISTRY,
+        name,
+        implementations.dataclasses.replace(impl, features=impl.features - frozenset(lacks)),
+    )
 
 
 def test_resolve_needs(monkeypatch):
@@ -259,8 +320,11 @@ def test_auto_skips_kernels_without_the_feature(monkeypatch):
     monkeypatch.setattr(implementations, "platform", lambda mesh=None: "gpu")
     reg = dict(implementations._REGISTRY)
     for name in ("pallas_hopper", "pallas_gpu"):
-        monkeypatch.setitem(implementations._REGISTRY, name,
-                            implementations.dataclasses.replace(reg[name], available=lambda m=None: True))
+        monkeypatch.setitem(
+            implementations._REGISTRY,
+            name,
+            implementations.dataclasses.replace(reg[name], available=lambda m=None: True),
+        )
     assert implementations.resolve("auto").name == "pallas_hopper"
     assert implementations.resolve("auto", needs={"prefix", "softcap"}).name == "pallas_hopper"
     _without(monkeypatch, "pallas_hopper", {"prefix"})

@@ -34,8 +34,7 @@ def test_one_document_per_row_is_flops_per_token(seq, causal):
 
 def test_short_packed_documents_count_fewer_flops_than_long_ones():
     seq = 65536
-    per_token = {n: llama.batch_flops(CONFIG, packed(2, seq, n)) / (2 * seq) for n in
-                 (512, 4096, seq)}
+    per_token = {n: llama.batch_flops(CONFIG, packed(2, seq, n)) / (2 * seq) for n in (512, 4096, seq)}
     assert per_token[512] < per_token[4096] < per_token[seq] == llama.flops_per_token(CONFIG, seq)
     # the attention share shrinks with the documents: (n + 1) / 2 pairs per token
     attn = {n: v - 6 * flops.matmul_params(CONFIG) for n, v in per_token.items()}
@@ -66,12 +65,24 @@ def test_flops_inputs_are_checked():
 
 # Datasheet dense bf16 TFLOP/s per device or chip, by the device_kind strings jax reports.
 DATASHEET = {
-    "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H200": 989.0, "NVIDIA GH200 480GB": 989.0,
-    "NVIDIA H100 PCIe": 756.0, "NVIDIA H100 NVL": 835.0, "NVIDIA H200 NVL": 835.0,
-    "NVIDIA A100-SXM4-80GB": 312.0, "NVIDIA A100-SXM4-40GB": 312.0, "NVIDIA A100 80GB PCIe": 312.0,
-    "NVIDIA B200": 2250.0, "NVIDIA L4": 121.0,
-    "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5": 459.0, "TPU v5p": 459.0,
-    "TPU v6 lite": 918.0, "TPU v6e": 918.0,
+    "NVIDIA H100 80GB HBM3": 989.0,
+    "NVIDIA H200": 989.0,
+    "NVIDIA GH200 480GB": 989.0,
+    "NVIDIA H100 PCIe": 756.0,
+    "NVIDIA H100 NVL": 835.0,
+    "NVIDIA H200 NVL": 835.0,
+    "NVIDIA A100-SXM4-80GB": 312.0,
+    "NVIDIA A100-SXM4-40GB": 312.0,
+    "NVIDIA A100 80GB PCIe": 312.0,
+    "NVIDIA B200": 2250.0,
+    "NVIDIA L4": 121.0,
+    "TPU v4": 275.0,
+    "TPU v5 lite": 197.0,
+    "TPU v5e": 197.0,
+    "TPU v5": 459.0,
+    "TPU v5p": 459.0,
+    "TPU v6 lite": 918.0,
+    "TPU v6e": 918.0,
 }
 
 
@@ -88,8 +99,12 @@ def test_one_peak_convention():
     assert [p for p, _, source in flops.PEAK_TFLOPS if source == "nominal"] == [r"^cpu$"]
     assert flops.peak_tflops("cpu") == (0.1, "nominal")
     # every table entry is exercised by a device kind above
-    reached = {pattern for pattern, _, _ in flops.PEAK_TFLOPS
-               for kind in [*DATASHEET, "cpu"] if re.search(pattern, kind.lower())}
+    reached = {
+        pattern
+        for pattern, _, _ in flops.PEAK_TFLOPS
+        for kind in [*DATASHEET, "cpu"]
+        if re.search(pattern, kind.lower())
+    }
     assert reached == {pattern for pattern, _, _ in flops.PEAK_TFLOPS}
     assert flops.peak_tflops("NVIDIA H200", override=500.0) == (500.0, "config")
     # neighbours' names never borrow a peak: unknown (NaN) instead
@@ -104,8 +119,9 @@ def test_each_layer_counts_its_window_and_both_head_dims():
     """Sliding and full layers (``layer_types``) each count their own pairs; a pair costs q.k over
     head_dim and p.v over v_head_dim; wv and wo are v_head_dim wide."""
     types = ("sliding_attention", "full_attention") * 2
-    config = llama.get_config("debug", num_layers=4, head_dim=32, v_head_dim=8, sliding_window=8,
-                              layer_types=types)
+    config = llama.get_config(
+        "debug", num_layers=4, head_dim=32, v_head_dim=8, sliding_window=8, layer_types=types
+    )
     seq, rows = 64, 2
     seg = np.ones((rows, seq), np.int32)
     e, h, k, f = config.hidden_size, config.num_heads, config.num_kv_heads, config.intermediate_size

@@ -45,8 +45,11 @@ def _ring_grads(mesh, check_vma: bool, **kw):
 def _lower(mesh, check_vma, dtype, head_dim, shard=512, heads=4, kv_heads=2, **kw):
     """The ring's forward and gradients, lowered."""
     n = mesh.shape["sp"]
-    sds = lambda h: jax.ShapeDtypeStruct((1, n * shard, h, head_dim), dtype,  # noqa: E731
-                                         sharding=NamedSharding(mesh, SPEC))
+    sds = lambda h: jax.ShapeDtypeStruct(
+        (1, n * shard, h, head_dim),
+        dtype,  # noqa: E731
+        sharding=NamedSharding(mesh, SPEC),
+    )
     return _ring_grads(mesh, check_vma, **kw).trace(sds(heads), sds(kv_heads), sds(kv_heads)).lower()
 
 
@@ -58,8 +61,9 @@ def _compile(mesh, check_vma, dtype, head_dim, **kw):
 
 def _program(text: str) -> str:
     """Lowered text without source locations: two programs equal here compile to the same code."""
-    return "\n".join(line for line in re.sub(r"loc\([^)]*\)", "", text).splitlines()
-                     if not line.startswith("#loc"))
+    return "\n".join(
+        line for line in re.sub(r"loc\([^)]*\)", "", text).splitlines() if not line.startswith("#loc")
+    )
 
 
 def _kernels(text: str) -> dict[str, int]:
@@ -110,13 +114,17 @@ def test_ring_compiles_for_h200(dtype, head_dim):
 
 
 @pytest.mark.parametrize("check_vma", [True, False], ids=["vma", "novma"])
-@pytest.mark.parametrize("variant", [
-    dict(deterministic=True, head_dim=64),  # the two-kernel "mosaic" backward
-    dict(deterministic=True, head_dim=128),
-    dict(head_dim=128, sliding_window=700, strategy="all_gather"),
-    dict(head_dim=64, sinks=True, strategy="auto"),
-    dict(head_dim=128, n=4),
-], ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()))
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(deterministic=True, head_dim=64),  # the two-kernel "mosaic" backward
+        dict(deterministic=True, head_dim=128),
+        dict(head_dim=128, sliding_window=700, strategy="all_gather"),
+        dict(head_dim=64, sinks=True, strategy="auto"),
+        dict(head_dim=128, n=4),
+    ],
+    ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()),
+)
 def test_hopper_backwards_compile_for_h200(variant, check_vma):
     """``implementation="auto"`` (pallas_hopper on an H200) in bfloat16 with what the GPU users of
     issue 58 ran: ``deterministic=True``, sinks, windows, the all-gather and "auto" strategies and a
@@ -139,8 +147,14 @@ OPTIONS = {
     "bidirectional": dict(bidirectional_segments=True),
     "mla_192_128": dict(head_dim=192, v_head_dim=128),
     "gemma2_256_softcap": dict(head_dim=256, logits_soft_cap=50.0),
-    "all": dict(head_dim=192, v_head_dim=128, logits_soft_cap=30.0, prefix_length=True,
-                bidirectional_segments=True, sliding_window=300),
+    "all": dict(
+        head_dim=192,
+        v_head_dim=128,
+        logits_soft_cap=30.0,
+        prefix_length=True,
+        bidirectional_segments=True,
+        sliding_window=300,
+    ),
 }
 
 
@@ -189,23 +203,33 @@ def _train_step(preset_yaml: str, n: int, overrides: list[str]):
     rows, L = config.data.batch_size, config.data.seq_len
     accum = config.optim.accum_steps
     sh = NamedSharding(mesh, P(None, BATCH, "sp"))
-    batch = {k: jax.ShapeDtypeStruct((accum, rows // accum, L), jnp.int32, sharding=sh)
-             for k in ("input_ids", "targets")}
+    batch = {
+        k: jax.ShapeDtypeStruct((accum, rows // accum, L), jnp.int32, sharding=sh)
+        for k in ("input_ids", "targets")
+    }
     batch["loss_mask"] = jax.ShapeDtypeStruct((accum, rows // accum, L), jnp.float32, sharding=sh)
     assert implementations.resolve("auto", mesh).name == "pallas_hopper"
     lowered = fns.train_step.trace(fns.params_abstract, fns.opt_abstract, batch).lower()
     return lowered.as_text(), lowered.compile()
 
 
-@pytest.mark.parametrize("preset,n,overrides,want", [
-    # debug.yaml: float32 on a ring of 4 x fsdp 2 (pallas_hopper delegates float32 to Triton)
-    ("debug.yaml", 8, [], "triton"),
-    # llama1b_long.yaml: bf16, save_attn, zigzag; 4K tokens on a ring of 2 (the kernels do not
-    # depend on the length) and at the preset's 32K on one H200
-    ("llama1b_long.yaml", 2, ["--data.seq_len=4096", "--data.batch_size=1", "--optim.accum_steps=1"],
-     "mosaic"),
-    ("llama1b_long.yaml", 1, ["--data.batch_size=1", "--optim.accum_steps=1"], "mosaic"),
-], ids=["debug-8", "1b-4K-ring2", "1b-32K-1gpu"])
+@pytest.mark.parametrize(
+    "preset,n,overrides,want",
+    [
+        # debug.yaml: float32 on a ring of 4 x fsdp 2 (pallas_hopper delegates float32 to Triton)
+        ("debug.yaml", 8, [], "triton"),
+        # llama1b_long.yaml: bf16, save_attn, zigzag; 4K tokens on a ring of 2 (the kernels do not
+        # depend on the length) and at the preset's 32K on one H200
+        (
+            "llama1b_long.yaml",
+            2,
+            ["--data.seq_len=4096", "--data.batch_size=1", "--optim.accum_steps=1"],
+            "mosaic",
+        ),
+        ("llama1b_long.yaml", 1, ["--data.batch_size=1", "--optim.accum_steps=1"], "mosaic"),
+    ],
+    ids=["debug-8", "1b-4K-ring2", "1b-32K-1gpu"],
+)
 def test_preset_training_step_compiles_for_h200(preset, n, overrides, want):
     text, compiled = _train_step(preset, n, overrides)
     found = _kernels(text)

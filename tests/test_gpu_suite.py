@@ -58,10 +58,18 @@ def check_ring(pb: Problem, **kwargs) -> list[float]:
     sinks, prefix = extras.get("sinks"), extras.get("prefix")
 
     def ref(q, k, v, sinks):
-        return ra.reference_attention(q, k, v, causal=pb.causal, segment_ids=seg,
-                                      sliding_window=pb.window, sinks=sinks,
-                                      logits_soft_cap=pb.softcap, prefix_length=prefix,
-                                      bidirectional_segments=pb.bidirectional)
+        return ra.reference_attention(
+            q,
+            k,
+            v,
+            causal=pb.causal,
+            segment_ids=seg,
+            sliding_window=pb.window,
+            sinks=sinks,
+            logits_soft_cap=pb.softcap,
+            prefix_length=prefix,
+            bidirectional_segments=pb.bidirectional,
+        )
 
     args = (q, k, v, None if sinks is None else jnp.asarray(sinks))
     o, vjp = jax.vjp(jax.jit(ref), *args)
@@ -80,12 +88,17 @@ def _needs_hopper(impl: str) -> None:
 
 # The slowest first, so that pytest-xdist's workers start them first.
 
-def _cli(args: list[str], env_extra: dict | None = None, timeout: int = 400,
-         stderr: bool = True) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": "/tmp/ra-jax-cache",
-           **(env_extra or {})}
-    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=timeout)
+
+def _cli(args: list[str], env_extra: dict | None = None, timeout: int = 400, stderr: bool = True) -> str:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "JAX_COMPILATION_CACHE_DIR": "/tmp/ra-jax-cache",
+        **(env_extra or {}),
+    }
+    out = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout + (out.stderr if stderr else "")
 
@@ -99,11 +112,23 @@ def test_llama1b_long_trains_checkpoints_resumes_and_generates(tmp_path):
     relaunch that resumes it and runs step 4 (step 3 is not run again), then 32 tokens of
     ``python -m train.generate`` from the newest checkpoint."""
     run = tmp_path / "run"
-    common = ["-m", "train", "--config", "configs/llama1b_long.yaml", f"--run_dir={run}",
-              "--data.seq_len=16384", "--data.batch_size=1", "--optim.accum_steps=1",
-              "--log.tensorboard=false", "--log.every=1", "--log.progress=false",
-              "--data.eval_fraction=0", "--sample.tokens=0", "--checkpoint.every=3",
-              "--checkpoint.async_save=false"]
+    common = [
+        "-m",
+        "train",
+        "--config",
+        "configs/llama1b_long.yaml",
+        f"--run_dir={run}",
+        "--data.seq_len=16384",
+        "--data.batch_size=1",
+        "--optim.accum_steps=1",
+        "--log.tensorboard=false",
+        "--log.every=1",
+        "--log.progress=false",
+        "--data.eval_fraction=0",
+        "--sample.tokens=0",
+        "--checkpoint.every=3",
+        "--checkpoint.async_save=false",
+    ]
     _cli([*common, "--steps=4", "--stop_at=3"])  # one schedule for both launches
     first = _metrics(run)
     train_steps = [r["step"] for r in first if "loss" in r]
@@ -114,18 +139,44 @@ def test_llama1b_long_trains_checkpoints_resumes_and_generates(tmp_path):
     assert re.search(r"resum\w+ .*step 3", log, re.I), log[-2000:]
     steps = [r["step"] for r in _metrics(run) if "loss" in r]
     assert steps.count(4) == 1 and steps.count(3) == 1, steps
-    text = _cli(["-m", "train.generate", "--run_dir", str(run), "--prompt", "In the beginning",
-                 "--max-new-tokens", "32"], stderr=False)
+    text = _cli(
+        [
+            "-m",
+            "train.generate",
+            "--run_dir",
+            str(run),
+            "--prompt",
+            "In the beginning",
+            "--max-new-tokens",
+            "32",
+        ],
+        stderr=False,
+    )
     assert 0 < len(text.encode()) <= 4 * 32 + 1, text  # the continuation: 32 byte tokens
 
 
 # Gemma 2- and DeepSeek-shaped attention through the model (2 layers, byte vocabulary), 32K tokens
-GPU_TINY = dict(vocab_size=256, hidden_size=1024, intermediate_size=2048, num_layers=2,
-                max_position_embeddings=32768, dtype="bfloat16", attention="auto")
+GPU_TINY = dict(
+    vocab_size=256,
+    hidden_size=1024,
+    intermediate_size=2048,
+    num_layers=2,
+    max_position_embeddings=32768,
+    dtype="bfloat16",
+    attention="auto",
+)
 MODEL_SHAPES = {
-    "gemma2": dict(family="gemma2", num_heads=8, num_kv_heads=4, head_dim=256,
-                   query_pre_attn_scalar=256, attn_logit_softcap=50.0, final_logit_softcap=30.0,
-                   sliding_window=4096, layer_types=("sliding_attention", "full_attention")),
+    "gemma2": dict(
+        family="gemma2",
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        attn_logit_softcap=50.0,
+        final_logit_softcap=30.0,
+        sliding_window=4096,
+        layer_types=("sliding_attention", "full_attention"),
+    ),
     "deepseek_mla": dict(num_heads=16, num_kv_heads=16, head_dim=192, v_head_dim=128),
 }
 
@@ -158,8 +209,9 @@ def test_model_shapes_train_at_32k_on_pallas_hopper(shape):
         step = jax.jit(jax.value_and_grad(lambda p: llama.loss_fn(config, p, batch, mesh=mesh)[0]))
         loss, grads = step(params)
     assert loaded == {"pallas_hopper"}, loaded
-    assert np.isfinite(float(loss)) and all(np.isfinite(np.asarray(g, np.float32)).all()
-                                            for g in jax.tree.leaves(grads))
+    assert np.isfinite(float(loss)) and all(
+        np.isfinite(np.asarray(g, np.float32)).all() for g in jax.tree.leaves(grads)
+    )
 
 
 def test_auto_picks_pallas_hopper_on_hopper():
@@ -174,8 +226,18 @@ def test_auto_picks_pallas_hopper_on_hopper():
 def test_implementation_matches_reference(impl, check_vma, dtype, head_dim):
     """GQA 8:2, causal, packed documents with boundaries anywhere, 2048 tokens."""
     _needs_hopper(impl)
-    pb = Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=2048, heads=8,
-                 kv_heads=2, head_dim=head_dim, dtype=dtype)
+    pb = Problem(
+        n=1,
+        layout="zigzag",
+        causal=True,
+        segments=True,
+        batch=1,
+        shard=2048,
+        heads=8,
+        kv_heads=2,
+        head_dim=head_dim,
+        dtype=dtype,
+    )
     check_ring(pb, check_vma=check_vma, implementation=impl)
 
 
@@ -190,16 +252,36 @@ def test_feature_matches_reference(impl, feature):
     _needs_hopper(impl)
     if feature not in _claims(impl):
         pytest.skip(f"{impl} does not claim {feature} (implementations.py: 'auto' passes over it)")
-    fields = dict(n=1, layout="zigzag", causal=True, batch=1, shard=1024, heads=8, kv_heads=2,
-                  head_dim=128, dtype="bfloat16")
+    fields = dict(
+        n=1,
+        layout="zigzag",
+        causal=True,
+        batch=1,
+        shard=1024,
+        heads=8,
+        kv_heads=2,
+        head_dim=128,
+        dtype="bfloat16",
+    )
     fields.update(FEATURE_PROBLEMS[feature])
     check_ring(Problem(**fields), implementation=impl)
 
 
 @pytest.mark.parametrize("strategy", ["ring", "all_gather", "ulysses", "auto"])
 def test_strategy_matches_reference(strategy):
-    pb = Problem(n=1, layout="contiguous", causal=True, segments=True, batch=1, shard=1024, heads=8,
-                 kv_heads=2, head_dim=128, dtype="bfloat16", strategy=strategy)
+    pb = Problem(
+        n=1,
+        layout="contiguous",
+        causal=True,
+        segments=True,
+        batch=1,
+        shard=1024,
+        heads=8,
+        kv_heads=2,
+        head_dim=128,
+        dtype="bfloat16",
+        strategy=strategy,
+    )
     check_ring(pb)
 
 

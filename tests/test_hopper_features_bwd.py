@@ -30,7 +30,8 @@ from ringattention.kernels.triton import pallas_gpu as pg
 needs_interpret = pytest.mark.skipif(
     ph.interpret_params() is None,
     reason="this jax has no Mosaic GPU interpret mode; pallas_hopper is checked on the device by "
-           "tools/hopper_check.py")
+    "tools/hopper_check.py",
+)
 RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL, "float16": BF16_RTOL}
 SOFTCAP = 5.0  # small enough that tanh bends logits of unit size
 
@@ -51,8 +52,22 @@ BACKWARDS = {
 DOCS = ((120, 160), (40,))
 
 
-def _inputs(rng, *, dim, v_dim=None, sq=72, sk=200, heads=2, kv_heads=1, batch=2, offset=100,
-            segments=True, bidirectional=False, dtype="bfloat16", logits=1.0):
+def _inputs(
+    rng,
+    *,
+    dim,
+    v_dim=None,
+    sq=72,
+    sk=200,
+    heads=2,
+    kv_heads=1,
+    batch=2,
+    offset=100,
+    segments=True,
+    bidirectional=False,
+    dtype="bfloat16",
+    logits=1.0,
+):
     """q, k, v, do, positions, ids of a step (queries at offset.., keys at 0..; documents ``DOCS``);
     ``logits``: scales q and k by its square root."""
     f = lambda scale, *s: jnp.asarray(rng.standard_normal(s) * scale, dtype)  # noqa: E731
@@ -63,9 +78,11 @@ def _inputs(rng, *, dim, v_dim=None, sq=72, sk=200, heads=2, kv_heads=1, batch=2
     k_pos = jnp.arange(sk, dtype=jnp.int32)
     q_seg = k_seg = None
     if segments:
+
         def ids(pos):  # [batch, n]
-            doc = np.stack([np.searchsorted(np.asarray(DOCS[b]), np.asarray(pos), side="right")
-                            for b in range(batch)])
+            doc = np.stack(
+                [np.searchsorted(np.asarray(DOCS[b]), np.asarray(pos), side="right") for b in range(batch)]
+            )
             return jnp.asarray(np.where(bidirectional & (doc == 1), -1, doc), jnp.int32)
 
         q_seg, k_seg = ids(q_pos), ids(k_pos)
@@ -78,8 +95,9 @@ def _check(inputs, block_sizes, *, causal=True, **features):
     kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5, **features)
     ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
-    got = ph.backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg,
-                           block_sizes=block_sizes, interpret=True, **kw)
+    got = ph.backward_step(
+        q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes, interpret=True, **kw
+    )
     want = pg.reference_backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg, **kw)
     for name, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert g.dtype == jnp.float32 and g.shape == w.shape, (name, g.shape, w.shape)
@@ -98,8 +116,9 @@ def _prefix(batch, offset):
 
 
 @needs_interpret
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "split256" else n
-                                  for n in BACKWARDS])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "split256" else n for n in BACKWARDS]
+)
 def test_every_feature_at_once(name):
     """softcap, prefix, bidirectional segments and v's own head dim together, with a sliding
     window (two-sided where the prefix and the bidirectional segments widen the causal mask),
@@ -119,10 +138,19 @@ def test_every_feature_at_once(name):
 def test_each_feature_alone(name, feature):
     dim, v_dim, bs = BACKWARDS[name]
     rng = np.random.default_rng(dim + len(feature))
-    inputs = _inputs(rng, dim=dim, v_dim=v_dim if feature == "v_head_dim" else None,
-                     bidirectional=feature == "bidirectional", segments=feature != "prefix")
-    features = {"softcap": dict(softcap=SOFTCAP), "prefix": dict(prefix=_prefix(2, 100)),
-                "bidirectional": dict(bidirectional=True), "v_head_dim": {}}[feature]
+    inputs = _inputs(
+        rng,
+        dim=dim,
+        v_dim=v_dim if feature == "v_head_dim" else None,
+        bidirectional=feature == "bidirectional",
+        segments=feature != "prefix",
+    )
+    features = {
+        "softcap": dict(softcap=SOFTCAP),
+        "prefix": dict(prefix=_prefix(2, 100)),
+        "bidirectional": dict(bidirectional=True),
+        "v_head_dim": {},
+    }[feature]
     _check(inputs, bs, **features)
 
 
@@ -144,18 +172,24 @@ def test_rows_that_see_nothing_and_huge_logits(name):
 
 def test_float32_runs_the_triton_step_with_the_features():
     rng = np.random.default_rng(7)
-    inputs = _inputs(rng, dim=16, v_dim=32, sq=32, sk=48, offset=16, dtype="float32",
-                     bidirectional=True)
+    inputs = _inputs(rng, dim=16, v_dim=32, sq=32, sk=48, offset=16, dtype="float32", bidirectional=True)
     _check(inputs, None, softcap=SOFTCAP, prefix=_prefix(2, 16), bidirectional=True, window=60)
 
 
 def _shapes(dim, v_dim, segments=True):
     sd = jax.ShapeDtypeStruct
     B, S, H, K = 1, 384, 4, 2
-    return (sd((B, S, H, dim), jnp.bfloat16), sd((B, S, K, dim), jnp.bfloat16),
-            sd((B, S, K, v_dim), jnp.bfloat16), sd((B, S, H, v_dim), jnp.bfloat16),
-            sd((B, H, S), jnp.float32), sd((B, H, S), jnp.float32), sd((S,), jnp.int32),
-            sd((B, S), jnp.int32) if segments else None, sd((B,), jnp.int32))
+    return (
+        sd((B, S, H, dim), jnp.bfloat16),
+        sd((B, S, K, dim), jnp.bfloat16),
+        sd((B, S, K, v_dim), jnp.bfloat16),
+        sd((B, S, H, v_dim), jnp.bfloat16),
+        sd((B, H, S), jnp.float32),
+        sd((B, H, S), jnp.float32),
+        sd((S,), jnp.int32),
+        sd((B, S), jnp.int32) if segments else None,
+        sd((B,), jnp.int32),
+    )
 
 
 LOWER_FEATURES = {
@@ -174,8 +208,11 @@ def test_features_lower_for_cuda(name, feature, semantics, monkeypatch):
     needed), under both lowering semantics; with a soft cap its tanh is the approximate one."""
     jax.clear_caches()
     if semantics == "warpgroup":
-        monkeypatch.setattr(plgpu, "CompilerParams", functools.partial(
-            plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+        monkeypatch.setattr(
+            plgpu,
+            "CompilerParams",
+            functools.partial(plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        )
     dim, v_dim, bs = BACKWARDS[name]
     features = dict(LOWER_FEATURES[feature])
     with_prefix = features.pop("prefix", False)
@@ -183,9 +220,23 @@ def test_features_lower_for_cuda(name, feature, semantics, monkeypatch):
     args = _shapes(dim, v_dim if own_v else dim)
 
     def bwd(q, k, v, do, lse, delta, pos, seg, prefix):
-        return ph.backward_step(q, k, v, do, lse, delta, pos, pos, seg, seg, causal=True,
-                                softmax_scale=dim**-0.5, block_sizes=bs,
-                                prefix=prefix if with_prefix else None, **features)
+        return ph.backward_step(
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            pos,
+            pos,
+            seg,
+            seg,
+            causal=True,
+            softmax_scale=dim**-0.5,
+            block_sizes=bs,
+            prefix=prefix if with_prefix else None,
+            **features,
+        )
 
     text = jax.jit(bwd).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("stablehlo.custom_call @mosaic_gpu") == (1 if name.startswith("fused") else 2)
@@ -212,11 +263,17 @@ def test_softcap_tanh_is_approximate():
     for softcap in (None, 30.0):
         jax.clear_caches()
         kernels.clear()
-        step = functools.partial(ph.backward_step, causal=True, softmax_scale=0.125, softcap=softcap,
-                                 block_sizes=ph.BlockSizes(backward="fused"))
+        step = functools.partial(
+            ph.backward_step,
+            causal=True,
+            softmax_scale=0.125,
+            softcap=softcap,
+            block_sizes=ph.BlockSizes(backward="fused"),
+        )
         with mock.patch.object(mgc, "_run_serde_pass", capture):
             jax.jit(step).trace(q, k, v, do, lse, delta, pos, pos, None, None).lower(
-                lowering_platforms=("cuda",))
+                lowering_platforms=("cuda",)
+            )
         assert len(kernels) == 1
         text = kernels[0]
         exact = re.findall(r"math\.tanh [^\n]*", text)
@@ -230,17 +287,22 @@ def _lse(q):
     return jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32)
 
 
-@pytest.mark.parametrize("bad,match", [
-    (dict(softcap=0.0), "softcap"), (dict(softcap=-1.0), "softcap"), (dict(softcap=True), "softcap"),
-    (dict(softcap=float("nan")), "softcap"),
-    (dict(prefix=jnp.zeros((2,), jnp.int32)), "prefix.shape"),
-    (dict(prefix=jnp.zeros((1,), jnp.int32), causal=False), "prefix needs causal"),
-    (dict(bidirectional=True, segments=False), "bidirectional=True needs"),
-    (dict(bidirectional=True, causal=False), "bidirectional=True needs"),
-    (dict(do_dim=64), "do.shape"),
-    (dict(backward="fused", v_dim=256), "head dim 256 .q/k 128, v 256. is above 128"),
-    (dict(backward="fused", v_dim=192, dim=64), "above 128"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (dict(softcap=0.0), "softcap"),
+        (dict(softcap=-1.0), "softcap"),
+        (dict(softcap=True), "softcap"),
+        (dict(softcap=float("nan")), "softcap"),
+        (dict(prefix=jnp.zeros((2,), jnp.int32)), "prefix.shape"),
+        (dict(prefix=jnp.zeros((1,), jnp.int32), causal=False), "prefix needs causal"),
+        (dict(bidirectional=True, segments=False), "bidirectional=True needs"),
+        (dict(bidirectional=True, causal=False), "bidirectional=True needs"),
+        (dict(do_dim=64), "do.shape"),
+        (dict(backward="fused", v_dim=256), "head dim 256 .q/k 128, v 256. is above 128"),
+        (dict(backward="fused", v_dim=192, dim=64), "above 128"),
+    ],
+)
 def test_bad_keywords_are_value_errors(bad, match):
     """Bad feature keywords (and shapes) raise ValueError naming them, before any kernel is traced,
     in float32 (the Triton step) as in bfloat16."""
@@ -258,9 +320,23 @@ def test_bad_keywords_are_value_errors(bad, match):
         pos = jnp.arange(64, dtype=jnp.int32)
         seg = jnp.zeros((1, 64), jnp.int32) if segments else None
         with pytest.raises(ValueError, match=match):
-            ph.backward_step(q, k, v, do, lse, lse, pos, pos, seg, seg, causal=causal,
-                             softmax_scale=0.1, block_sizes=ph.BlockSizes(backward=backward),
-                             interpret=True, **bad)
+            ph.backward_step(
+                q,
+                k,
+                v,
+                do,
+                lse,
+                lse,
+                pos,
+                pos,
+                seg,
+                seg,
+                causal=causal,
+                softmax_scale=0.1,
+                block_sizes=ph.BlockSizes(backward=backward),
+                interpret=True,
+                **bad,
+            )
 
 
 @pytest.fixture
@@ -271,8 +347,12 @@ def backward_used(monkeypatch):
     def fake(name):
         def backward(q, k, v, *args, bs, **kw):
             calls.append((name, bs.backward, kw))
-            return (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
-                    jnp.zeros(v.shape, jnp.float32))
+            return (
+                jnp.zeros(q.shape, jnp.float32),
+                jnp.zeros(k.shape, jnp.float32),
+                jnp.zeros(v.shape, jnp.float32),
+            )
+
         return backward
 
     for name, module in (("mosaic", hb), ("fused", hcb), ("split", hsb)):
@@ -280,9 +360,17 @@ def backward_used(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("dim,v_dim,want", [(64, 64, "mosaic"), (128, 64, "mosaic"), (64, 128, "mosaic"),
-                                            (256, 256, "split"), (192, 128, "split"),
-                                            (128, 256, "split")])
+@pytest.mark.parametrize(
+    "dim,v_dim,want",
+    [
+        (64, 64, "mosaic"),
+        (128, 64, "mosaic"),
+        (64, 128, "mosaic"),
+        (256, 256, "split"),
+        (192, 128, "split"),
+        (128, 256, "split"),
+    ],
+)
 def test_deterministic_picks_an_ordered_backward_with_features(dim, v_dim, want, backward_used):
     """``deterministic=True``'s block sizes (``deterministic_block_sizes``) with every feature
     on run the two-kernel backward or the head-dim-split pair (fixed summation order, no
@@ -294,12 +382,22 @@ def test_deterministic_picks_an_ordered_backward_with_features(dim, v_dim, want,
     do = jax.ShapeDtypeStruct((2, 128, 4, v_dim), jnp.bfloat16)
     lse, pos = _lse(q), jax.ShapeDtypeStruct((128,), jnp.int32)
     seg = jax.ShapeDtypeStruct((2, 128), jnp.int32)
-    kw = dict(causal=True, softmax_scale=0.1, softcap=30.0, bidirectional=True, window=50,
-              interpret=True)
+    kw = dict(causal=True, softmax_scale=0.1, softcap=30.0, bidirectional=True, window=50, interpret=True)
     for bs in (ph.deterministic_block_sizes(None, dim, True), None):
         step = functools.partial(ph.backward_step, block_sizes=bs, **kw)
-        jax.eval_shape(lambda *a, step=step: step(*a, prefix=jnp.asarray([3, 5], jnp.int32)),
-                       q, k, v, do, lse, lse, pos, pos, seg, seg)
+        jax.eval_shape(
+            lambda *a, step=step: step(*a, prefix=jnp.asarray([3, 5], jnp.int32)),
+            q,
+            k,
+            v,
+            do,
+            lse,
+            lse,
+            pos,
+            pos,
+            seg,
+            seg,
+        )
     (name, backward, got), (default_name, _, _) = backward_used
     assert (name, backward) == (want, "mosaic")
     assert default_name == ("split" if max(dim, v_dim) > 128 else "fused")
@@ -312,8 +410,19 @@ def test_features_off_pass_nothing(backward_used):
     configs, and kernels, are those without features)."""
     q = jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.bfloat16)
     lse, pos = _lse(q), jax.ShapeDtypeStruct((128,), jnp.int32)
-    jax.eval_shape(functools.partial(ph.backward_step, causal=True, softmax_scale=0.1,
-                                     interpret=True), q, q, q, q, lse, lse, pos, pos, None, None)
+    jax.eval_shape(
+        functools.partial(ph.backward_step, causal=True, softmax_scale=0.1, interpret=True),
+        q,
+        q,
+        q,
+        q,
+        lse,
+        lse,
+        pos,
+        pos,
+        None,
+        None,
+    )
     [(_, _, kw)] = backward_used
     assert set(kw) == {"causal", "softmax_scale", "interpret"}
     assert hb.features(None, None, False) == {}
@@ -332,18 +441,45 @@ def test_features_lower_inside_shard_map_check_vma(name):
 
     def local(q, k, v, do, lse, delta, seg, prefix):
         pos = jnp.arange(q.shape[1], dtype=jnp.int32) + jax.lax.axis_index("sp") * q.shape[1]
-        return ph.backward_step(q, k, v, do, lse, delta, pos, pos, seg, seg, causal=True,
-                                softmax_scale=0.1, block_sizes=bs, softcap=30.0, prefix=prefix,
-                                bidirectional=True, window=100)
+        return ph.backward_step(
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            pos,
+            pos,
+            seg,
+            seg,
+            causal=True,
+            softmax_scale=0.1,
+            block_sizes=bs,
+            softcap=30.0,
+            prefix=prefix,
+            bidirectional=True,
+            window=100,
+        )
 
     rows, heads = P("dp", "sp"), P("dp", None, "sp")
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(rows,) * 4 + (heads, heads, rows, P("dp")),
-                       out_specs=(rows,) * 3, check_vma=True)
+    fn = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(rows,) * 4 + (heads, heads, rows, P("dp")),
+        out_specs=(rows,) * 3,
+        check_vma=True,
+    )
     sd = jax.ShapeDtypeStruct
-    args = (sd((2, 512, 4, dim), jnp.bfloat16), sd((2, 512, 2, dim), jnp.bfloat16),
-            sd((2, 512, 2, v_dim), jnp.bfloat16), sd((2, 512, 4, v_dim), jnp.bfloat16),
-            sd((2, 4, 512), jnp.float32), sd((2, 4, 512), jnp.float32), sd((2, 512), jnp.int32),
-            sd((2,), jnp.int32))
+    args = (
+        sd((2, 512, 4, dim), jnp.bfloat16),
+        sd((2, 512, 2, dim), jnp.bfloat16),
+        sd((2, 512, 2, v_dim), jnp.bfloat16),
+        sd((2, 512, 4, v_dim), jnp.bfloat16),
+        sd((2, 4, 512), jnp.float32),
+        sd((2, 4, 512), jnp.float32),
+        sd((2, 512), jnp.int32),
+        sd((2,), jnp.int32),
+    )
     text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("stablehlo.custom_call @mosaic_gpu") == (1 if name.startswith("fused") else 2)
 

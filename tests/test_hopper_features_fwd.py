@@ -36,7 +36,8 @@ from ringattention.kernels.triton import pallas_gpu as pg
 needs_interpret = pytest.mark.skipif(
     ph.interpret_params() is None,
     reason="this jax has no Mosaic GPU interpret mode; pallas_hopper is checked on the device by "
-           "tools/hopper_check.py")
+    "tools/hopper_check.py",
+)
 LSE_ATOL = 1e-4  # natural-log units: lse is computed in float32 from exact half-precision products
 # tanh.approx.f32 (what jnp.tanh lowers to on the device with approx_math): relative error at most
 # 2^-10.987 (PTX ISA); interpret mode computes the exact tanh
@@ -85,8 +86,7 @@ class Case:
         q_seg = k_seg = None
         if self.segments:  # documents of the global sequence, as the ring deals them
             first = min(offset, 0)
-            seg = _segments(rng, self.batch, max(offset + self.sq, self.sk) - first,
-                            self.bidirectional)
+            seg = _segments(rng, self.batch, max(offset + self.sq, self.sk) - first, self.bidirectional)
             q_seg, k_seg = seg[:, np.asarray(q_pos) - first], seg[:, np.asarray(k_pos) - first]
             if self.unseen:  # rows 5..12 (causal and bidirectional) in ids no key has
                 q_seg[:, 5:9], q_seg[:, 9:13] = 9, -9
@@ -94,8 +94,13 @@ class Case:
         return q, k, v, q_pos, k_pos, q_seg, k_seg
 
     def keywords(self) -> dict:
-        kw = dict(causal=self.causal, softmax_scale=self.dim**-0.5, window=self.window,
-                  softcap=self.softcap, bidirectional=self.bidirectional)
+        kw = dict(
+            causal=self.causal,
+            softmax_scale=self.dim**-0.5,
+            window=self.window,
+            softcap=self.softcap,
+            bidirectional=self.bidirectional,
+        )
         if self.prefix is not None:
             kw["prefix"] = jnp.asarray(self.prefix, jnp.int32)
         return kw
@@ -105,8 +110,7 @@ def _check_forward(case: Case, seed: int = 0, lse_atol: float = LSE_ATOL):
     """forward_step in interpret mode against the float32 reference; returns the reference lse."""
     q, k, v, q_pos, k_pos, q_seg, k_seg = case.inputs(seed)
     kw = case.keywords()
-    o, lse = ph.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=case.bs,
-                             interpret=True, **kw)
+    o, lse = ph.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=case.bs, interpret=True, **kw)
     ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
     assert o.dtype == lse.dtype == jnp.float32
     assert o.shape == ro.shape == (*q.shape[:3], v.shape[3]) and lse.shape == rlse.shape
@@ -125,28 +129,53 @@ FEATURE_CASES = {
     "softcap-d64": Case(64, softcap=3.0, segments=True, logit_scale=4.0),
     # head dim 128 without a causal mask: the overlapped loop (its softmax in on_s), a window's
     # masked far edge then a fully visible block
-    "softcap-d128-overlap": Case(128, causal=False, softcap=5.0, window=200, segments=True,
-                                 sq=128, sk=256, logit_scale=3.0),
+    "softcap-d128-overlap": Case(
+        128, causal=False, softcap=5.0, window=200, segments=True, sq=128, sk=256, logit_scale=3.0
+    ),
     # Gemma 2's head dim 256 (64-key blocks): fully visible and diagonal blocks, GQA
     "softcap-d256": Case(256, softcap=50.0, heads=2, sq=72, sk=130, logit_scale=40.0),
     # a prefix per batch row (0: plain causal; 250: keys after the queries): 64-key blocks, so
     # some run fully visible by the prefix, one is partial at its end, then the causal diagonal
-    "prefix-d64": Case(64, prefix=(0, 250), batch=2, sq=128, sk=320,
-                       bs=ph.BlockSizes(block_k=64, stages=3)),
-    "bidirectional-d128": Case(128, bidirectional=True, segments=True, heads=4, kv_heads=2,
-                               sq=128, sk=256),
+    "prefix-d64": Case(64, prefix=(0, 250), batch=2, sq=128, sk=320, bs=ph.BlockSizes(block_k=64, stages=3)),
+    "bidirectional-d128": Case(128, bidirectional=True, segments=True, heads=4, kv_heads=2, sq=128, sk=256),
     # MLA: q/k head dim 192, v 128, the defaults (128-key blocks)
     "mla": Case(192, dv=128, segments=True, heads=4, kv_heads=2, sq=72, sk=300),
     "mla-overlap": Case(192, dv=128, causal=False, sq=128, sk=256),
     # v's head dim padded apart: 200 -> 256 against q/k's 64
     "dv200": Case(64, dv=200, sq=64, sk=130, bs=ph.BlockSizes(block_k=64)),
     # everything together, with rows that see nothing (ids no key has, bidirectional or not)
-    "all-d64": Case(64, softcap=4.0, prefix=(0, 150), bidirectional=True, segments=True,
-                    window=120, heads=2, kv_heads=1, sq=128, sk=256, batch=2, unseen=True,
-                    logit_scale=2.0, bs=ph.BlockSizes(block_k=64, stages=2)),
-    "all-mla": Case(192, dv=128, softcap=20.0, prefix=(40, 250), bidirectional=True,
-                    segments=True, window=150, heads=2, kv_heads=1, sq=128, sk=256, batch=2,
-                    unseen=True, logit_scale=8.0),
+    "all-d64": Case(
+        64,
+        softcap=4.0,
+        prefix=(0, 150),
+        bidirectional=True,
+        segments=True,
+        window=120,
+        heads=2,
+        kv_heads=1,
+        sq=128,
+        sk=256,
+        batch=2,
+        unseen=True,
+        logit_scale=2.0,
+        bs=ph.BlockSizes(block_k=64, stages=2),
+    ),
+    "all-mla": Case(
+        192,
+        dv=128,
+        softcap=20.0,
+        prefix=(40, 250),
+        bidirectional=True,
+        segments=True,
+        window=150,
+        heads=2,
+        kv_heads=1,
+        sq=128,
+        sk=256,
+        batch=2,
+        unseen=True,
+        logit_scale=8.0,
+    ),
 }
 
 
@@ -154,8 +183,9 @@ SLOW_CASES = ("mla", "dv200")  # covered by all-mla (causal MLA) and the lowerin
 
 
 @needs_interpret
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n
-                                  for n in FEATURE_CASES])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in FEATURE_CASES]
+)
 def test_forward_features_match_reference(name):
     case = FEATURE_CASES[name]
     rlse = _check_forward(case, seed=len(name))
@@ -166,8 +196,9 @@ def test_forward_features_match_reference(name):
     for feature, off in (("softcap", None), ("prefix", None), ("bidirectional", False)):
         if getattr(case, feature) not in (None, False):  # the case tests it: it moves o
             without = dataclasses.replace(case, **{feature: off}).keywords()
-            assert rel_err(pg.reference_forward_step(q, k, v, *rest, **without)[0],
-                           want) >= FEATURE_EFFECT, feature
+            assert rel_err(pg.reference_forward_step(q, k, v, *rest, **without)[0], want) >= FEATURE_EFFECT, (
+                feature
+            )
 
 
 @needs_interpret
@@ -175,13 +206,26 @@ def test_forward_features_match_reference(name):
 def test_logits_times_100_do_not_overflow(softcap):
     """Logits scaled by 100 (q x 100): with and without the soft cap (the cap saturates the
     tanh), with a prefix and bidirectional segments; finite, and as the reference."""
-    _check_forward(Case(64, softcap=softcap, prefix=(100,), bidirectional=True, segments=True,
-                        sq=72, sk=200, logit_scale=100.0), seed=3)
+    _check_forward(
+        Case(
+            64,
+            softcap=softcap,
+            prefix=(100,),
+            bidirectional=True,
+            segments=True,
+            sq=72,
+            sk=200,
+            logit_scale=100.0,
+        ),
+        seed=3,
+    )
 
 
 @needs_interpret
-@pytest.mark.parametrize("sign", ["alternating", pytest.param("up", marks=pytest.mark.slow),
-                                  pytest.param("down", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sign",
+    ["alternating", pytest.param("up", marks=pytest.mark.slow), pytest.param("down", marks=pytest.mark.slow)],
+)
 def test_softcap_within_tolerance_with_approximate_tanh(sign, monkeypatch):
     """The device computes the cap's tanh as ``tanh.approx.f32`` (relative error <= 2^-10.987);
     interpret mode's tanh is exact. Here every tanh is off by that bound (in alternating signs, or
@@ -202,30 +246,64 @@ def test_softcap_within_tolerance_with_approximate_tanh(sign, monkeypatch):
 
     monkeypatch.setattr(hfl, "capped", perturbed)
     cap = 50.0
-    _check_forward(Case(128, softcap=cap, segments=True, sq=72, sk=200, logit_scale=40.0), seed=4,
-                   lse_atol=LSE_ATOL + cap * TANH_APPROX_RTOL)
+    _check_forward(
+        Case(128, softcap=cap, segments=True, sq=72, sk=200, logit_scale=40.0),
+        seed=4,
+        lse_atol=LSE_ATOL + cap * TANH_APPROX_RTOL,
+    )
 
 
 def _ring_problem(**fields):
-    base = dict(n=1, layout="zigzag", causal=True, segments=True, batch=2, shard=128, heads=4,
-                kv_heads=2, head_dim=64, dtype="bfloat16")
+    base = dict(
+        n=1,
+        layout="zigzag",
+        causal=True,
+        segments=True,
+        batch=2,
+        shard=128,
+        heads=4,
+        kv_heads=2,
+        head_dim=64,
+        dtype="bfloat16",
+    )
     return Problem(**{**base, **fields})
 
 
 @needs_interpret
-@pytest.mark.parametrize("pb", [
-    _ring_problem(softcap=10.0, prefix=True, bidirectional=True, window=100, logit_scale=4.0),
-    _ring_problem(softcap=10.0, logit_scale=4.0),
-    _ring_problem(prefix=True),
-    _ring_problem(bidirectional=True),
-    _ring_problem(head_dim=192, v_head_dim=128),
-    pytest.param(_ring_problem(head_dim=192, v_head_dim=128, softcap=20.0, prefix=True,
-                               bidirectional=True, window=100, logit_scale=4.0),
-                 marks=pytest.mark.slow),
-    pytest.param(_ring_problem(head_dim=256, softcap=20.0, window=100, logit_scale=4.0),
-                 marks=pytest.mark.slow),
-], ids=["all-window", "softcap", "prefix", "bidirectional", "mla", "mla-all-window",
-        "gemma2-256-softcap-window"])
+@pytest.mark.parametrize(
+    "pb",
+    [
+        _ring_problem(softcap=10.0, prefix=True, bidirectional=True, window=100, logit_scale=4.0),
+        _ring_problem(softcap=10.0, logit_scale=4.0),
+        _ring_problem(prefix=True),
+        _ring_problem(bidirectional=True),
+        _ring_problem(head_dim=192, v_head_dim=128),
+        pytest.param(
+            _ring_problem(
+                head_dim=192,
+                v_head_dim=128,
+                softcap=20.0,
+                prefix=True,
+                bidirectional=True,
+                window=100,
+                logit_scale=4.0,
+            ),
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            _ring_problem(head_dim=256, softcap=20.0, window=100, logit_scale=4.0), marks=pytest.mark.slow
+        ),
+    ],
+    ids=[
+        "all-window",
+        "softcap",
+        "prefix",
+        "bidirectional",
+        "mla",
+        "mla-all-window",
+        "gemma2-256-softcap-window",
+    ],
+)
 def test_ring_of_one_matches_float64(pb, registered):
     """``ring_attention`` on a ring of one device against the float64 global reference, forward
     and gradients: the Mosaic GPU forward and the default Mosaic backward of each feature."""
@@ -255,17 +333,22 @@ def test_feature_keywords_are_validated():
         refused(r"pallas_hopper: softcap=", softcap=cap)
     refused(r"pallas_hopper: prefix needs causal=True", causal=False, prefix=jnp.zeros(2, jnp.int32))
     refused(r"pallas_hopper: prefix.shape=\(3,\) must be \[2\]", prefix=jnp.zeros(3, jnp.int32))
-    refused(r"pallas_hopper: bidirectional=True needs causal=True and segment ids",
-            bidirectional=True)
-    refused(r"pallas_hopper: bidirectional=True needs causal", causal=False, s=seg,
-            bidirectional=True)
+    refused(r"pallas_hopper: bidirectional=True needs causal=True and segment ids", bidirectional=True)
+    refused(r"pallas_hopper: bidirectional=True needs causal", causal=False, s=seg, bidirectional=True)
     refused(r"bad shapes", v=jax.ShapeDtypeStruct((2, 128, 2, 320), jnp.bfloat16))  # Dv > 256
     refused(r"bad shapes", v=jax.ShapeDtypeStruct((2, 128, 1, 128), jnp.bfloat16))
     mla = jax.ShapeDtypeStruct((2, 128, 2, 192), jnp.bfloat16)
     with pytest.raises(ValueError, match=r"block_k=128, stages=3 at head dim 192, v head dim 128"):
-        jax.eval_shape(functools.partial(step, causal=True, block_sizes=ph.BlockSizes(stages=3)),
-                       mla, mla, jax.ShapeDtypeStruct((2, 128, 2, 128), jnp.bfloat16), pos, pos,
-                       None, None)
+        jax.eval_shape(
+            functools.partial(step, causal=True, block_sizes=ph.BlockSizes(stages=3)),
+            mla,
+            mla,
+            jax.ShapeDtypeStruct((2, 128, 2, 128), jnp.bfloat16),
+            pos,
+            pos,
+            None,
+            None,
+        )
 
 
 def test_mla_defaults_fit_shared_memory():
@@ -275,11 +358,14 @@ def test_mla_defaults_fit_shared_memory():
         bs = ph.default_block_sizes(192, causal, v_head_dim=128)
         base = ph.default_block_sizes(128, causal)
         assert (bs.block_k, bs.stages, bs.schedule, bs.registers) == (
-            base.block_k, base.stages, base.schedule, base.registers)
+            base.block_k,
+            base.stages,
+            base.schedule,
+            base.registers,
+        )
         assert bs.backward == ph.default_block_sizes(256, causal).backward
         assert ph.default_block_sizes(128, causal, v_head_dim=128) == base
-        assert ph.default_block_sizes(64, causal, v_head_dim=200) == ph.default_block_sizes(
-            256, causal)
+        assert ph.default_block_sizes(64, causal, v_head_dim=200) == ph.default_block_sizes(256, causal)
     geo = ph.geometry(128, 256, 192, bs, 128)
     assert (geo.d_pad, geo.v_pad, geo.bk) == (192, 128, 128)
     assert ph.geometry(128, 256, 64, bs, 40).v_pad == 64
@@ -300,25 +386,27 @@ def _mosaic_kernels(fn, *args, semantics: str = "default"):
 
     params = plgpu.CompilerParams
     if semantics == "warpgroup":
-        params = functools.partial(plgpu.CompilerParams,
-                                   lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+        params = functools.partial(plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
     jax.clear_caches()  # the kernels' jitted wrappers would reuse the other semantics' lowering
-    with mock.patch.object(mgc, "_run_serde_pass", capture), \
-            mock.patch.object(plgpu, "CompilerParams", params):
+    with (
+        mock.patch.object(mgc, "_run_serde_pass", capture),
+        mock.patch.object(plgpu, "CompilerParams", params),
+    ):
         hlo = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     calls = re.findall(r"stablehlo.custom_call @mosaic_gpu\w*\(([^)]*)\)", hlo)
     assert len(texts) == len(calls) >= 1, (len(texts), len(calls))
     kernels = []
     for text, call in zip(texts, calls, strict=True):
         ops = collections.Counter(re.findall(r"= ([a-z_]+\.[a-z_.]+)", text))
-        ops.update("asm:" + m.split()[0] for m in
-                   re.findall(r'llvm.inline_asm (?:has_side_effects )?"([^"]*)"', text))
+        ops.update(
+            "asm:" + m.split()[0]
+            for m in re.findall(r'llvm.inline_asm (?:has_side_effects )?"([^"]*)"', text)
+        )
         kernels.append((ops, len(call.split(","))))
     return kernels
 
 
-def _lower(*, dim=128, dv=None, causal=True, segments=False, prefix=False, semantics="default",
-           **kw):
+def _lower(*, dim=128, dv=None, causal=True, segments=False, prefix=False, semantics="default", **kw):
     q = jax.ShapeDtypeStruct((2, 512, 4, dim), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((2, 512, 2, dim), jnp.bfloat16)
     v = jax.ShapeDtypeStruct((2, 512, 2, dv or dim), jnp.bfloat16)
@@ -327,8 +415,7 @@ def _lower(*, dim=128, dv=None, causal=True, segments=False, prefix=False, seman
     pf = jax.ShapeDtypeStruct((2,), jnp.int32) if prefix else None
 
     def fwd(q, k, v, p, s, pf):
-        return ph.forward_step(q, k, v, p, p, s, s, prefix=pf, causal=causal,
-                               softmax_scale=dim**-0.5, **kw)
+        return ph.forward_step(q, k, v, p, p, s, s, prefix=pf, causal=causal, softmax_scale=dim**-0.5, **kw)
 
     [kernel] = _mosaic_kernels(fwd, q, k, v, pos, seg, pf, semantics=semantics)
     return kernel
@@ -337,15 +424,17 @@ def _lower(*, dim=128, dv=None, causal=True, segments=False, prefix=False, seman
 LOWER_CASES = {  # each feature, and all of them; jax 0.10's lane and jax >= 0.11's warpgroup semantics
     "softcap-d128": dict(softcap=30.0),
     "softcap-d256-window": dict(dim=256, softcap=50.0, window=100, segments=True),
-    "softcap-overlap": dict(causal=False, softcap=30.0, block_sizes=ph.BlockSizes(
-        schedule="overlap", registers=240)),
+    "softcap-overlap": dict(
+        causal=False, softcap=30.0, block_sizes=ph.BlockSizes(schedule="overlap", registers=240)
+    ),
     "prefix-d64": dict(dim=64, prefix=True),
     "bidirectional": dict(segments=True, bidirectional=True),
     "mla": dict(dim=192, dv=128),
     "mla-overlap": dict(dim=192, dv=128, causal=False),
     "dv-64-256": dict(dim=64, dv=256, causal=False, segments=True),
-    "all-mla": dict(dim=192, dv=128, softcap=20.0, prefix=True, bidirectional=True, segments=True,
-                    window=100),
+    "all-mla": dict(
+        dim=192, dv=128, softcap=20.0, prefix=True, bidirectional=True, segments=True, window=100
+    ),
 }
 
 
@@ -374,8 +463,11 @@ def test_features_add_only_their_own_operations(semantics):
     plain_ids, _ = _lower(semantics=semantics, segments=True)
     per_thread = 2 * 64 * 128 // 128  # logits per compute thread over the two loops
     assert plain["asm:tanh.approx.f32"] == 0
-    for kw, base in ((dict(softcap=30.0), plain), (dict(prefix=True), plain),
-                     (dict(segments=True, bidirectional=True), plain_ids)):
+    for kw, base in (
+        (dict(softcap=30.0), plain),
+        (dict(prefix=True), plain),
+        (dict(segments=True, bidirectional=True), plain_ids),
+    ):
         ops, _ = _lower(semantics=semantics, **kw)
         added = ops - base
         assert not base - ops, (kw, base - ops)
@@ -399,21 +491,41 @@ def test_features_under_check_vma_lower_the_same_kernels(registered):
     folded ``+ 0`` of each bound read (``mosaic.bound``: lo, mid, hi and the prefix)."""
     mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "sp"))
     sd = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)  # noqa: E731
-    args = (sd(2, 512, 4, 192), sd(2, 512, 2, 192), sd(2, 512, 2, 128), sd(2, 512, dt=jnp.int32),
-            sd(2, dt=jnp.int32))
+    args = (
+        sd(2, 512, 4, 192),
+        sd(2, 512, 2, 192),
+        sd(2, 512, 2, 128),
+        sd(2, 512, dt=jnp.int32),
+        sd(2, dt=jnp.int32),
+    )
 
     def ring(check_vma):
         def local(q, k, v, seg, prefix):
-            return ra.ring_attention(q, k, v, "sp", causal=True, segment_ids=seg,
-                                     logits_soft_cap=30.0, prefix_length=prefix,
-                                     bidirectional_segments=True, implementation="auto")
+            return ra.ring_attention(
+                q,
+                k,
+                v,
+                "sp",
+                causal=True,
+                segment_ids=seg,
+                logits_soft_cap=30.0,
+                prefix_length=prefix,
+                bidirectional_segments=True,
+                implementation="auto",
+            )
 
-        return jax.shard_map(local, mesh=mesh, in_specs=(P("dp", "sp"),) * 4 + (P("dp"),),
-                             out_specs=P("dp", "sp"), check_vma=check_vma)
+        return jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(P("dp", "sp"),) * 4 + (P("dp"),),
+            out_specs=P("dp", "sp"),
+            check_vma=check_vma,
+        )
 
     with mock.patch.object(implementations, "mesh_device", _h200):
-        assert implementations.resolve("auto", needs=frozenset(implementations.FEATURES)).name \
-            == "pallas_hopper"
+        assert (
+            implementations.resolve("auto", needs=frozenset(implementations.FEATURES)).name == "pallas_hopper"
+        )
         checked, unchecked = (_mosaic_kernels(ring(vma), *args) for vma in (True, False))
     assert len(checked) == len(unchecked) >= 1
     for (a, _), (b, _) in zip(checked, unchecked, strict=True):

@@ -26,8 +26,12 @@ def imported_packages(path: pathlib.Path) -> set[str]:
             names.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
-              and node.args and isinstance(node.args[0], ast.Constant)):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", None) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             names.add(str(node.args[0].value).split(".")[0])
     return names
 
@@ -42,8 +46,9 @@ def test_imports_point_one_way(package):
 
 def test_the_checker_sees_nested_and_dynamic_imports(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text("import importlib\ndef g():\n    from train.x import y\n"
-                 "    importlib.import_module('models.z')\n")
+    f.write_text(
+        "import importlib\ndef g():\n    from train.x import y\n    importlib.import_module('models.z')\n"
+    )
     assert imported_packages(f) >= {"train", "models", "importlib"}
 
 
@@ -74,12 +79,16 @@ def module_imports(path: pathlib.Path, name: str, modules: set[str]) -> set[str]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*up, *([base] if base else [])])
             for alias in node.names:
                 add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
-              and node.args and isinstance(node.args[0], ast.Constant)):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", None) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             add(str(node.args[0].value))
     return found - {name}
 
@@ -124,7 +133,7 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
     for part in parts:
         for v in sorted(part):
             c = _circle_through(graph, part, v)[:-1]
-            c = c[c.index(min(c)):] + c[:c.index(min(c))]
+            c = c[c.index(min(c)) :] + c[: c.index(min(c))]
             if [*c, c[0]] not in circles:
                 circles.append([*c, c[0]])
     return circles
@@ -161,8 +170,9 @@ def test_the_circle_checker_sees_lazy_typing_and_from_imports(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "a.py").write_text("def f():\n    from pkg.sub import b\n")
-    (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                      "    from ..c import X\n")
+    (pkg / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..c import X\n"
+    )
     (pkg / "c.py").write_text("import importlib\nimportlib.import_module('pkg.a')\n")
     (pkg / "d.py").write_text("from pkg import a\n")  # into the circle, not part of it
     graph = import_graph(pkg)
@@ -175,14 +185,21 @@ def test_importing_ringattention_registers_every_kernel_without_importing_one():
     ``ringattention.kernels``, in the order of before) but imports no step module and no Pallas
     backend: Mosaic GPU, Triton and Mosaic TPU load with the step that uses them
     (``Implementation.load``, or "auto" asking whether a GPU kernel is available on a GPU mesh)."""
-    code = ("import sys\n"
-            "from ringattention import implementations\n"
-            "print(implementations.names())\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('jax.experimental.pallas',\n"
-            "             'jax._src.pallas', 'ringattention.kernels'))))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.splitlines()
+    code = (
+        "import sys\n"
+        "from ringattention import implementations\n"
+        "print(implementations.names())\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('jax.experimental.pallas',\n"
+        "             'jax._src.pallas', 'ringattention.kernels'))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    ).stdout.splitlines()
     assert out[0] == str(("auto", "xla", "pallas_tpu", "pallas_gpu", "pallas_hopper")), out
-    packages = ["ringattention.kernels", *(f"ringattention.kernels.{p}" for p in
-                                           ("hopper", "tpu", "triton"))]
+    packages = ["ringattention.kernels", *(f"ringattention.kernels.{p}" for p in ("hopper", "tpu", "triton"))]
     assert out[1] == str(packages), out

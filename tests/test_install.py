@@ -22,9 +22,17 @@ docs = data.read_documents(data.default_paths())
 print(cfg.steps, len(docs), config.presets())
 """
 # two steps of the debug preset, small, with one checkpoint and no sample, evaluation or TensorBoard
-SHORT_RUN = ["--steps=2", "--data.seq_len=64", "--data.batch_size=4", "--sample.tokens=0",
-             "--eval.every=0", "--log.progress=false", "--log.tensorboard=false",
-             "--checkpoint.every=2", "--optim.warmup_steps=1"]
+SHORT_RUN = [
+    "--steps=2",
+    "--data.seq_len=64",
+    "--data.batch_size=4",
+    "--sample.tokens=0",
+    "--eval.every=0",
+    "--log.progress=false",
+    "--log.tensorboard=false",
+    "--checkpoint.every=2",
+    "--optim.warmup_steps=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,22 +41,26 @@ def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"  # a copy: setuptools builds in the source tree's build/
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE", "ringattention", "models", "train",
-                 "configs"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "ringattention", "models", "train", "configs"):
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            shutil.copytree(
+                ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
         elif (ROOT / name).exists():
             shutil.copy(ROOT / name, src / name)
     pip = [sys.executable, "-m", "pip", "-q"]
-    subprocess.run([*pip, "wheel", str(src), "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp / "dist")], check=True, cwd=tmp)
+    subprocess.run(
+        [*pip, "wheel", str(src), "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist")],
+        check=True,
+        cwd=tmp,
+    )
     wheel = next((tmp / "dist").glob("*.whl"))
     prefix = tmp / "prefix"
     # --ignore-installed: without it pip finds this checkout's editable install in the venv and
     # either skips the prefix ("already satisfied") or uninstalls the venv's copy
-    subprocess.run([*pip, "install", "--no-deps", "--ignore-installed", "--prefix", str(prefix),
-                    str(wheel)], check=True)
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--ignore-installed", "--prefix", str(prefix), str(wheel)], check=True
+    )
     site = next(prefix.glob("lib/python*/site-packages"))
     return wheel, prefix, site
 
@@ -86,23 +98,46 @@ def test_the_commands_run_from_a_folder_of_a_users_own_models_py_and_train_py(in
     probe = tmp_path / "bin" / "probe.py"  # like a console script: its folder, not cwd, is on the path
     probe.parent.mkdir()
     probe.write_text(PROBE)
-    out = subprocess.run([sys.executable, str(probe), str(site)], cwd=user, env=_env(site),
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(probe), str(site)], cwd=user, env=_env(site), capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     steps, docs, presets = out.stdout.split(maxsplit=2)
     assert steps == "3" and int(docs) > 100 and "debug" in presets
     bin_ = prefix / "bin"
-    help_ = subprocess.run([str(bin_ / "ringattention-train"), "--help"], cwd=user, env=_env(site),
-                           capture_output=True, text=True)
+    help_ = subprocess.run(
+        [str(bin_ / "ringattention-train"), "--help"],
+        cwd=user,
+        env=_env(site),
+        capture_output=True,
+        text=True,
+    )
     assert help_.returncode == 0 and "usage:" in help_.stdout, help_.stderr
     # a short run of the preset on the shipped corpus, then a sample from its checkpoint
-    run = subprocess.run([str(bin_ / "ringattention-train"), "--config", "debug", *SHORT_RUN,
-                          "--run_dir=run"], cwd=user, env=_env(site), capture_output=True, text=True)
+    run = subprocess.run(
+        [str(bin_ / "ringattention-train"), "--config", "debug", *SHORT_RUN, "--run_dir=run"],
+        cwd=user,
+        env=_env(site),
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     assert "done: step 2, run_dir run" in run.stderr + run.stdout, run.stderr
-    gen = subprocess.run([str(bin_ / "ringattention-generate"), "--run_dir", "run", "--prompt", "And",
-                          "--max-new-tokens", "3"], cwd=user, env=_env(site), capture_output=True,
-                         text=True)
+    gen = subprocess.run(
+        [
+            str(bin_ / "ringattention-generate"),
+            "--run_dir",
+            "run",
+            "--prompt",
+            "And",
+            "--max-new-tokens",
+            "3",
+        ],
+        cwd=user,
+        env=_env(site),
+        capture_output=True,
+        text=True,
+    )
     assert gen.returncode == 0 and gen.stdout.endswith("\n"), gen.stderr  # the sampled text's line
 
 

@@ -19,9 +19,10 @@ def test_layout_roundtrip_and_positions(layout, n):
     assert sorted(pos.tolist()) == list(range(L))
     shard = L // n
     for r in range(n):
-        np.testing.assert_array_equal(layouts.shard_positions(layout, shard, n, r),
-                                      pos[r * shard:(r + 1) * shard])
-        assert np.all(np.diff(pos[r * shard:(r + 1) * shard]) > 0)
+        np.testing.assert_array_equal(
+            layouts.shard_positions(layout, shard, n, r), pos[r * shard : (r + 1) * shard]
+        )
+        assert np.all(np.diff(pos[r * shard : (r + 1) * shard]) > 0)
 
 
 def test_layout_definitions():

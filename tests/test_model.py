@@ -41,8 +41,13 @@ def packed_batch(seed: int = 0):
     starts = np.stack([np.array([0, *bounds])[seg[0]], np.zeros(SEQ, int)])
     pos = np.arange(SEQ)[None] - starts  # restarts at every document
     mask = (rng.random((BATCH, SEQ)) < 0.8).astype(np.float32)
-    return {"input_ids": ids[:, :-1], "targets": ids[:, 1:], "positions": pos,
-            "segment_ids": seg.astype(np.int32), "loss_mask": mask}
+    return {
+        "input_ids": ids[:, :-1],
+        "targets": ids[:, 1:],
+        "positions": pos,
+        "segment_ids": seg.astype(np.int32),
+        "loss_mask": mask,
+    }
 
 
 def to_ring(batch, layout: str, ring: int):
@@ -69,10 +74,15 @@ def grads(config, params, batch, mesh=None):
     return g(params)
 
 
-@pytest.mark.parametrize("mesh_config,layout", [(MeshConfig(sp=4, tp=2), "zigzag"),
-                                                (MeshConfig(sp=2, fsdp=2, tp=2), "striped"),
-                                                (MeshConfig(sp=2, usp=2, fsdp=2), "zigzag")],
-                         ids=str)
+@pytest.mark.parametrize(
+    "mesh_config,layout",
+    [
+        (MeshConfig(sp=4, tp=2), "zigzag"),
+        (MeshConfig(sp=2, fsdp=2, tp=2), "striped"),
+        (MeshConfig(sp=2, usp=2, fsdp=2), "zigzag"),
+    ],
+    ids=str,
+)
 def test_ring_gradients_equal_reference(setup, reference, mesh_config, layout):
     config, params = setup
     batch, ref = packed_batch(), reference
@@ -99,8 +109,9 @@ def test_chunked_loss_equals_plain(setup):
     assert_trees_close(g_c, g, GRAD_RTOL)
     # the plain loss is the mean token cross-entropy of the forward logits (natural order)
     nat = {k: layouts.from_layout(v, "zigzag", 2) for k, v in batch.items()}
-    logits = llama.forward(config, params, nat["input_ids"], positions=nat["positions"],
-                           segment_ids=nat["segment_ids"])
+    logits = llama.forward(
+        config, params, nat["input_ids"], positions=nat["positions"], segment_ids=nat["segment_ids"]
+    )
     logp = jax.nn.log_softmax(logits)
     nll = -jnp.take_along_axis(logp, nat["targets"][..., None], -1)[..., 0]
     assert rel_err((nll * nat["loss_mask"]).sum() / nat["loss_mask"].sum(), loss) < LOSS_RTOL
@@ -110,16 +121,20 @@ def test_memory_options_preserve_results(setup):
     config, params = setup
     batch = packed_batch(2)
     ref, aux = grads(config, params, batch)
-    unscanned = {f"layers_{i}": jax.tree.map(lambda x: x[i], params["layers"])
-                 for i in range(config.num_layers)}
+    unscanned = {
+        f"layers_{i}": jax.tree.map(lambda x: x[i], params["layers"]) for i in range(config.num_layers)
+    }
     flat = {k: v for k, v in params.items() if k != "layers"} | unscanned
-    for options, p in [(dict(remat="full", mlp_chunk=8, loss_chunk=8), params),
-                       (dict(remat="save_dots", scan_layers=False, mlp_chunk=5), flat)]:
+    for options, p in [
+        (dict(remat="full", mlp_chunk=8, loss_chunk=8), params),
+        (dict(remat="save_dots", scan_layers=False, mlp_chunk=5), flat),
+    ]:
         g, aux2 = grads(dataclasses.replace(config, **options), p, batch)
         assert rel_err(aux2["loss"], aux["loss"]) < LOSS_RTOL, options
         if not options.get("scan_layers", True):
-            stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
-                                   *[g[f"layers_{i}"] for i in range(config.num_layers)])
+            stacked = jax.tree.map(
+                lambda *xs: jnp.stack(xs), *[g[f"layers_{i}"] for i in range(config.num_layers)]
+            )
             g = {k: v for k, v in g.items() if not k.startswith("layers_")} | {"layers": stacked}
         assert_trees_close(g, ref, GRAD_RTOL)
 
@@ -136,8 +151,9 @@ def test_scanned_full_remat_keeps_ring_memory_lean():
     batch = {"input_ids": ids, "targets": ids}
     temps = {}
     for layers in (2, 4):
-        config = llama.get_config("debug", remat="full", num_layers=layers, q_chunk=8, kv_chunk=8,
-                                  loss_chunk=16)  # many score blocks per ring step: they would show
+        config = llama.get_config(
+            "debug", remat="full", num_layers=layers, q_chunk=8, kv_chunk=8, loss_chunk=16
+        )  # many score blocks per ring step: they would show
         shapes = llama.abstract_params(config)
         step = jax.jit(jax.grad(lambda p, b, c=config: llama.loss_fn(c, p, b, mesh=mesh)[0]))
         temps[layers] = step.lower(shapes, batch).compile().memory_analysis().temp_size_in_bytes
@@ -165,8 +181,9 @@ def test_params_of_a_named_kernel_are_built_on_any_host(attention, interpret):
     or GPU mesh), and in interpret mode, whose init trace is not cut to a kernel's tiles."""
     config = llama.get_config("debug", attention=attention, interpret=interpret)
     plain = dataclasses.replace(config, attention="xla")
-    assert jax.tree.map(lambda a: (a.shape, a.dtype), llama.abstract_params(config)) == \
-        jax.tree.map(lambda a: (a.shape, a.dtype), llama.abstract_params(plain))
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), llama.abstract_params(config)) == jax.tree.map(
+        lambda a: (a.shape, a.dtype), llama.abstract_params(plain)
+    )
     mesh = make_mesh(MeshConfig(sp=2), jax.devices()[:2])
     assert llama.param_specs(config, mesh) == llama.param_specs(plain, mesh)
     got, want = (llama.init_params(c, jax.random.key(0)) for c in (config, plain))
@@ -185,7 +202,7 @@ def test_num_params_and_flops_of_presets():
             dense += embed  # the tied head is still a matmul
         assert flops.matmul_params(config) == dense
         per_pair = 12 * config.num_layers * config.num_heads * config.head_dim
-        for seq in (1, 2 ** 17):  # causal: (seq + 1) / 2 visible keys per query on average
+        for seq in (1, 2**17):  # causal: (seq + 1) / 2 visible keys per query on average
             assert llama.flops_per_token(config, seq) == 6 * dense + per_pair * (seq + 1) / 2
 
 
@@ -204,8 +221,7 @@ def test_bad_configs_fail_before_compile():
         make_mesh(MeshConfig(sp=3))
     with pytest.raises(ValueError, match="at most one"):
         make_mesh(MeshConfig(sp=-1, tp=-1))
-    assert dict(make_mesh(MeshConfig(tp=2, sp=-1)).shape) == {"dp": 1, "fsdp": 1, "tp": 2, "sp": 4,
-                                                               "usp": 1}
+    assert dict(make_mesh(MeshConfig(tp=2, sp=-1)).shape) == {"dp": 1, "fsdp": 1, "tp": 2, "sp": 4, "usp": 1}
     with pytest.raises(ValueError, match="num_heads=4 / tp=1 .* usp=8"):
         llama.init_params(llama.get_config("debug"), jax.random.key(0), make_mesh(MeshConfig(usp=8)))
     config = llama.get_config("debug", num_kv_heads=1)
@@ -218,11 +234,9 @@ def test_bad_configs_fail_before_compile():
     with pytest.raises(ValueError, match="divisible by 8"):  # zigzag over a ring of 4 needs 2*4
         llama.forward(config, params, ids, mesh=mesh)
     with pytest.raises(ValueError, match="seq=20 is not divisible by sp\\*usp=8"):
-        llama.forward(config, params, jnp.zeros((2, 20), jnp.int32),
-                      mesh=make_mesh(MeshConfig(sp=2, usp=4)))
+        llama.forward(config, params, jnp.zeros((2, 20), jnp.int32), mesh=make_mesh(MeshConfig(sp=2, usp=4)))
     with pytest.raises(ValueError, match="dp\\*fsdp"):
-        llama.forward(config, params, jnp.zeros((1, 16), jnp.int32),
-                      mesh=make_mesh(MeshConfig(fsdp=2, sp=4)))
+        llama.forward(config, params, jnp.zeros((1, 16), jnp.int32), mesh=make_mesh(MeshConfig(fsdp=2, sp=4)))
     with pytest.raises(TypeError, match="input_ids"):
         llama.forward(config, params, jnp.zeros((2, 16), jnp.float32))
     with pytest.raises(ValueError, match="segment_ids"):

@@ -26,9 +26,18 @@ transformers = pytest.importorskip("transformers", reason="HF parity tests need 
 WINDOW, BATCH, SEQ = 8, 2, 32  # the sequence is four windows long
 LOSS_ATOL = 1e-4  # float32 mean cross-entropy vs the same from float64 forward logits
 NORM_SPREAD = 0.2  # norm weights 1 +- this (Gemma: 0 +- this), so that a mix-up of them shows
-SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
-             initializer_range=0.1, max_position_embeddings=256)
+SMALL = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    rms_norm_eps=1e-6,
+    initializer_range=0.1,
+    max_position_embeddings=256,
+)
 
 
 def _randomize_norms(model, offset: float) -> None:
@@ -39,8 +48,7 @@ def _randomize_norms(model, offset: float) -> None:
 
 
 def _qwen3(tied: bool):
-    kw = dict(SMALL, tie_word_embeddings=tied, rope_parameters={"rope_type": "default",
-                                                                "rope_theta": 500.0})
+    kw = dict(SMALL, tie_word_embeddings=tied, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
     if tied:  # layer 0 full, layer 1 sliding: a scan over groups of two layers
         kw.update(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
     return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(**kw), 1.0
@@ -48,27 +56,45 @@ def _qwen3(tied: bool):
 
 def _gemma2():
     """Soft caps small enough to matter at these logit sizes; a softmax scale != head_dim ** -0.5."""
-    config = transformers.Gemma2Config(**SMALL, sliding_window=WINDOW, query_pre_attn_scalar=24,
-                                       attn_logit_softcapping=1.0, final_logit_softcapping=2.0,
-                                       rope_parameters={"rope_type": "default",
-                                                        "rope_theta": 500.0})
+    config = transformers.Gemma2Config(
+        **SMALL,
+        sliding_window=WINDOW,
+        query_pre_attn_scalar=24,
+        attn_logit_softcapping=1.0,
+        final_logit_softcapping=2.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+    )
     return transformers.Gemma2ForCausalLM, config, 0.0  # Gemma's norms: y * (1 + weight)
 
 
-YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-        "original_max_position_embeddings": 16, "rope_theta": 500.0}  # scaled at these positions
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 16,
+    "rope_theta": 500.0,
+}  # scaled at these positions
 
 
 def _gpt_oss():
-    config = transformers.GptOssConfig(**{**SMALL, "intermediate_size": 48,
-                                          "max_position_embeddings": 64},
-                                       sliding_window=WINDOW, num_local_experts=4,
-                                       num_experts_per_tok=2, rope_parameters=dict(YARN))
+    config = transformers.GptOssConfig(
+        **{**SMALL, "intermediate_size": 48, "max_position_embeddings": 64},
+        sliding_window=WINDOW,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        rope_parameters=dict(YARN),
+    )
     return transformers.GptOssForCausalLM, config, 1.0
 
 
-BUILDERS = {"qwen3": lambda: _qwen3(False), "qwen3_tied_sliding": lambda: _qwen3(True),
-            "gemma2": _gemma2, "gpt_oss": _gpt_oss}
+BUILDERS = {
+    "qwen3": lambda: _qwen3(False),
+    "qwen3_tied_sliding": lambda: _qwen3(True),
+    "gemma2": _gemma2,
+    "gpt_oss": _gpt_oss,
+}
 EXPERT_GAIN = 8.0  # gpt-oss expert weights times this, so that the SwiGLU clamp at 7 is reached
 
 
@@ -117,7 +143,8 @@ def _variants(config: LlamaConfig, params) -> dict[str, tuple[LlamaConfig, dict]
     if config.family == "gpt_oss":
         out["clamp"] = (dataclasses.replace(config, swiglu_limit=1e9), params)
         no_sinks = jax.tree_util.tree_map_with_path(
-            lambda path, x: x - 1e4 if path[-1].key == "sinks" else x, params)
+            lambda path, x: x - 1e4 if path[-1].key == "sinks" else x, params
+        )
         out["sinks"] = (config, no_sinks)
         out["yarn"] = (dataclasses.replace(config, rope_scaling=None), params)
     return out
@@ -135,9 +162,15 @@ def test_parity_single_device(ckpt):
         assert rel_err(llama.forward(cfg, p, ids), ref) > 100 * LOGITS_RTOL, option
 
 
-@pytest.mark.parametrize("mesh_config,layout", [(MeshConfig(sp=2), "contiguous"),
-                                                (MeshConfig(tp=2, sp=4), "zigzag"),
-                                                (MeshConfig(tp=2, sp=2, usp=2), "striped")], ids=str)
+@pytest.mark.parametrize(
+    "mesh_config,layout",
+    [
+        (MeshConfig(sp=2), "contiguous"),
+        (MeshConfig(tp=2, sp=4), "zigzag"),
+        (MeshConfig(tp=2, sp=2, usp=2), "striped"),
+    ],
+    ids=str,
+)
 def test_parity_ring(ckpt, mesh_config, layout):
     """sp=4: shards of 8 = the window; usp=2: Ulysses x ring, one head per device (sinks sliced)."""
     path, _, ids, ref = ckpt
@@ -157,8 +190,7 @@ def test_save_hf_round_trip(ckpt, tmp_path):
     assert rel_err(hf_logits(model, ids), ref) < LOGITS_RTOL
     config2, params2 = llama.load_hf(out)
     assert config2 == config
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-                 params, params2)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
 
 
 def test_loss_matches_forward(ckpt):
@@ -203,8 +235,7 @@ def test_attention_backends_refuse_options_they_lack(ckpt):
     option = {"gemma2": "attn_logit_softcap", "gpt_oss": "sinks"}.get(config.family, "one CUDA GPU")
     with pytest.raises(ValueError, match=option):
         llama.forward(dataclasses.replace(config, attention="cudnn"), params, ckpt[2])
-    lacking = [n for n in implementation_names()
-               if "softcap" not in implementations.resolve(n).features]
+    lacking = [n for n in implementation_names() if "softcap" not in implementations.resolve(n).features]
     if config.family == "gemma2" and lacking:
         with pytest.raises(ValueError, match="softcap"):
             llama.forward(dataclasses.replace(config, attention=lacking[0]), params, ckpt[2])

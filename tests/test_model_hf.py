@@ -22,8 +22,13 @@ transformers = pytest.importorskip("transformers", reason="HF parity tests need 
 
 LOGITS_RTOL = 1e-4  # relative Frobenius error of float32 logits vs transformers
 BATCH, SEQ = 2, 32
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}  # small, so the test positions get scaled
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}  # small, so the test positions get scaled
 
 
 def rel_err(x, ref) -> float:
@@ -41,9 +46,18 @@ def mesh_of(mesh_config: MeshConfig | None):
 
 
 def _hf_config(tied: bool):
-    kw = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-              tie_word_embeddings=tied, initializer_range=0.1, max_position_embeddings=256)
+    kw = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tied,
+        initializer_range=0.1,
+        max_position_embeddings=256,
+    )
     if int(transformers.__version__.split(".")[0]) >= 5:
         kw["rope_parameters"] = {**LLAMA3, "rope_theta": 500.0}
     else:
@@ -104,19 +118,21 @@ def test_load_hf_parity_ring(checkpoint, mesh_config, layout):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sp,extra,layout", list(itertools.product(
-    [1, 2, 4], ["none", "tp", "fsdp"], ["contiguous", "striped", "zigzag"])))
+@pytest.mark.parametrize(
+    "sp,extra,layout",
+    list(itertools.product([1, 2, 4], ["none", "tp", "fsdp"], ["contiguous", "striped", "zigzag"])),
+)
 def test_load_hf_parity_sweep(checkpoint, sp, extra, layout):
     path, _, ids, ref = checkpoint
     config, params = llama.load_hf(path, layout=layout)
-    mesh = mesh_of(MeshConfig(sp=sp, tp=2 if extra == "tp" else 1,
-                              fsdp=2 if extra == "fsdp" else 1))
+    mesh = mesh_of(MeshConfig(sp=sp, tp=2 if extra == "tp" else 1, fsdp=2 if extra == "fsdp" else 1))
     assert rel_err(llama.forward(config, params, ids, mesh=mesh), ref) < LOGITS_RTOL
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("usp,sp,layout", list(itertools.product(
-    [2, 4], [1, 2, 4], ["contiguous", "striped", "zigzag"])))
+@pytest.mark.parametrize(
+    "usp,sp,layout", list(itertools.product([2, 4], [1, 2, 4], ["contiguous", "striped", "zigzag"]))
+)
 def test_load_hf_parity_ulysses_sweep(checkpoint, usp, sp, layout):
     if usp * sp > 8:
         pytest.skip("more than 8 devices")
@@ -135,10 +151,14 @@ def _packed(lengths):
     return ids, pos, seg
 
 
-@pytest.mark.parametrize("mesh_config,layout", [(None, "contiguous"),
-                                                (MeshConfig(sp=4, dp=2), "zigzag"),
-                                                pytest.param(MeshConfig(sp=2, usp=2, dp=2), "zigzag",
-                                                             marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "mesh_config,layout",
+    [
+        (None, "contiguous"),
+        (MeshConfig(sp=4, dp=2), "zigzag"),
+        pytest.param(MeshConfig(sp=2, usp=2, dp=2), "zigzag", marks=pytest.mark.slow),
+    ],
+)
 def test_packed_documents_match_separate_runs(checkpoint, mesh_config, layout):
     path, model, _, _ = checkpoint
     config, params = llama.load_hf(path, layout=layout)
@@ -156,9 +176,11 @@ def test_packed_documents_match_separate_runs(checkpoint, mesh_config, layout):
 
 
 def test_save_hf_loads_in_transformers(tmp_path):
-    config = llama.get_config("debug", tie_embeddings=False,
-                              rope_scaling=llama.RopeScaling(**{k: v for k, v in LLAMA3.items()
-                                                                if k != "rope_type"}))
+    config = llama.get_config(
+        "debug",
+        tie_embeddings=False,
+        rope_scaling=llama.RopeScaling(**{k: v for k, v in LLAMA3.items() if k != "rope_type"}),
+    )
     params = llama.init_params(config, jax.random.key(3))
     params = jax.tree.map(lambda x: x * 3, params)  # away from near-uniform logits
     llama.save_hf(config, params, str(tmp_path / "one"))
@@ -170,14 +192,12 @@ def test_save_hf_loads_in_transformers(tmp_path):
     assert os.path.exists(tmp_path / "sharded" / "model.safetensors.index.json")
     config2, params2 = llama.load_hf(str(tmp_path / "sharded"), loss_chunk=config.loss_chunk)
     assert config2 == config
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-                 params, params2)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
     # bfloat16 checkpoints (what released LLaMA weights are) read back to the rounded values
     llama.save_hf(config, params, str(tmp_path / "bf16"), dtype="bfloat16")
     _, params3 = llama.load_hf(str(tmp_path / "bf16"))
     rounded = jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), params)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-                 rounded, params3)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), rounded, params3)
     bf16_model = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "bf16"))
     assert bf16_model.dtype == torch.bfloat16
 
@@ -186,14 +206,17 @@ def test_config_json_transformers_4_and_5(checkpoint):
     path = checkpoint[0]
     with open(os.path.join(path, "config.json")) as f:
         hf = json.load(f)
-    rope = hf.pop("rope_parameters", None) or {**hf.pop("rope_scaling"), "rope_theta":
-                                               hf.pop("rope_theta")}
+    rope = hf.pop("rope_parameters", None) or {**hf.pop("rope_scaling"), "rope_theta": hf.pop("rope_theta")}
     v5 = config_from_hf({**hf, "rope_parameters": rope})
-    v4 = config_from_hf({**hf, "rope_theta": rope["rope_theta"],
-                         "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}})
+    v4 = config_from_hf(
+        {
+            **hf,
+            "rope_theta": rope["rope_theta"],
+            "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"},
+        }
+    )
     assert v4 == v5 and v5.rope_scaling.factor == LLAMA3["factor"]
     plain = config_from_hf({**hf, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
     assert plain.rope_scaling is None and plain.rope_theta == 1e4
     with pytest.raises(ValueError, match="rope scaling type"):
-        config_from_hf({**hf, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4,
-                                                  "factor": 2.0}})
+        config_from_hf({**hf, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}})

@@ -37,15 +37,32 @@ from models.modules import attention_needs
 from models.sharding import MeshConfig, make_mesh
 from ringattention import implementations
 
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_layers=2, q_chunk=8,
-            kv_chunk=8, loss_chunk=None, max_position_embeddings=256)
+TINY = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    q_chunk=8,
+    kv_chunk=8,
+    loss_chunk=None,
+    max_position_embeddings=256,
+)
 SHAPES = {
     # head dim 256 > hidden / heads; soft caps small enough to bend these logits (Gemma 2 9B: 50,
     # 30); layer 0 slides over 8 tokens (a quarter of the sequence), layer 1 sees them all
-    "gemma2": LlamaConfig(**TINY, family="gemma2", num_heads=2, num_kv_heads=1, head_dim=256,
-                          query_pre_attn_scalar=256, attn_logit_softcap=0.2,
-                          final_logit_softcap=5.0, sliding_window=8, tie_embeddings=True,
-                          layer_types=("sliding_attention", "full_attention")),
+    "gemma2": LlamaConfig(
+        **TINY,
+        family="gemma2",
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        attn_logit_softcap=0.2,
+        final_logit_softcap=5.0,
+        sliding_window=8,
+        tie_embeddings=True,
+        layer_types=("sliding_attention", "full_attention"),
+    ),
     # q/k 192, v 128 per head, every head its own kv head (MLA's attention is multi-head)
     "mla": LlamaConfig(**TINY, num_heads=4, num_kv_heads=4, head_dim=192, v_head_dim=128),
 }
@@ -84,8 +101,10 @@ def test_training_step_on_one_device_equals_the_naive_model(name):
     assert rel_err(aux["loss"], ref_aux["loss"]) < LOSS_RTOL
     assert_trees_close(got, ref, GRAD_RTOL)
     # the shape's attention features change the loss here, so the parities above see them
-    without = {"gemma2": [dict(attn_logit_softcap=None), dict(sliding_window=None,
-                                                              layer_types=None)], "mla": []}[name]
+    without = {
+        "gemma2": [dict(attn_logit_softcap=None), dict(sliding_window=None, layer_types=None)],
+        "mla": [],
+    }[name]
     for change in without:
         other = dataclasses.replace(config, attention="reference", **change)
         loss = llama.loss_fn(other, params, packed_batch())[0]
@@ -94,16 +113,19 @@ def test_training_step_on_one_device_equals_the_naive_model(name):
 
 SP2, SP4, USP = MeshConfig(sp=2), MeshConfig(sp=4, fsdp=2), MeshConfig(sp=2, usp=2)
 RING_CASES = [  # every shape through a plain ring by default; zigzag and Ulysses x ring split
-    ("gemma2", SP2, "contiguous"), ("mla", SP4, "zigzag"), ("gemma2", USP, "striped"),
+    ("gemma2", SP2, "contiguous"),
+    ("mla", SP4, "zigzag"),
+    ("gemma2", USP, "striped"),
     pytest.param("mla", SP2, "contiguous", marks=pytest.mark.slow),
     pytest.param("gemma2", SP4, "zigzag", marks=pytest.mark.slow),
-    pytest.param("mla", USP, "striped", marks=pytest.mark.slow)]
+    pytest.param("mla", USP, "striped", marks=pytest.mark.slow),
+]
 
 
 @pytest.mark.parametrize("name,mesh_config,layout", RING_CASES, ids=str)
 def test_training_step_through_rings_equals_one_device(name, mesh_config, layout):
     config, params, (ref, ref_aux) = _setup(name)
-    mesh = make_mesh(mesh_config, jax.devices()[:_size(mesh_config)])
+    mesh = make_mesh(mesh_config, jax.devices()[: _size(mesh_config)])
     ring_cfg = dataclasses.replace(config, attention="xla", layout=layout, loss_chunk=4)
     sharded = jax.device_put(params, llama.param_shardings(ring_cfg, mesh))
     got, aux = grads(ring_cfg, sharded, to_ring(packed_batch(), layout, mesh.shape["sp"]), mesh)
@@ -142,8 +164,11 @@ def _trace_on_h200(config: LlamaConfig):
     sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     ids = jax.ShapeDtypeStruct((1, SEQ_H200), jnp.int32, sharding=sh)
     step = jax.grad(lambda p, b: llama.loss_fn(cfg, p, b, mesh=mesh)[0])
-    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          llama.abstract_params(cfg), llama.param_shardings(cfg, mesh))
+    params = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        llama.abstract_params(cfg),
+        llama.param_shardings(cfg, mesh),
+    )
     loaded = set()
     load = implementations.Implementation.load
 

@@ -28,9 +28,18 @@ ATTN_IMPLS = ("eager", "sdpa")  # transformers' CPU attentions; both build the s
 
 
 def _mistral_config(attn: str):
-    kw = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-              sliding_window=WINDOW, initializer_range=0.1, max_position_embeddings=256)
+    kw = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        sliding_window=WINDOW,
+        initializer_range=0.1,
+        max_position_embeddings=256,
+    )
     if int(transformers.__version__.split(".")[0]) >= 5:
         kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 500.0}
     else:
@@ -72,9 +81,14 @@ def test_mistral_parity_single_device(mistral):
     assert rel_err(full, ref["sdpa"]) > 100 * LOGITS_RTOL
 
 
-@pytest.mark.parametrize("mesh_config,layout", [
-    pytest.param(MeshConfig(sp=4), "contiguous", marks=pytest.mark.slow),
-    (MeshConfig(tp=2, sp=4), "zigzag")], ids=str)
+@pytest.mark.parametrize(
+    "mesh_config,layout",
+    [
+        pytest.param(MeshConfig(sp=4), "contiguous", marks=pytest.mark.slow),
+        (MeshConfig(tp=2, sp=4), "zigzag"),
+    ],
+    ids=str,
+)
 def test_mistral_parity_ring(mistral, mesh_config, layout):
     """Shards of 8 = the window: contiguous runs a one-hop lap, zigzag one hop each way."""
     path, ids, ref = mistral
@@ -130,8 +144,7 @@ def params():
     return llama.init_params(llama.get_config("debug"), jax.random.key(0))
 
 
-@pytest.mark.parametrize("sp,layout", [pytest.param(1, "contiguous", marks=pytest.mark.slow),
-                                       (4, "zigzag")])
+@pytest.mark.parametrize("sp,layout", [pytest.param(1, "contiguous", marks=pytest.mark.slow), (4, "zigzag")])
 def test_decode_with_window_matches_full_forward(params, sp, layout):
     """Prompts longer and shorter than the window; every decode step's logits against a full
     forward pass of the naive attention with the same window."""
@@ -139,8 +152,9 @@ def test_decode_with_window_matches_full_forward(params, sp, layout):
     rows = [[int(t) for t in rng.integers(0, 256, n)] for n in (13, 4, 9)]
     config = llama.get_config("debug", attention="xla", layout=layout, sliding_window=6)
     mesh = None if sp == 1 else mesh_of(MeshConfig(sp=sp))
-    out = gen.generate(config, params, rows, max_new_tokens=NEW, mesh=mesh, share_prefix=False,
-                       return_logits=True)
+    out = gen.generate(
+        config, params, rows, max_new_tokens=NEW, mesh=mesh, share_prefix=False, return_logits=True
+    )
     ref_cfg = llama.get_config("debug", attention="reference", sliding_window=6)
     for b, row in enumerate(rows):
         full = row + out.tokens[b]

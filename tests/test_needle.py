@@ -33,14 +33,30 @@ def test_cases_hold_needles_at_depth(num_needles):
 
 def test_harness_writes_grid_json_and_heatmap(tmp_path):
     out = str(tmp_path / "nh")
-    result = needle.main(["--preset", "debug", "--lengths", "256,320", "--depths", "0,0.5,1",
-                          "--needles", "2", "--max-new-tokens", "4", "--sp", "2",
-                          "--out", out])
+    result = needle.main(
+        [
+            "--preset",
+            "debug",
+            "--lengths",
+            "256,320",
+            "--depths",
+            "0,0.5,1",
+            "--needles",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--sp",
+            "2",
+            "--out",
+            out,
+        ]
+    )
     grid = np.asarray(result["accuracy"])
     assert grid.shape == (2, 3) and np.all((grid >= 0) & (grid <= 1))
     assert len(result["cases"]) == 6
     assert {(c["length"], c["depth"]) for c in result["cases"]} == {
-        (n, d) for n in (256, 320) for d in (0.0, 0.5, 1.0)}
+        (n, d) for n in (256, 320) for d in (0.0, 0.5, 1.0)
+    }
     for c in result["cases"]:
         assert c["score"] == needle.score([tuple(n) for n in c["needles"]], c["answer"])
     with open(os.path.join(out, "needle.json")) as f:

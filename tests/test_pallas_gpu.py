@@ -18,19 +18,27 @@ from ringattention.kernels import common
 from ringattention.kernels.triton import pallas_gpu as pg
 
 # Two blocks per shard of 32: hidden, partial and full block pairs all occur within one step.
-BS = pg.BlockSizes(block_q=16, block_k=16, fwd_warps=4, fwd_stages=2, block_q_dq=16, block_k_dq=16,
-                   block_q_dkv=16, block_k_dkv=16, bwd_warps=4, bwd_stages=2)
+BS = pg.BlockSizes(
+    block_q=16,
+    block_k=16,
+    fwd_warps=4,
+    fwd_stages=2,
+    block_q_dq=16,
+    block_k_dq=16,
+    block_q_dkv=16,
+    block_k_dkv=16,
+    bwd_warps=4,
+    bwd_stages=2,
+)
 # Unequal blocks per kernel (and a tail block) for the kernel-level tests.
-BS_MIXED = pg.BlockSizes(block_q=32, block_k=16, block_q_dq=16, block_k_dq=32, block_q_dkv=32,
-                         block_k_dkv=16)
+BS_MIXED = pg.BlockSizes(block_q=32, block_k=16, block_q_dq=16, block_k_dq=32, block_q_dkv=32, block_k_dkv=16)
 RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL}
 LSE_RTOL = F32_RTOL  # log-sum-exps are float32 sums of float32 logits, for bf16 inputs too
 # bf16 kernels against cuDNN on device: error vs float32 reference at most this factor of cuDNN's.
 DEVICE_ERR_FACTOR = 1.5
 
 
-def _step_inputs(rng, *, batch, sq, sk, heads, kv_heads, dim, dtype, causal_offset, segments,
-                 stride=None):
+def _step_inputs(rng, *, batch, sq, sk, heads, kv_heads, dim, dtype, causal_offset, segments, stride=None):
     f = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)  # noqa: E731
     q, do = f(batch, sq, heads, dim), f(batch, sq, heads, dim)
     k, v = f(batch, sk, kv_heads, dim), f(batch, sk, kv_heads, dim)
@@ -38,6 +46,7 @@ def _step_inputs(rng, *, batch, sq, sk, heads, kv_heads, dim, dtype, causal_offs
         stride = int(rng.integers(1, 4))  # striped-like gaps between positions
     q_pos = jnp.asarray(np.arange(sq) * stride + causal_offset, jnp.int32)
     k_pos = jnp.asarray(np.arange(sk) * stride, jnp.int32)
+
     def seg(length):  # sorted ids: packed documents
         return jnp.asarray(np.sort(rng.integers(0, 3, (batch, length)), axis=1), jnp.int32)
 
@@ -48,12 +57,14 @@ def _step_inputs(rng, *, batch, sq, sk, heads, kv_heads, dim, dtype, causal_offs
 def _run_step(inputs, causal, block_sizes, window=None):
     q, k, v, do, q_pos, k_pos, q_seg, k_seg = inputs
     kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5, window=window)
-    o, lse = pg.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes,
-                             interpret=True, **kw)
+    o, lse = pg.forward_step(
+        q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes, interpret=True, **kw
+    )
     ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
-    grads = pg.backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg,
-                             block_sizes=block_sizes, interpret=True, **kw)
+    grads = pg.backward_step(
+        q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes, interpret=True, **kw
+    )
     rgrads = pg.reference_backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg, **kw)
     return (o, lse, *grads), (ro, rlse, *rgrads)
 
@@ -72,9 +83,19 @@ def _check_step(case, window=None, offset=None, batch=2, heads=4):
     rng = np.random.default_rng(sq * sk + dim)
     if offset is None:  # query block may start before, inside or after the keys
         offset = int(rng.integers(0, 2 * sk))
-    inputs = _step_inputs(rng, batch=batch, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim,
-                          dtype=dtype, causal_offset=offset, segments=segments,
-                          stride=None if window is None else 1)
+    inputs = _step_inputs(
+        rng,
+        batch=batch,
+        sq=sq,
+        sk=sk,
+        heads=heads,
+        kv_heads=kv_heads,
+        dim=dim,
+        dtype=dtype,
+        causal_offset=offset,
+        segments=segments,
+        stride=None if window is None else 1,
+    )
     got, want = _run_step(inputs, causal, BS_MIXED, window)
     lse, rlse = np.asarray(got[1]), np.asarray(want[1])
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(rlse))
@@ -99,8 +120,11 @@ WINDOW_STEP_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case,window,offset", WINDOW_STEP_CASES,
-                         ids=lambda c: "-".join(map(str, c)) if isinstance(c, tuple) else str(c))
+@pytest.mark.parametrize(
+    "case,window,offset",
+    WINDOW_STEP_CASES,
+    ids=lambda c: "-".join(map(str, c)) if isinstance(c, tuple) else str(c),
+)
 def test_step_with_window_matches_reference(case, window, offset):
     _check_step(case, window, offset, batch=1, heads=2)
 
@@ -115,15 +139,24 @@ def test_edge_bounds_cover_visible_blocks():
         assert lo[b, i] <= edge[b, i] <= mid[b, i] <= hi[b, i]
         live = j[table[b, i] != 0]
         assert np.all((live >= lo[b, i]) & (live < hi[b, i]))
-        assert np.all(table[b, i, edge[b, i]:mid[b, i]] == 2)
+        assert np.all(table[b, i, edge[b, i] : mid[b, i]] == 2)
 
 
 def test_step_that_sees_nothing_is_zero_and_finite():
     # Every key comes after every query: all blocks are hidden and skipped.
     rng = np.random.default_rng(1)
     q, k, v, do, q_pos, k_pos, q_seg, k_seg = _step_inputs(
-        rng, batch=1, sq=32, sk=32, heads=2, kv_heads=1, dim=16, dtype="float32", causal_offset=0,
-        segments=True)
+        rng,
+        batch=1,
+        sq=32,
+        sk=32,
+        heads=2,
+        kv_heads=1,
+        dim=16,
+        dtype="float32",
+        causal_offset=0,
+        segments=True,
+    )
     k_pos = k_pos + 1000
     got, _ = _run_step((q, k, v, do, q_pos, k_pos, q_seg, k_seg), True, BS)
     o, lse, dq, dk, dv = (np.asarray(x) for x in got)
@@ -152,8 +185,9 @@ def test_float32_defaults_fit_shared_memory():
 
 RINGS = (1, 2, 3, 4, 8)
 LAYOUTS = ("contiguous", "striped", "zigzag")
-ALL_CASES = list(itertools.product(RINGS, LAYOUTS, (True, False), (False, True), (1, 2, 4),
-                                   ("float32", "bfloat16")))
+ALL_CASES = list(
+    itertools.product(RINGS, LAYOUTS, (True, False), (False, True), (1, 2, 4), ("float32", "bfloat16"))
+)
 # A covering subset for the default run: every value of every axis, every ring size.
 DEFAULT_CASES = [
     (1, "contiguous", True, False, 2, "float32"),
@@ -172,14 +206,17 @@ DEFAULT_CASES = [
 
 def _id(case):
     n, layout, causal, seg, kvh, dtype = case
-    return (f"n{n}-{layout}-{'causal' if causal else 'full'}-{'seg' if seg else 'noseg'}-kv{kvh}-"
-            f"{dtype}")
+    return f"n{n}-{layout}-{'causal' if causal else 'full'}-{'seg' if seg else 'noseg'}-kv{kvh}-{dtype}"
 
 
 def _ring_case(case):
     n, layout, causal, seg, kvh, dtype = case
-    check_ring(Problem(n=n, layout=layout, causal=causal, segments=seg, kv_heads=kvh, dtype=dtype,
-                       shard=32), implementation="pallas_gpu", interpret=True, block_sizes=BS)
+    check_ring(
+        Problem(n=n, layout=layout, causal=causal, segments=seg, kv_heads=kvh, dtype=dtype, shard=32),
+        implementation="pallas_gpu",
+        interpret=True,
+        block_sizes=BS,
+    )
 
 
 @pytest.mark.parametrize("case", DEFAULT_CASES, ids=map(_id, DEFAULT_CASES))
@@ -196,9 +233,21 @@ WINDOW_CASES = [  # (n, layout, causal, segments, kv_heads, dtype, window): shar
 
 @pytest.mark.parametrize("n,layout,causal,seg,kvh,dtype,window", WINDOW_CASES)
 def test_ring_with_window(n, layout, causal, seg, kvh, dtype, window):
-    check_ring(Problem(n=n, layout=layout, causal=causal, segments=seg, kv_heads=kvh, dtype=dtype,
-                       shard=32, window=window), implementation="pallas_gpu", interpret=True,
-               block_sizes=BS)
+    check_ring(
+        Problem(
+            n=n,
+            layout=layout,
+            causal=causal,
+            segments=seg,
+            kv_heads=kvh,
+            dtype=dtype,
+            shard=32,
+            window=window,
+        ),
+        implementation="pallas_gpu",
+        interpret=True,
+        block_sizes=BS,
+    )
 
 
 @pytest.mark.slow
@@ -212,19 +261,36 @@ def test_ring_matrix_full(case):
 FEATURE_RINGS = [  # (n, layout, kv_heads, segments, features)
     (1, "contiguous", 2, True, dict(softcap=2.0, logit_scale=3.0, v_head_dim=8)),
     (2, "zigzag", 1, True, dict(prefix=True, batch=3, bidirectional=True)),
-    (3, "striped", 2, False, dict(softcap=2.0, logit_scale=3.0, prefix=True, batch=3,
-                                  sinks=True)),
+    (3, "striped", 2, False, dict(softcap=2.0, logit_scale=3.0, prefix=True, batch=3, sinks=True)),
     (4, "contiguous", 4, True, dict(bidirectional=True, v_head_dim=8, window=20)),
-    (3, "zigzag", 2, True, dict(softcap=2.0, logit_scale=3.0, prefix=True,
-                                bidirectional=True, sinks=True, v_head_dim=8, dtype="bfloat16")),
+    (
+        3,
+        "zigzag",
+        2,
+        True,
+        dict(
+            softcap=2.0,
+            logit_scale=3.0,
+            prefix=True,
+            bidirectional=True,
+            sinks=True,
+            v_head_dim=8,
+            dtype="bfloat16",
+        ),
+    ),
 ]
 
 
-@pytest.mark.parametrize("n,layout,kvh,seg,features", FEATURE_RINGS,
-                         ids=lambda c: "-".join(c) if isinstance(c, dict) else str(c))
+@pytest.mark.parametrize(
+    "n,layout,kvh,seg,features", FEATURE_RINGS, ids=lambda c: "-".join(c) if isinstance(c, dict) else str(c)
+)
 def test_ring_with_features(n, layout, kvh, seg, features):
-    check_ring(Problem(n=n, layout=layout, kv_heads=kvh, segments=seg, shard=32, **features),
-               implementation="pallas_gpu", interpret=True, block_sizes=BS)
+    check_ring(
+        Problem(n=n, layout=layout, kv_heads=kvh, segments=seg, shard=32, **features),
+        implementation="pallas_gpu",
+        interpret=True,
+        block_sizes=BS,
+    )
 
 
 # ---- on a CUDA device only ---------------------------------------------------------------------
@@ -244,10 +310,16 @@ def test_device_matches_cudnn_at_16k(causal, dims):
     heads, kv_heads, dim = dims
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("sp",))
     spec = jax.sharding.PartitionSpec(None, "sp")
-    ring = jax.shard_map(lambda q, k, v: pg_ring(q, k, v, causal), mesh=mesh,
-                         in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
+    ring = jax.shard_map(
+        lambda q, k, v: pg_ring(q, k, v, causal),
+        mesh=mesh,
+        in_specs=(spec,) * 3,
+        out_specs=spec,
+        check_vma=False,
+    )
     cudnn = lambda q, k, v: jax.nn.dot_product_attention(  # noqa: E731
-        q, k, v, is_causal=causal, implementation="cudnn")
+        q, k, v, is_causal=causal, implementation="cudnn"
+    )
     ref = lambda q, k, v: reference_attention(q, k, v, causal=causal)  # noqa: E731
     keys = jax.random.split(jax.random.PRNGKey(dim + causal), 4)
     shape = lambda h: (1, 16384, h, dim)  # noqa: E731
@@ -259,8 +331,7 @@ def test_device_matches_cudnn_at_16k(causal, dims):
     base = jax.jit(lambda *a: _grads(cudnn, *a))(q, k, v, do)
     for name, o, b, w in zip(("o", "dq", "dk", "dv"), ours, base, want, strict=True):
         err, base_err = rel_err(o, w), rel_err(b, w)
-        print(f"{name}: pallas_gpu {err:.2e} cudnn {base_err:.2e} vs f32; ours vs cudnn "
-              f"{rel_err(o, b):.2e}")
+        print(f"{name}: pallas_gpu {err:.2e} cudnn {base_err:.2e} vs f32; ours vs cudnn {rel_err(o, b):.2e}")
         assert err <= DEVICE_ERR_FACTOR * base_err, name
 
 
@@ -269,9 +340,20 @@ def test_device_matches_cudnn_at_16k(causal, dims):
 def test_device_features_match_reference(causal):
     """The compiled kernels with every feature (MLA's head dims 192 and 128, soft cap, window and,
     causal, a prefix per row and bidirectional segments) against the float32 reference step."""
-    case = FeatureCase(dtype="bfloat16", causal=causal, segments=True, kv_heads=2, sq=2048,
-                       sk=2048, dim=192, dim_v=128, softcap=30.0, window=1500,
-                       prefix=(700, 0) if causal else None, bidirectional=causal)
+    case = FeatureCase(
+        dtype="bfloat16",
+        causal=causal,
+        segments=True,
+        kv_heads=2,
+        sq=2048,
+        sk=2048,
+        dim=192,
+        dim_v=128,
+        softcap=30.0,
+        window=1500,
+        prefix=(700, 0) if causal else None,
+        bidirectional=causal,
+    )
     q, k, v, do, q_pos, k_pos, q_seg, k_seg = _feature_inputs(case)
     kw = case.keywords()
     fwd = jax.jit(lambda *a: pg.forward_step(*a, **kw))
@@ -280,8 +362,7 @@ def test_device_features_match_reference(causal):
     ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
     grads = bwd(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg)
-    rgrads = pg.reference_backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg,
-                                        **kw)
+    rgrads = pg.reference_backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg, **kw)
     _assert_close((o, lse, *grads), (ro, rlse, *rgrads), BF16_RTOL, "compiled vs reference")
 
 
@@ -316,12 +397,23 @@ class FeatureCase:
 
     def __str__(self):
         default = FeatureCase()
-        return "-".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
-                        if getattr(self, f.name) != getattr(default, f.name)) or "default"
+        return (
+            "-".join(
+                f"{f.name}={getattr(self, f.name)}"
+                for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)
+            )
+            or "default"
+        )
 
     def keywords(self) -> dict:
-        kw = dict(causal=self.causal, softmax_scale=self.dim ** -0.5, window=self.window,
-                  softcap=self.softcap, bidirectional=self.bidirectional)
+        kw = dict(
+            causal=self.causal,
+            softmax_scale=self.dim**-0.5,
+            window=self.window,
+            softcap=self.softcap,
+            bidirectional=self.bidirectional,
+        )
         kw["prefix"] = None if self.prefix is None else jnp.asarray(self.prefix, jnp.int32)
         return kw
 
@@ -353,8 +445,9 @@ def _step64(inputs, causal, softmax_scale, window, softcap, prefix, bidirectiona
     q, k, v, do = (np.asarray(x, np.float64) for x in inputs[:4])
     B, Sq, H, D = q.shape
     K, G = k.shape[2], H // k.shape[2]
-    vis = np.asarray(masks.visible(*inputs[4:], causal, window, prefix=prefix,
-                                   bidirectional=bidirectional))[:, None, None]  # [B|1,1,1,Sq,Sk]
+    vis = np.asarray(masks.visible(*inputs[4:], causal, window, prefix=prefix, bidirectional=bidirectional))[
+        :, None, None
+    ]  # [B|1,1,1,Sq,Sk]
     qg, dog = q.reshape(B, Sq, K, G, D), do.reshape(B, Sq, K, G, -1)
     s = np.einsum("bqkgd,bskd->bkgqs", qg, k) * softmax_scale
     t = np.tanh(s / softcap) if softcap is not None else None
@@ -382,8 +475,7 @@ def _assert_close(got, want, rtol, what):
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(rlse), what)
     finite = np.isfinite(rlse)
     assert rel_err(lse[finite], rlse[finite]) <= LSE_RTOL, f"{what}: lse"
-    for name, g, w in zip(("o", "dq", "dk", "dv"), got[:1] + got[2:], want[:1] + want[2:],
-                          strict=True):
+    for name, g, w in zip(("o", "dq", "dk", "dv"), got[:1] + got[2:], want[:1] + want[2:], strict=True):
         assert g.shape == w.shape, f"{what}: {name} {g.shape} != {w.shape}"
         assert rel_err(g, w) <= rtol, f"{what}: {name} {rel_err(g, w):.2e} > {rtol}"
 
@@ -394,10 +486,12 @@ def _check_features(case: FeatureCase, block_sizes=BS_MIXED):
     kw = case.keywords()
     o64, lse64, delta64, *grads64 = _step64(inputs, **kw)
     lse, delta = jnp.asarray(lse64, jnp.float32), jnp.asarray(delta64, jnp.float32)
-    o, lse_k = pg.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes,
-                               interpret=True, **kw)
-    grads = pg.backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
-                             block_sizes=block_sizes, interpret=True, **kw)
+    o, lse_k = pg.forward_step(
+        q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes, interpret=True, **kw
+    )
+    grads = pg.backward_step(
+        q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes, interpret=True, **kw
+    )
     ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
     rgrads = pg.reference_backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, **kw)
     kernel, ref32, ref64 = (o, lse_k, *grads), (ro, rlse, *rgrads), (o64, lse64, *grads64)
@@ -418,10 +512,18 @@ FEATURE_CASES = [
     FeatureCase(dtype="bfloat16", segments=True, bidirectional=True, kv_heads=1, offset=16),
     FeatureCase(causal=False, dim=48, dim_v=32),  # head dims padded separately: 64 and 32
     FeatureCase(dtype="bfloat16", segments=True, dim=24, dim_v=16, sk=40),
-    FeatureCase(segments=True, softcap=2.0, prefix=(20, 40), bidirectional=True, dim=32,
-                dim_v=16),
-    FeatureCase(segments=True, softcap=2.5, prefix=(12, 50), bidirectional=True, window=28,
-                dim_v=48, kv_heads=1, offset=4, sk=64),
+    FeatureCase(segments=True, softcap=2.0, prefix=(20, 40), bidirectional=True, dim=32, dim_v=16),
+    FeatureCase(
+        segments=True,
+        softcap=2.5,
+        prefix=(12, 50),
+        bidirectional=True,
+        window=28,
+        dim_v=48,
+        kv_heads=1,
+        offset=4,
+        sk=64,
+    ),
 ]
 
 

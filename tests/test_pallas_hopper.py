@@ -36,9 +36,11 @@ from ringattention.kernels.triton import pallas_gpu as pg
 needs_interpret = pytest.mark.skipif(
     ph.interpret_params() is None,
     reason="this jax has no Mosaic GPU interpret mode; pallas_hopper is checked on the device by "
-           "tools/hopper_check.py")
+    "tools/hopper_check.py",
+)
 RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL, "float16": BF16_RTOL}
 LSE_ATOL = 1e-4  # natural-log units: lse is computed in float32 from exact half-precision products
+
 
 def _inputs(rng, *, sq, sk, heads, kv_heads, dim, dtype, where, segments, stride=1, batch=2):
     f = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)  # noqa: E731
@@ -55,8 +57,9 @@ def _inputs(rng, *, sq, sk, heads, kv_heads, dim, dtype, where, segments, stride
 def _check_forward(inputs, causal, block_sizes=None, window=None):
     q, k, v, _, q_pos, k_pos, q_seg, k_seg = inputs
     kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5, window=window)
-    o, lse = ph.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes,
-                             interpret=True, **kw)
+    o, lse = ph.forward_step(
+        q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes, interpret=True, **kw
+    )
     ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
     assert o.dtype == lse.dtype == jnp.float32
     assert o.shape == q.shape and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
@@ -84,16 +87,36 @@ STEP_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, dim,
 def test_forward_step_matches_reference(case):
     dtype, causal, where, segments, heads, kv_heads, sq, sk, dim, batch = case
     rng = np.random.default_rng(sq + sk + dim)
-    inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
-                     where=where, segments=segments, batch=batch)
+    inputs = _inputs(
+        rng,
+        sq=sq,
+        sk=sk,
+        heads=heads,
+        kv_heads=kv_heads,
+        dim=dim,
+        dtype=dtype,
+        where=where,
+        segments=segments,
+        batch=batch,
+    )
     _check_forward(inputs, causal)
 
 
 @needs_interpret
 def test_step_that_sees_nothing_is_zero():
     rng = np.random.default_rng(3)
-    inputs = _inputs(rng, sq=64, sk=128, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
-                     where="before", segments=False, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=64,
+        sk=128,
+        heads=2,
+        kv_heads=1,
+        dim=64,
+        dtype="bfloat16",
+        where="before",
+        segments=False,
+        batch=1,
+    )
     _check_forward(inputs, causal=True)
 
 
@@ -114,8 +137,18 @@ OVERLAP_CASES = [  # (dtype, causal, where, segments, kv_heads, sq, sk, dim, win
 def test_forward_overlap_matches_reference(case):
     dtype, causal, where, segments, kv_heads, sq, sk, dim, window = case
     rng = np.random.default_rng(sq + sk + dim + 7)
-    inputs = _inputs(rng, sq=sq, sk=sk, heads=2, kv_heads=kv_heads, dim=dim, dtype=dtype,
-                     where=where, segments=segments, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=sq,
+        sk=sk,
+        heads=2,
+        kv_heads=kv_heads,
+        dim=dim,
+        dtype=dtype,
+        where=where,
+        segments=segments,
+        batch=1,
+    )
     _check_forward(inputs, causal, ph.BlockSizes(schedule="overlap"), window)
 
 
@@ -124,19 +157,31 @@ def test_default_forward_schedule_by_mask(forward_loops_used):
     """Head dim 128 without a causal mask runs the overlapped forward without the ping-pong (the
     H200 default); with one, and at head dim 64, the ping-pong loop."""
     used = forward_loops_used
-    for dim, causal, want in ((128, False, ("overlap_loops", False)), (128, True, ("loops", True)),
-                              (64, False, ("loops", True))):
+    for dim, causal, want in (
+        (128, False, ("overlap_loops", False)),
+        (128, True, ("loops", True)),
+        (64, False, ("loops", True)),
+    ):
         q = jax.ShapeDtypeStruct((1, 128, 2, dim), jnp.bfloat16)
         pos = jax.ShapeDtypeStruct((128,), jnp.int32)
         used.clear()
-        jax.eval_shape(functools.partial(ph.forward_step, causal=causal, softmax_scale=0.1,
-                                         interpret=True), q, q, q, pos, pos, None, None)
+        jax.eval_shape(
+            functools.partial(ph.forward_step, causal=causal, softmax_scale=0.1, interpret=True),
+            q,
+            q,
+            q,
+            pos,
+            pos,
+            None,
+            None,
+        )
         assert set(used) == {want}, (dim, causal, used)
     bs = ph.default_block_sizes(128, causal=False)
     assert bs.schedule == "overlap" and ph.default_block_sizes(128).schedule == "pingpong"
     assert bs == dataclasses.replace(ph.default_block_sizes(128), schedule="overlap")
     assert ph.default_block_sizes(64, causal=False) == dataclasses.replace(
-        ph.default_block_sizes(64), registers=232)
+        ph.default_block_sizes(64), registers=232
+    )
     assert ph.deterministic_block_sizes(None, 128, causal=False).schedule == "overlap"
     assert ph.deterministic_block_sizes(None, 128).schedule == "pingpong"
 
@@ -146,8 +191,9 @@ def _check_backward(inputs, causal, block_sizes, window=None):
     kw = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5, window=window)
     ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
-    got = ph.backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg,
-                           block_sizes=block_sizes, interpret=True, **kw)
+    got = ph.backward_step(
+        q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg, block_sizes=block_sizes, interpret=True, **kw
+    )
     want = pg.reference_backward_step(q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg, **kw)
     for name, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert g.dtype == jnp.float32 and g.shape == w.shape, name
@@ -162,8 +208,9 @@ def _check_backward(inputs, causal, block_sizes, window=None):
 @pytest.mark.parametrize("backward", ph.BACKWARDS)
 def test_backward_step_matches_reference(backward):
     rng = np.random.default_rng(5)
-    inputs = _inputs(rng, sq=72, sk=80, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
-                     where="overlap", segments=True)
+    inputs = _inputs(
+        rng, sq=72, sk=80, heads=2, kv_heads=1, dim=64, dtype="bfloat16", where="overlap", segments=True
+    )
     _check_backward(inputs, True, ph.BlockSizes(backward=backward))
 
 
@@ -175,8 +222,18 @@ def test_backward_step_matches_reference(backward):
 @needs_interpret
 def test_forward_step_with_window():
     rng = np.random.default_rng(12)
-    inputs = _inputs(rng, sq=128, sk=256, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
-                     where="overlap", segments=True, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=128,
+        sk=256,
+        heads=2,
+        kv_heads=1,
+        dim=64,
+        dtype="bfloat16",
+        where="overlap",
+        segments=True,
+        batch=1,
+    )
     _check_forward(inputs, False, window=200)
 
 
@@ -184,8 +241,18 @@ def test_forward_step_with_window():
 @pytest.mark.parametrize("backward", [pytest.param("mosaic", marks=pytest.mark.slow), "fused"])
 def test_backward_step_with_window(backward):
     rng = np.random.default_rng(13)
-    inputs = _inputs(rng, sq=256, sk=256, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
-                     where="overlap", segments=False, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=256,
+        sk=256,
+        heads=2,
+        kv_heads=1,
+        dim=64,
+        dtype="bfloat16",
+        where="overlap",
+        segments=False,
+        batch=1,
+    )
     _check_backward(inputs, True, ph.BlockSizes(backward=backward), window=300)
 
 
@@ -195,8 +262,18 @@ def test_backward_step_with_window(backward):
 def test_window_steps_both_ways(backward):
     """Causal forward and non-causal backward with segment ids and GQA under a window."""
     rng = np.random.default_rng(14)
-    inputs = _inputs(rng, sq=256, sk=256, heads=4, kv_heads=2, dim=64, dtype="bfloat16",
-                     where="overlap", segments=True, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=256,
+        sk=256,
+        heads=4,
+        kv_heads=2,
+        dim=64,
+        dtype="bfloat16",
+        where="overlap",
+        segments=True,
+        batch=1,
+    )
     _check_forward(inputs, True, window=300)
     _check_backward(inputs, False, ph.BlockSizes(backward=backward), window=200)
 
@@ -210,8 +287,18 @@ def test_window_steps_both_ways(backward):
 @needs_interpret
 def test_head_dim_256_split_backwards_with_window():
     rng = np.random.default_rng(15)
-    inputs = _inputs(rng, sq=128, sk=192, heads=1, kv_heads=1, dim=256, dtype="bfloat16",
-                     where="overlap", segments=False, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=128,
+        sk=192,
+        heads=1,
+        kv_heads=1,
+        dim=256,
+        dtype="bfloat16",
+        where="overlap",
+        segments=False,
+        batch=1,
+    )
     _check_forward(inputs, True, window=200)
     _check_backward(inputs, True, None, window=200)  # the default: the deterministic split pair
 
@@ -219,8 +306,18 @@ def test_head_dim_256_split_backwards_with_window():
 @needs_interpret
 def test_cta_dq_backward_with_window():
     rng = np.random.default_rng(16)
-    inputs = _inputs(rng, sq=128, sk=256, heads=2, kv_heads=1, dim=128, dtype="bfloat16",
-                     where="overlap", segments=False, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=128,
+        sk=256,
+        heads=2,
+        kv_heads=1,
+        dim=128,
+        dtype="bfloat16",
+        where="overlap",
+        segments=False,
+        batch=1,
+    )
     _check_backward(inputs, True, ph.BlockSizes(backward="fused", registers=240), window=200)
 
 
@@ -230,8 +327,18 @@ def test_alternating_dq_with_an_odd_number_of_pairs():
     CTA has three pairs (or fewer where causal hides some): the last parity's barrier phase is
     observed at the end and the first warpgroup adds two of the three dq tiles."""
     rng = np.random.default_rng(17)
-    inputs = _inputs(rng, sq=64, sk=200, heads=3, kv_heads=1, dim=64, dtype="bfloat16",
-                     where="overlap", segments=False, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=64,
+        sk=200,
+        heads=3,
+        kv_heads=1,
+        dim=64,
+        dtype="bfloat16",
+        where="overlap",
+        segments=False,
+        batch=1,
+    )
     _check_backward(inputs, True, ph.BlockSizes(backward="fused"))
 
 
@@ -251,8 +358,18 @@ def test_window_steps_both_ways_wide_heads(case):
     query blocks rotate them."""
     dim, bs = case
     rng = np.random.default_rng(dim)
-    inputs = _inputs(rng, sq=200, sk=256, heads=4, kv_heads=2, dim=dim, dtype="bfloat16",
-                     where="overlap", segments=True, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=200,
+        sk=256,
+        heads=4,
+        kv_heads=2,
+        dim=dim,
+        dtype="bfloat16",
+        where="overlap",
+        segments=True,
+        batch=1,
+    )
     _check_forward(inputs, True, bs, window=300)
     _check_backward(inputs, False, bs, window=150)
 
@@ -263,8 +380,18 @@ def test_key_ctas_rotate_their_query_blocks(backward):
     """Three key CTAs over four fully visible query blocks: each CTA starts at a different block
     (``bwd_kernels.visit``) and the dq contributions still land on the right rows."""
     rng = np.random.default_rng(8)
-    inputs = _inputs(rng, sq=256, sk=384, heads=2, kv_heads=2, dim=64, dtype="bfloat16",
-                     where="after", segments=False, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=256,
+        sk=384,
+        heads=2,
+        kv_heads=2,
+        dim=64,
+        dtype="bfloat16",
+        where="after",
+        segments=False,
+        batch=1,
+    )
     _check_backward(inputs, False, ph.BlockSizes(backward=backward))
 
 
@@ -273,8 +400,18 @@ def test_mosaic_backward_with_128_key_blocks():
     """The dq kernel streaming 128 keys per block (``bwd_block_k=128``), as deterministic=True runs
     it at head dim 64 (2 stages, 232 registers): three key blocks, ragged, causal, segment ids."""
     rng = np.random.default_rng(6)
-    inputs = _inputs(rng, sq=72, sk=300, heads=2, kv_heads=1, dim=64, dtype="bfloat16",
-                     where="overlap", segments=True, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=72,
+        sk=300,
+        heads=2,
+        kv_heads=1,
+        dim=64,
+        dtype="bfloat16",
+        where="overlap",
+        segments=True,
+        batch=1,
+    )
     bs = ph.deterministic_block_sizes(None, 64)
     assert (bs.backward, bs.bwd_block_k, bs.bwd_stages, bs.registers) == ("mosaic", 128, 2, 232)
     _check_backward(inputs, True, bs)
@@ -282,8 +419,18 @@ def test_mosaic_backward_with_128_key_blocks():
 
 def _head_dim_256_inputs():
     rng = np.random.default_rng(12)
-    return _inputs(rng, sq=72, sk=130, heads=2, kv_heads=1, dim=256, dtype="bfloat16",
-                   where="overlap", segments=True, batch=1)
+    return _inputs(
+        rng,
+        sq=72,
+        sk=130,
+        heads=2,
+        kv_heads=1,
+        dim=256,
+        dtype="bfloat16",
+        where="overlap",
+        segments=True,
+        batch=1,
+    )
 
 
 @needs_interpret
@@ -304,22 +451,52 @@ def test_fused_backward_with_one_dq_tile_per_cta(dim):
     half its columns each (128) or taking turns by pair parity (64: four pairs per key CTA, so
     both parities' buffers are reused); causal, GQA, segment ids, ragged, two key CTAs."""
     rng = np.random.default_rng(13)
-    inputs = _inputs(rng, sq=72, sk=200, heads=2, kv_heads=1, dim=dim, dtype="bfloat16",
-                     where="overlap", segments=True, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=72,
+        sk=200,
+        heads=2,
+        kv_heads=1,
+        dim=dim,
+        dtype="bfloat16",
+        where="overlap",
+        segments=True,
+        batch=1,
+    )
     _check_backward(inputs, True, ph.BlockSizes(backward="fused", registers=240))
 
 
 @needs_interpret
-@pytest.mark.parametrize("backward", ["default", pytest.param("mosaic", marks=pytest.mark.slow),
-                                      pytest.param("fused", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "backward",
+    [
+        "default",
+        pytest.param("mosaic", marks=pytest.mark.slow),
+        pytest.param("fused", marks=pytest.mark.slow),
+    ],
+)
 def test_ring_on_one_device(backward):
     """The float64 global reference through ring_attention: the default backward at head dim 32
     (one dq tile per CTA, the alternating kernel), and (slow) the two-kernel one and the fused one
     with the dataclass's tiles."""
     bs = None if backward == "default" else ph.BlockSizes(backward=backward)
-    check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=4,
-                       kv_heads=2, head_dim=32, dtype="bfloat16"),
-               implementation="pallas_hopper", interpret=True, block_sizes=bs)
+    check_ring(
+        Problem(
+            n=1,
+            layout="zigzag",
+            causal=True,
+            segments=True,
+            batch=1,
+            shard=96,
+            heads=4,
+            kv_heads=2,
+            head_dim=32,
+            dtype="bfloat16",
+        ),
+        implementation="pallas_hopper",
+        interpret=True,
+        block_sizes=bs,
+    )
 
 
 SLOW_CASES = [  # (dtype, causal, where, segments, kv_heads, dim, stride, BlockSizes)
@@ -327,8 +504,16 @@ SLOW_CASES = [  # (dtype, causal, where, segments, kv_heads, dim, stride, BlockS
     ("float16", True, "before", True, 2, 64, 1, ph.BlockSizes(schedule="overlap")),
     ("bfloat16", True, "overlap", False, 2, 80, 4, None),  # striped positions, padded head dim
     ("bfloat16", False, "after", True, 1, 64, 1, ph.BlockSizes(block_k=64, stages=2)),
-    ("bfloat16", True, "overlap", True, 2, 128, 1,  # 6 key blocks through 3 slots, overlapped
-     ph.BlockSizes(block_k=64, stages=3, schedule="overlap")),
+    (
+        "bfloat16",
+        True,
+        "overlap",
+        True,
+        2,
+        128,
+        1,  # 6 key blocks through 3 slots, overlapped
+        ph.BlockSizes(block_k=64, stages=3, schedule="overlap"),
+    ),
 ]
 
 
@@ -338,8 +523,18 @@ SLOW_CASES = [  # (dtype, causal, where, segments, kv_heads, dim, stride, BlockS
 def test_forward_step_matrix(case):
     dtype, causal, where, segments, kv_heads, dim, stride, bs = case
     rng = np.random.default_rng(dim + stride)
-    inputs = _inputs(rng, sq=200, sk=328, heads=4, kv_heads=kv_heads, dim=dim, dtype=dtype,
-                     where=where, segments=segments, stride=stride)
+    inputs = _inputs(
+        rng,
+        sq=200,
+        sk=328,
+        heads=4,
+        kv_heads=kv_heads,
+        dim=dim,
+        dtype=dtype,
+        where=where,
+        segments=segments,
+        stride=stride,
+    )
     _check_forward(inputs, causal, bs)
 
 
@@ -351,8 +546,18 @@ def test_unmasked_gqa_backward(dim, backward):
     one loop over its blocks (``hbk.block_loops``). Default backward (the alternating / one dq tile
     per CTA kernels) and the two-kernel one; two key CTAs, a ragged query shard (2 blocks)."""
     rng = np.random.default_rng(11 + dim)
-    inputs = _inputs(rng, sq=72, sk=136, heads=4, kv_heads=2, dim=dim, dtype="bfloat16",
-                     where="overlap", segments=False, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=72,
+        sk=136,
+        heads=4,
+        kv_heads=2,
+        dim=dim,
+        dtype="bfloat16",
+        where="overlap",
+        segments=False,
+        batch=1,
+    )
     bs = None if backward is None else ph.BlockSizes(backward=backward)
     _check_backward(inputs, False, bs)
 
@@ -371,8 +576,17 @@ def test_split_group_backward(dim, causal, monkeypatch):
     rule (None) with its dq threshold lowered to these shapes: the rule is what the backward asks."""
     rng = np.random.default_rng(17 + dim)
     q, k, v, do, q_pos, k_pos, q_seg, k_seg = _inputs(
-        rng, sq=72, sk=136, heads=2, kv_heads=1, dim=dim, dtype="bfloat16", where="overlap",
-        segments=causal, batch=1)
+        rng,
+        sq=72,
+        sk=136,
+        heads=2,
+        kv_heads=1,
+        dim=dim,
+        dtype="bfloat16",
+        where="overlap",
+        segments=causal,
+        batch=1,
+    )
     kw = dict(causal=causal, softmax_scale=dim**-0.5)
     ro, rlse = pg.reference_forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
@@ -384,8 +598,10 @@ def test_split_group_backward(dim, causal, monkeypatch):
     monkeypatch.setattr(hfb, "SPLIT_MIN_GROUP_DQ_BYTES", 0)
     monkeypatch.setattr(hfb, "use_split_group", lambda *a: asked.append(rule(*a)) or asked[-1])
     auto = None if not (causal and dim > 64) else True  # the rule keeps the loop causal at 128
-    split, loop = (ph.backward_step(*args, block_sizes=dataclasses.replace(bs, split_group=s),
-                                    interpret=True, **kw) for s in (auto, False))
+    split, loop = (
+        ph.backward_step(*args, block_sizes=dataclasses.replace(bs, split_group=s), interpret=True, **kw)
+        for s in (auto, False)
+    )
     assert asked == [True, False]
     for name, a, b, w in zip(("dq", "dk", "dv"), split, loop, want, strict=True):
         assert a.dtype == jnp.float32 and a.shape == b.shape == w.shape, name
@@ -393,15 +609,21 @@ def test_split_group_backward(dim, causal, monkeypatch):
         assert rel_err(a, b) <= SPLIT_GROUP_RTOL, name
 
 
-@pytest.mark.parametrize("shape,seq,causal,want", [
-    # (heads, kv_heads, head_dim), tokens, causal: what the 2026-12-02 A/B measured faster (docs/kernels.md)
-    ((32, 8, 64), 32768, False, True), ((32, 8, 64), 131072, False, True),
-    ((32, 8, 64), 16384, False, False),  # the group's dq (16 MiB) fits the L2: 1.00 vs 0.98x
-    ((32, 8, 64), 65536, True, True), ((32, 8, 128), 65536, False, True),
-    ((32, 8, 128), 65536, True, False),  # causal at head dim 128 lost (0.97 vs 0.96x)
-    ((32, 32, 64), 131072, False, False),  # no group to split
-    ((32, 8, 64), 1 << 20, True, False),  # 18 GiB more memory: over SPLIT_MAX_EXTRA_BYTES
-])
+@pytest.mark.parametrize(
+    "shape,seq,causal,want",
+    [
+        # (heads, kv_heads, head_dim), tokens, causal: what the 2026-12-02 A/B measured faster
+        # (docs/kernels.md)
+        ((32, 8, 64), 32768, False, True),
+        ((32, 8, 64), 131072, False, True),
+        ((32, 8, 64), 16384, False, False),  # the group's dq (16 MiB) fits the L2: 1.00 vs 0.98x
+        ((32, 8, 64), 65536, True, True),
+        ((32, 8, 128), 65536, False, True),
+        ((32, 8, 128), 65536, True, False),  # causal at head dim 128 lost (0.97 vs 0.96x)
+        ((32, 32, 64), 131072, False, False),  # no group to split
+        ((32, 8, 64), 1 << 20, True, False),  # 18 GiB more memory: over SPLIT_MAX_EXTRA_BYTES
+    ],
+)
 def test_use_split_group_rule(shape, seq, causal, want):
     """``BlockSizes(split_group=None)`` decides from the shapes; a bool overrides it (with GQA)."""
     h, kvh, d = shape
@@ -427,8 +649,17 @@ BWD_SLOW_CASES = [  # (dtype, causal, where, segments, heads, kv_heads, sq, sk, 
 def test_mosaic_backward_matrix(case):
     dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
     rng = np.random.default_rng(sq * sk + dim)
-    inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
-                     where=where, segments=segments)
+    inputs = _inputs(
+        rng,
+        sq=sq,
+        sk=sk,
+        heads=heads,
+        kv_heads=kv_heads,
+        dim=dim,
+        dtype=dtype,
+        where=where,
+        segments=segments,
+    )
     _check_backward(inputs, causal, ph.BlockSizes(backward="mosaic", bwd_stages=3))
 
 
@@ -447,44 +678,92 @@ def test_split_backward_matrix(case):
     """The head-dim-split pair (head dims 129-256) over GQA groups, masks and shards."""
     dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
     rng = np.random.default_rng(sq * sk + dim)
-    inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype,
-                     where=where, segments=segments, batch=1)
+    inputs = _inputs(
+        rng,
+        sq=sq,
+        sk=sk,
+        heads=heads,
+        kv_heads=kv_heads,
+        dim=dim,
+        dtype=dtype,
+        where=where,
+        segments=segments,
+        batch=1,
+    )
     _check_backward(inputs, causal, ph.BlockSizes(backward="mosaic", registers=240))
 
 
 @pytest.mark.slow
 @needs_interpret
-@pytest.mark.parametrize("case", BWD_SLOW_CASES[:2] + BWD_SLOW_CASES[3:],
-                         ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("case", BWD_SLOW_CASES[:2] + BWD_SLOW_CASES[3:], ids=lambda c: "-".join(map(str, c)))
 def test_cta_dq_backward_matrix(case):
     """The fused backward over the two-kernel one's matrix (head dims padded to 128: 40 runs at 80),
     with three stages."""
     dtype, causal, where, segments, heads, kv_heads, sq, sk, dim = case
     rng = np.random.default_rng(sq * sk + dim)
-    inputs = _inputs(rng, sq=sq, sk=sk, heads=heads, kv_heads=kv_heads, dim=max(dim, 80),
-                     dtype=dtype, where=where, segments=segments)
+    inputs = _inputs(
+        rng,
+        sq=sq,
+        sk=sk,
+        heads=heads,
+        kv_heads=kv_heads,
+        dim=max(dim, 80),
+        dtype=dtype,
+        where=where,
+        segments=segments,
+    )
     _check_backward(inputs, causal, ph.BlockSizes(backward="fused", bwd_stages=3))
 
 
 @pytest.mark.slow
 @needs_interpret
 def test_ring_on_one_device_head_dim_256():
-    check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=96, heads=2,
-                       kv_heads=1, head_dim=256, dtype="bfloat16"),
-               implementation="pallas_hopper", interpret=True)
+    check_ring(
+        Problem(
+            n=1,
+            layout="zigzag",
+            causal=True,
+            segments=True,
+            batch=1,
+            shard=96,
+            heads=2,
+            kv_heads=1,
+            head_dim=256,
+            dtype="bfloat16",
+        ),
+        implementation="pallas_hopper",
+        interpret=True,
+    )
 
 
 @pytest.mark.slow
 @needs_interpret
-@pytest.mark.parametrize("dim, bs", [(256, None), (128, ph.BlockSizes(backward="fused")),
-                                     (64, ph.BlockSizes(backward="fused"))],
-                         ids=["split", "cta", "cta64"])
+@pytest.mark.parametrize(
+    "dim, bs",
+    [(256, None), (128, ph.BlockSizes(backward="fused")), (64, ph.BlockSizes(backward="fused"))],
+    ids=["split", "cta", "cta64"],
+)
 def test_ring_on_one_device_with_window_wide_heads(dim, bs):
     """The float64 global reference through ring_attention(sliding_window=...) for the backwards
     of wider heads (the head-dim-split default at 256, the fused backward at 128 and 64)."""
-    check_ring(Problem(n=1, layout="zigzag", causal=True, segments=True, batch=1, shard=192, heads=2,
-                       kv_heads=1, head_dim=dim, dtype="bfloat16", window=100),
-               implementation="pallas_hopper", interpret=True, block_sizes=bs)
+    check_ring(
+        Problem(
+            n=1,
+            layout="zigzag",
+            causal=True,
+            segments=True,
+            batch=1,
+            shard=192,
+            heads=2,
+            kv_heads=1,
+            head_dim=dim,
+            dtype="bfloat16",
+            window=100,
+        ),
+        implementation="pallas_hopper",
+        interpret=True,
+        block_sizes=bs,
+    )
 
 
 # ---- pure-JAX parts: always run ----------------------------------------------------------------
@@ -512,16 +791,23 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
     ("fused", 128, False, False, 2, dict(registers=240, schedule="overlap")),  # the
     # default at 128 without a mask
     ("fused", 64, True, True, 2, dict(schedule="overlap"), 100),  # overlap at head dim 64, window
-    ("fused", 64, True, True, 2, dict(block_k=256, bwd_stages=3,
-                                      registers=240)),  # the default at 64 with a causal mask
+    (
+        "fused",
+        64,
+        True,
+        True,
+        2,
+        dict(block_k=256, bwd_stages=3, registers=240),
+    ),  # the default at 64 with a causal mask
     ("fused", 64, False, False, 2, dict(block_k=256, bwd_stages=3), 100),
     ("fused", 128, False, False, 2, dict(split_group=True)),  # a CTA per query head
 ]
 
 
 @pytest.mark.parametrize("semantics", ["default", "warpgroup"])
-@pytest.mark.parametrize("case", LOWER_CASES,
-                         ids=lambda c: f"{c[0]}-d{c[1]}-{c[2]}-{c[3]}" + "".join(f"-w{w}" for w in c[6:]))
+@pytest.mark.parametrize(
+    "case", LOWER_CASES, ids=lambda c: f"{c[0]}-d{c[1]}-{c[2]}-{c[3]}" + "".join(f"-w{w}" for w in c[6:])
+)
 def test_kernels_lower_for_cuda(case, semantics, monkeypatch):
     """Every Mosaic GPU kernel goes through Mosaic GPU's lowering for CUDA (no GPU needed): one
     custom call for the forward, two for the two-kernel backward, one for the fused one. Under
@@ -529,8 +815,11 @@ def test_kernels_lower_for_cuda(case, semantics, monkeypatch):
     to warpgroup semantics, which rejects some kernels that lane semantics accepts."""
     jax.clear_caches()  # the kernels' jitted wrappers would reuse the other semantics' lowering
     if semantics == "warpgroup":
-        monkeypatch.setattr(plgpu, "CompilerParams", functools.partial(
-            plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+        monkeypatch.setattr(
+            plgpu,
+            "CompilerParams",
+            functools.partial(plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        )
     backward, dim, causal, segments, kv_heads, fields, *window = case
     bs = ph.BlockSizes(backward=backward, **fields)
     q = jax.ShapeDtypeStruct((1, 384, 4, dim), jnp.bfloat16)
@@ -561,19 +850,27 @@ def _float_transposes(fn, *args) -> list[str]:
     CTAs is transposed too, [B, nq, nk] -> [B, nk, nq], and is not counted)."""
     text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert "stablehlo.custom_call @mosaic_gpu" in text
-    return [line for line in text.splitlines()
-            if "stablehlo.transpose" in line and ("xf32>" in line or "xbf16>" in line)]
+    return [
+        line
+        for line in text.splitlines()
+        if "stablehlo.transpose" in line and ("xf32>" in line or "xbf16>" in line)
+    ]
 
 
 def _step_shapes(dim: int):
     """q, k (also v), positions and lse of a 512-token step with 4:2 heads, as ShapeDtypeStructs."""
-    return (jax.ShapeDtypeStruct((1, 512, 4, dim), jnp.bfloat16),
-            jax.ShapeDtypeStruct((1, 512, 2, dim), jnp.bfloat16),
-            jax.ShapeDtypeStruct((512,), jnp.int32), jax.ShapeDtypeStruct((1, 4, 512), jnp.float32))
+    return (
+        jax.ShapeDtypeStruct((1, 512, 4, dim), jnp.bfloat16),
+        jax.ShapeDtypeStruct((1, 512, 2, dim), jnp.bfloat16),
+        jax.ShapeDtypeStruct((512,), jnp.int32),
+        jax.ShapeDtypeStruct((1, 4, 512), jnp.float32),
+    )
 
 
-@pytest.mark.parametrize("dim,causal,deterministic", [
-    (128, True, False), (128, False, False), (64, True, False), (128, True, True)])
+@pytest.mark.parametrize(
+    "dim,causal,deterministic",
+    [(128, True, False), (128, False, False), (64, True, False), (128, True, True)],
+)
 def test_steps_write_their_outputs_in_place(dim, causal, deterministic):
     """The Mosaic kernels write o and dq in the step's [B, S, heads, D] layout, and the deterministic
     backward and head dim 64's default dk and dv too, so those steps, lowered for CUDA, hold no
@@ -582,8 +879,11 @@ def test_steps_write_their_outputs_in_place(dim, causal, deterministic):
     kernel writes dk, dv head-major and holds exactly their two transposes, [B, K, Sk, D] ->
     [B, Sk, K, D]: the step's layout ran 0.9-6% slower at 128K tokens (docs/kernels.md;
     ``fused_bwd.dkv_head_major``)."""
-    bs = (ph.deterministic_block_sizes(None, dim, causal) if deterministic
-          else ph.default_block_sizes(dim, causal))
+    bs = (
+        ph.deterministic_block_sizes(None, dim, causal)
+        if deterministic
+        else ph.default_block_sizes(dim, causal)
+    )
     q, k, pos, lse = _step_shapes(dim)
     kw = dict(causal=causal, softmax_scale=dim**-0.5, block_sizes=bs)
 
@@ -599,14 +899,16 @@ def test_steps_write_their_outputs_in_place(dim, causal, deterministic):
         assert transposes == []
     else:  # dk and dv, [1, 2, 512, D] -> [1, 512, 2, D]
         assert len(transposes) == 2, transposes
-        assert all(f"tensor<1x2x512x{dim}xf32>) -> tensor<1x512x2x{dim}xf32>" in t
-                   for t in transposes), transposes
+        assert all(f"tensor<1x2x512x{dim}xf32>) -> tensor<1x512x2x{dim}xf32>" in t for t in transposes), (
+            transposes
+        )
 
 
 def test_float32_forward_is_the_triton_step():
     rng = np.random.default_rng(11)
-    inputs = _inputs(rng, sq=32, sk=48, heads=2, kv_heads=1, dim=16, dtype="float32",
-                     where="overlap", segments=True)
+    inputs = _inputs(
+        rng, sq=32, sk=48, heads=2, kv_heads=1, dim=16, dtype="float32", where="overlap", segments=True
+    )
     _check_forward(inputs, causal=True)
 
 
@@ -651,8 +953,9 @@ def test_block_sizes_are_validated():
     with pytest.raises(TypeError, match="split_group"):
         ph.BlockSizes(split_group="true")
     assert ph.default_block_sizes(64) != ph.default_block_sizes(128)
-    assert all(ph.default_block_sizes(d, c).split_group is None for d in (64, 128, 256)
-               for c in (True, False))  # decided per call from the shapes
+    assert all(
+        ph.default_block_sizes(d, c).split_group is None for d in (64, 128, 256) for c in (True, False)
+    )  # decided per call from the shapes
 
 
 def test_default_backward_by_head_dim(backward_used):
@@ -665,8 +968,18 @@ def test_default_backward_by_head_dim(backward_used):
         ints = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in ((256,), (64,))]
         lse = jax.ShapeDtypeStruct((1, 4, 256), jnp.float32)
         backward_used.clear()
-        jax.eval_shape(functools.partial(ph.backward_step, causal=True, softmax_scale=0.1,
-                                         interpret=True), q, k, k, q, lse, lse, *ints, None, None)
+        jax.eval_shape(
+            functools.partial(ph.backward_step, causal=True, softmax_scale=0.1, interpret=True),
+            q,
+            k,
+            k,
+            q,
+            lse,
+            lse,
+            *ints,
+            None,
+            None,
+        )
         assert backward_used == [name], d
     assert ph.deterministic_block_sizes(None, 64).backward == "mosaic"
 
@@ -678,11 +991,21 @@ def test_default_backward_follows_the_mask(backward_used):
     ints = jax.ShapeDtypeStruct((256,), jnp.int32)
     lse = jax.ShapeDtypeStruct((1, 4, 256), jnp.float32)
     for causal in (True, False):
-        jax.eval_shape(functools.partial(ph.backward_step, causal=causal, softmax_scale=0.1,
-                                         interpret=True), q, q, q, q, lse, lse, ints, ints, None, None)
+        jax.eval_shape(
+            functools.partial(ph.backward_step, causal=causal, softmax_scale=0.1, interpret=True),
+            q,
+            q,
+            q,
+            q,
+            lse,
+            lse,
+            ints,
+            ints,
+            None,
+            None,
+        )
     assert backward_used == ["cta", "cta"]
-    assert backward_used.block_sizes == [ph.default_block_sizes(64, True),
-                                         ph.default_block_sizes(64, False)]
+    assert backward_used.block_sizes == [ph.default_block_sizes(64, True), ph.default_block_sizes(64, False)]
     assert [bs.registers for bs in backward_used.block_sizes] == [240, 232]
 
 
@@ -695,8 +1018,13 @@ def test_fused_backward_above_head_dim_128_is_refused(backward_used):
         k = jax.ShapeDtypeStruct((1, 128, 2, d), dtype)
         pos = jax.ShapeDtypeStruct((128,), jnp.int32)
         lse = jax.ShapeDtypeStruct((1, 4, 128), jnp.float32)
-        step = functools.partial(ph.backward_step, causal=True, softmax_scale=0.1, interpret=True,
-                                 block_sizes=ph.BlockSizes(backward="fused"))
+        step = functools.partial(
+            ph.backward_step,
+            causal=True,
+            softmax_scale=0.1,
+            interpret=True,
+            block_sizes=ph.BlockSizes(backward="fused"),
+        )
         if d == 128:
             jax.eval_shape(step, q, k, k, q, lse, lse, pos, pos, None, None)
             continue
@@ -722,8 +1050,12 @@ def backward_used(monkeypatch):
         def backward(q, k, *args, bs, **kw):
             calls.append(name)
             calls.block_sizes.append(bs)
-            return (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
-                    jnp.zeros(k.shape, jnp.float32))
+            return (
+                jnp.zeros(q.shape, jnp.float32),
+                jnp.zeros(k.shape, jnp.float32),
+                jnp.zeros(k.shape, jnp.float32),
+            )
+
         return backward
 
     for name, module in (("mosaic", hb), ("cta", hcb), ("split", hsb)):
@@ -742,11 +1074,9 @@ def test_bad_inputs_are_rejected_before_tracing():
     with pytest.raises(TypeError, match="dtype"):
         ph.forward_step(q, k, k, pos, pos, None, None, **kw)
     with pytest.raises(TypeError, match="block_sizes"):
-        ph.forward_step(q, q[:, :, :2], q[:, :, :2], pos, pos, None, None,
-                        block_sizes=pg.BlockSizes(), **kw)
+        ph.forward_step(q, q[:, :, :2], q[:, :, :2], pos, pos, None, None, block_sizes=pg.BlockSizes(), **kw)
     with pytest.raises(ValueError, match="softmax_scale"):
-        ph.forward_step(q, q[:, :, :2], q[:, :, :2], pos, pos, None, None, causal=True,
-                        softmax_scale=-0.5)
+        ph.forward_step(q, q[:, :, :2], q[:, :, :2], pos, pos, None, None, causal=True, softmax_scale=-0.5)
 
 
 def test_shared_memory_budget_is_checked():
@@ -754,21 +1084,57 @@ def test_shared_memory_budget_is_checked():
     pos = jnp.arange(128, dtype=jnp.int32)
     kw = dict(causal=True, softmax_scale=1.0)
     with pytest.raises(ValueError, match="shared memory"):
-        ph.forward_step(q, q, q, pos, pos, None, None,
-                        block_sizes=ph.BlockSizes(block_k=128, stages=3), **kw)
+        ph.forward_step(q, q, q, pos, pos, None, None, block_sizes=ph.BlockSizes(block_k=128, stages=3), **kw)
     lse = jnp.zeros((1, 2, 128), jnp.float32)
     with pytest.raises(ValueError, match="shared memory"):  # the head-dim-split pair: 2 stages at most
-        ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
-                         block_sizes=ph.BlockSizes(backward="mosaic", bwd_stages=3), **kw)
+        ph.backward_step(
+            q,
+            q,
+            q,
+            q,
+            lse,
+            lse,
+            pos,
+            pos,
+            None,
+            None,
+            block_sizes=ph.BlockSizes(backward="mosaic", bwd_stages=3),
+            **kw,
+        )
     q = q[..., :128]
     with pytest.raises(ValueError, match="shared memory"):  # the fused backward: 3 stages fit
-        ph.backward_step(q, q, q, q, lse, lse, pos, pos, None, None,
-                         block_sizes=ph.BlockSizes(backward="fused", bwd_stages=4), **kw)
+        ph.backward_step(
+            q,
+            q,
+            q,
+            q,
+            lse,
+            lse,
+            pos,
+            pos,
+            None,
+            None,
+            block_sizes=ph.BlockSizes(backward="fused", bwd_stages=4),
+            **kw,
+        )
     wide = jnp.zeros(q.shape[:3] + (192,), q.dtype)
     with pytest.raises(ValueError, match="must pad to 64 or 128"):
-        hcb.backward(wide, wide, wide, wide, lse, lse, pos, pos, None, None, interpret=True,
-                     bs=ph.BlockSizes(backward="fused"), causal=True,
-                     softmax_scale=0.1)
+        hcb.backward(
+            wide,
+            wide,
+            wide,
+            wide,
+            lse,
+            lse,
+            pos,
+            pos,
+            None,
+            None,
+            interpret=True,
+            bs=ph.BlockSizes(backward="fused"),
+            causal=True,
+            softmax_scale=0.1,
+        )
 
 
 def test_registered_and_not_picked_on_cpu():

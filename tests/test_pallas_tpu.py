@@ -47,22 +47,64 @@ COVER = [
 
 @pytest.mark.parametrize("n,layout,causal,segments,kv_heads,dtype,shard,head_dim", COVER)
 def test_ring_cover(n, layout, causal, segments, kv_heads, dtype, shard, head_dim):
-    ring(Problem(n=n, layout=layout, causal=causal, segments=segments, batch=1, shard=shard,
-                 heads=4, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype))
+    ring(
+        Problem(
+            n=n,
+            layout=layout,
+            causal=causal,
+            segments=segments,
+            batch=1,
+            shard=shard,
+            heads=4,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+        )
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n,layout,causal,segments,kv_heads,dtype", list(itertools.product(
-    (1, 2, 3, 4, 8), ("contiguous", "striped", "zigzag"), (True, False), (False, True), (1, 2, 4),
-    ("float32", "bfloat16"))))
+@pytest.mark.parametrize(
+    "n,layout,causal,segments,kv_heads,dtype",
+    list(
+        itertools.product(
+            (1, 2, 3, 4, 8),
+            ("contiguous", "striped", "zigzag"),
+            (True, False),
+            (False, True),
+            (1, 2, 4),
+            ("float32", "bfloat16"),
+        )
+    ),
+)
 def test_ring_full(n, layout, causal, segments, kv_heads, dtype):
-    ring(Problem(n=n, layout=layout, causal=causal, segments=segments, batch=2, shard=256, heads=4,
-                 kv_heads=kv_heads, head_dim=128, dtype=dtype))
+    ring(
+        Problem(
+            n=n,
+            layout=layout,
+            causal=causal,
+            segments=segments,
+            batch=2,
+            shard=256,
+            heads=4,
+            kv_heads=kv_heads,
+            head_dim=128,
+            dtype=dtype,
+        )
+    )
 
 
 WINDOW_COVER = [  # (n, layout, causal, segments, kv_heads, dtype, window), shard 256, head dim 128
-    pytest.param(4, "contiguous", True, False, 2, "float32", 200,  # one hop; edge blocks
-                 marks=pytest.mark.slow),
+    pytest.param(
+        4,
+        "contiguous",
+        True,
+        False,
+        2,
+        "float32",
+        200,  # one hop; edge blocks
+        marks=pytest.mark.slow,
+    ),
     pytest.param(3, "zigzag", False, True, 1, "bfloat16", 300, marks=pytest.mark.slow),
     pytest.param(2, "striped", True, True, 4, "float32", 90, marks=pytest.mark.slow),
 ]
@@ -70,8 +112,21 @@ WINDOW_COVER = [  # (n, layout, causal, segments, kv_heads, dtype, window), shar
 
 @pytest.mark.parametrize("n,layout,causal,segments,kv_heads,dtype,window", WINDOW_COVER)
 def test_ring_with_window(n, layout, causal, segments, kv_heads, dtype, window):
-    ring(Problem(n=n, layout=layout, causal=causal, segments=segments, batch=1, shard=256, heads=4,
-                 kv_heads=kv_heads, head_dim=128, dtype=dtype, window=window))
+    ring(
+        Problem(
+            n=n,
+            layout=layout,
+            causal=causal,
+            segments=segments,
+            batch=1,
+            shard=256,
+            heads=4,
+            kv_heads=kv_heads,
+            head_dim=128,
+            dtype=dtype,
+            window=window,
+        )
+    )
 
 
 # (n, layout, segments, kv_heads, head_dim, v_head_dim, softcap, prefix, bidirectional, sinks), all
@@ -84,13 +139,30 @@ FEATURE_RING = [
 ]
 
 
-@pytest.mark.parametrize("n,layout,segments,kv_heads,head_dim,v_head_dim,softcap,prefix,bidir,sinks",
-                         FEATURE_RING)
-def test_ring_optional_features(n, layout, segments, kv_heads, head_dim, v_head_dim, softcap,
-                                prefix, bidir, sinks):
-    ring(Problem(n=n, layout=layout, causal=True, segments=segments, batch=2, shard=128, heads=4,
-                 kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim, softcap=softcap,
-                 prefix=prefix, bidirectional=bidir, sinks=sinks))
+@pytest.mark.parametrize(
+    "n,layout,segments,kv_heads,head_dim,v_head_dim,softcap,prefix,bidir,sinks", FEATURE_RING
+)
+def test_ring_optional_features(
+    n, layout, segments, kv_heads, head_dim, v_head_dim, softcap, prefix, bidir, sinks
+):
+    ring(
+        Problem(
+            n=n,
+            layout=layout,
+            causal=True,
+            segments=segments,
+            batch=2,
+            shard=128,
+            heads=4,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            v_head_dim=v_head_dim,
+            softcap=softcap,
+            prefix=prefix,
+            bidirectional=bidir,
+            sinks=sinks,
+        )
+    )
 
 
 def test_ring_default_block_sizes():
@@ -100,16 +172,31 @@ def test_ring_default_block_sizes():
 # ------------------------------------------------------------------------------------ one step
 
 
-def step64(q, k, v, do, q_pos, k_pos, q_seg, k_seg, causal, scale, window=None, softcap=None,
-           prefix=None, bidirectional=False):
+def step64(
+    q,
+    k,
+    v,
+    do,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    causal,
+    scale,
+    window=None,
+    softcap=None,
+    prefix=None,
+    bidirectional=False,
+):
     """Float64 attention of one step over its visible keys and its gradients (kernel layouts; v and
     do may have their own head dim). ``softcap``/``prefix``/``bidirectional``: the optional step
     features (``implementations.py``)."""
     q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
     G = q.shape[2] // k.shape[2]
     kr, vr = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
-    vis = np.asarray(masks.visible(q_pos, k_pos, q_seg, k_seg, causal, window, prefix=prefix,
-                                   bidirectional=bidirectional))[:, None]
+    vis = np.asarray(
+        masks.visible(q_pos, k_pos, q_seg, k_seg, causal, window, prefix=prefix, bidirectional=bidirectional)
+    )[:, None]
     s = np.einsum("bqhd,bkhd->bhqk", q, kr) * scale
     if softcap is not None:
         s = softcap * np.tanh(s / softcap)
@@ -119,8 +206,7 @@ def step64(q, k, v, do, q_pos, k_pos, q_seg, k_seg, causal, scale, window=None, 
     e = np.exp(s - m)
     l = e.sum(-1, keepdims=True)
     p = e / np.where(l > 0, l, 1.0)
-    lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)),
-                   -np.inf)
+    lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)), -np.inf)
     o = np.einsum("bhqk,bkhd->bqhd", p, vr)
     dp = np.einsum("bqhd,bkhd->bhqk", do, vr)
     delta = np.einsum("bqhd,bqhd->bhq", o, do)
@@ -148,27 +234,49 @@ def _step_inputs(seed, B, S, H, K, D, segments):
 
 def _compare_step(q, k, v, do, q_pos, k_pos, q_seg, k_seg, causal, scale, **features):
     """forward_step / backward_step in TPU interpret mode against :func:`step64` (o, lse, dq, dk, dv)."""
-    kw = dict(causal=causal, softmax_scale=scale, block_sizes=SMALL, interpret=TPU_INTERPRET,
-              **{n: x for n, x in features.items() if x is not None and x is not False})
+    kw = dict(
+        causal=causal,
+        softmax_scale=scale,
+        block_sizes=SMALL,
+        interpret=TPU_INTERPRET,
+        **{n: x for n, x in features.items() if x is not None and x is not False},
+    )
     o, lse = pallas_tpu.forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
-    o64, lse64, delta, dq64, dk64, dv64 = step64(q, k, v, do, q_pos, k_pos, q_seg, k_seg, causal,
-                                                 scale, **features)
+    o64, lse64, delta, dq64, dk64, dv64 = step64(
+        q, k, v, do, q_pos, k_pos, q_seg, k_seg, causal, scale, **features
+    )
     lse, lse_ref = np.asarray(lse), lse64
     assert np.array_equal(np.isneginf(lse), np.isneginf(lse_ref)), "rows seeing no key differ"
     seen = ~np.isneginf(lse_ref)
     assert seen.any(), "test setup: no query sees a key"
     assert rel_err(np.where(seen, lse, 0.0), np.where(seen, lse_ref, 0.0)) <= F32_RTOL
     assert o.shape == o64.shape and rel_err(o, o64) <= F32_RTOL
-    grads = pallas_tpu.backward_step(q, k, v, do, jnp.asarray(lse_ref, jnp.float32),
-                                     jnp.asarray(delta, jnp.float32), q_pos, k_pos, q_seg, k_seg,
-                                     **kw)
+    grads = pallas_tpu.backward_step(
+        q,
+        k,
+        v,
+        do,
+        jnp.asarray(lse_ref, jnp.float32),
+        jnp.asarray(delta, jnp.float32),
+        q_pos,
+        k_pos,
+        q_seg,
+        k_seg,
+        **kw,
+    )
     for name, got, want in zip(("dq", "dk", "dv"), grads, (dq64, dk64, dv64), strict=True):
         assert got.shape == want.shape and rel_err(got, want) <= F32_RTOL, name
 
 
-@pytest.mark.parametrize("seed,causal,segments,kv_heads,window", [
-    (0, True, False, 2, None), (1, True, True, 1, None), (2, False, True, 4, None),
-    (3, False, False, 2, 200)])  # window: symmetric, random offsets
+@pytest.mark.parametrize(
+    "seed,causal,segments,kv_heads,window",
+    [
+        (0, True, False, 2, None),
+        (1, True, True, 1, None),
+        (2, False, True, 4, None),
+        (3, False, False, 2, 200),
+    ],
+)  # window: symmetric, random offsets
 def test_step_random_offsets(seed, causal, segments, kv_heads, window):
     B, S, H, D = 2, 256, 4, 128
     q, k, v, do, q_pos, k_pos, seg = _step_inputs(seed, B, S, H, kv_heads, D, segments)
@@ -207,15 +315,28 @@ FEATURE_CASES = [  # (seed, causal, segments, kv_heads, D, Dv, window, softcap, 
 ]
 
 
-@pytest.mark.parametrize("seed,causal,segments,kv_heads,D,Dv,window,softcap,prefix,bidir",
-                         FEATURE_CASES)
-def test_step_optional_features(seed, causal, segments, kv_heads, D, Dv, window, softcap, prefix,
-                                bidir):
+@pytest.mark.parametrize("seed,causal,segments,kv_heads,D,Dv,window,softcap,prefix,bidir", FEATURE_CASES)
+def test_step_optional_features(seed, causal, segments, kv_heads, D, Dv, window, softcap, prefix, bidir):
     B, S, H = 2, 256, 4
-    q, k, v, do, q_pos, k_pos, q_seg, k_seg, pre = _feature_inputs(seed, B, S, H, kv_heads, D, Dv,
-                                                                   segments, bidir, prefix)
-    _compare_step(q, k, v, do, q_pos, k_pos, q_seg, k_seg, causal, D**-0.5, window=window,
-                  softcap=softcap, prefix=pre, bidirectional=bidir)
+    q, k, v, do, q_pos, k_pos, q_seg, k_seg, pre = _feature_inputs(
+        seed, B, S, H, kv_heads, D, Dv, segments, bidir, prefix
+    )
+    _compare_step(
+        q,
+        k,
+        v,
+        do,
+        q_pos,
+        k_pos,
+        q_seg,
+        k_seg,
+        causal,
+        D**-0.5,
+        window=window,
+        softcap=softcap,
+        prefix=pre,
+        bidirectional=bidir,
+    )
 
 
 def test_step_feature_arguments_are_checked():
@@ -244,8 +365,9 @@ def test_step_all_skipped_is_zero_not_nan():
     assert not np.any(np.isnan(o)) and np.all(np.asarray(o) == 0)
     assert np.all(np.isneginf(lse))
     neg_inf = jnp.full((B, H, S), -jnp.inf, jnp.float32)
-    grads = pallas_tpu.backward_step(q, k, v, do, neg_inf, jnp.zeros((B, H, S)), q_pos, k_pos,
-                                     None, None, **kw)
+    grads = pallas_tpu.backward_step(
+        q, k, v, do, neg_inf, jnp.zeros((B, H, S)), q_pos, k_pos, None, None, **kw
+    )
     for g in grads:
         assert not np.any(np.isnan(g)) and np.all(np.asarray(g) == 0)
 
@@ -266,12 +388,12 @@ def test_fetch_index_points_at_computed_blocks():
     assert np.all((fetch >= 0) & (fetch < kind.shape[-1]))
 
 
-@pytest.mark.parametrize("kind", ["TPU v4", "TPU v5 lite", "TPU v5p", "TPU v6 lite", "TPU7x", "cpu",
-                                  "unknown"])
+@pytest.mark.parametrize(
+    "kind", ["TPU v4", "TPU v5 lite", "TPU v5p", "TPU v6 lite", "TPU7x", "cpu", "unknown"]
+)
 def test_for_chip_defaults_are_tpu_aligned(kind):
     bs = BlockSizes.for_chip(kind)
-    assert all(getattr(bs, f) % 128 == 0 for f in ("block_q", "block_kv", "block_q_bwd",
-                                                   "block_kv_bwd"))
+    assert all(getattr(bs, f) % 128 == 0 for f in ("block_q", "block_kv", "block_q_bwd", "block_kv_bwd"))
 
 
 @pytest.mark.parametrize("length,wanted", [(384, 512), (640, 512), (1024, 256)])
@@ -310,16 +432,19 @@ def test_ring_rejects_short_shards():
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("sp",))
     P = jax.sharding.PartitionSpec
     x = jnp.zeros((1, 64, 2, 128), jnp.float32)
-    f = lambda q: ring_attention(q, q, q, "sp", causal=True, implementation="pallas_tpu",
-                                 interpret=True)
+    f = lambda q: ring_attention(q, q, q, "sp", causal=True, implementation="pallas_tpu", interpret=True)
     with pytest.raises(ValueError, match="multiples of 128"):
-        jax.shard_map(f, mesh=mesh, in_specs=P(None, "sp"), out_specs=P(None, "sp"),
-                      check_vma=False)(x)
+        jax.shard_map(f, mesh=mesh, in_specs=P(None, "sp"), out_specs=P(None, "sp"), check_vma=False)(x)
 
 
-@pytest.mark.parametrize("head_dim,dtype,causal,segments,window", [
-    (128, jnp.bfloat16, True, True, None), (64, jnp.float32, False, False, None),
-    (128, jnp.bfloat16, False, True, 300)])
+@pytest.mark.parametrize(
+    "head_dim,dtype,causal,segments,window",
+    [
+        (128, jnp.bfloat16, True, True, None),
+        (64, jnp.float32, False, False, None),
+        (128, jnp.bfloat16, False, True, 300),
+    ],
+)
 def test_lowers_to_mosaic_for_tpu(head_dim, dtype, causal, segments, window):
     # Exports for platform "tpu" from this CPU host: runs the Pallas -> Mosaic lowering (block-shape
     # tiling checks, every kernel op); Mosaic's own compile needs a TPU and is not covered.
@@ -328,13 +453,13 @@ def test_lowers_to_mosaic_for_tpu(head_dim, dtype, causal, segments, window):
     q, kv, pos = arr(B, S, H, head_dim), arr(B, S, K, head_dim), arr(S, dt=jnp.int32)
     seg = arr(B, S, dt=jnp.int32) if segments else None
     rows = arr(B, H, S, dt=jnp.float32)
-    kw = dict(causal=causal, softmax_scale=0.1, block_sizes=BlockSizes(256, 128, 128, 256),
-              window=window)
+    kw = dict(causal=causal, softmax_scale=0.1, block_sizes=BlockSizes(256, 128, 128, 256), window=window)
     fwd = lambda q, k, v, qp, kp, qs, ks: pallas_tpu.forward_step(q, k, v, qp, kp, qs, ks, **kw)
     bwd = lambda *a: pallas_tpu.backward_step(*a, **kw)
-    exported = [jax.export.export(jax.jit(fwd), platforms=["tpu"])(q, kv, kv, pos, pos, seg, seg),
-                jax.export.export(jax.jit(bwd), platforms=["tpu"])(q, kv, kv, q, rows, rows, pos,
-                                                                    pos, seg, seg)]
+    exported = [
+        jax.export.export(jax.jit(fwd), platforms=["tpu"])(q, kv, kv, pos, pos, seg, seg),
+        jax.export.export(jax.jit(bwd), platforms=["tpu"])(q, kv, kv, q, rows, rows, pos, pos, seg, seg),
+    ]
     calls = sum(e.mlir_module().count("tpu_custom_call") for e in exported)
     assert calls == 3  # forward, dq, dk/dv kernels
 
@@ -350,10 +475,16 @@ def test_optional_features_compile_for_tpu(head_dim, v_head_dim, segments):
     v, do = arr(B, S, K, v_head_dim), arr(B, S, H, v_head_dim)
     pos, prefix, rows = arr(S, dt=jnp.int32), arr(B, dt=jnp.int32), arr(B, H, S, dt=jnp.float32)
     seg = arr(B, S, dt=jnp.int32) if segments else None
-    kw = dict(causal=True, softmax_scale=0.1, block_sizes=BlockSizes(256, 128, 128, 256),
-              softcap=30.0, bidirectional=segments)
+    kw = dict(
+        causal=True,
+        softmax_scale=0.1,
+        block_sizes=BlockSizes(256, 128, 128, 256),
+        softcap=30.0,
+        bidirectional=segments,
+    )
     fwd = lambda q, k, v, qp, kp, qs, ks, pre: pallas_tpu.forward_step(  # noqa: E731
-        q, k, v, qp, kp, qs, ks, prefix=pre, **kw)
+        q, k, v, qp, kp, qs, ks, prefix=pre, **kw
+    )
     bwd = lambda *a, pre: pallas_tpu.backward_step(*a, prefix=pre, **kw)  # noqa: E731
     f = jax.jit(fwd).trace(q, k, v, pos, pos, seg, seg, prefix).lower().compile()
     g = jax.jit(bwd).trace(q, k, v, do, rows, rows, pos, pos, seg, seg, pre=prefix).lower().compile()
@@ -372,11 +503,11 @@ def test_ring_with_features_compiles_for_a_tpu_mesh_with_auto():
     q, k, v, prefix = sd(B, L, H, 192), sd(B, L, K, 192), sd(B, L, K, 128), sd(B, dt=jnp.int32)
 
     def local(q, k, v, prefix):
-        return ring_attention(q, k, v, "sp", causal=True, layout="zigzag", logits_soft_cap=30.0,
-                              prefix_length=prefix)
+        return ring_attention(
+            q, k, v, "sp", causal=True, layout="zigzag", logits_soft_cap=30.0, prefix_length=prefix
+        )
 
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 3 + (P(),),
-                       out_specs=P(None, "sp"))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 3 + (P(),), out_specs=P(None, "sp"))
     loss = lambda q, k, v, pre: fn(q, k, v, pre).astype(jnp.float32).sum()  # noqa: E731
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, v, prefix).lower()
     assert grads.as_text().count("tpu_custom_call") >= 3  # forward, dq, dk/dv: not the XLA step

@@ -45,13 +45,14 @@ def test_saved_attention_runs_one_forward_lap_per_layer_on_a_ring(scan_layers):
     """Ring of 2: ring attention's ppermutes in the differentiated step. The forward lap sends k/v
     (f per layer, from the forward alone); "none" and "save_attn" add the backward lap only."""
     mesh = make_mesh(MeshConfig(sp=2), jax.devices()[:2])
-    base = llama.get_config("debug", num_layers=2, layout="zigzag", scan_layers=scan_layers,
-                            loss_chunk=None)
+    base = llama.get_config("debug", num_layers=2, layout="zigzag", scan_layers=scan_layers, loss_chunk=None)
     forward_only = jax.jit(lambda p, b: llama.loss_fn(base, p, b, mesh=mesh)[0])
     text = forward_only.trace(llama.abstract_params(base), _batch_shapes()).lower().as_text()
     f = len(re.findall(r"stablehlo\.collective_permute", text))
-    counts = {r: _collective_permutes(dataclasses.replace(base, remat=r), mesh)
-              for r in ("none", "full", "save_attn", "offload_attn")}
+    counts = {
+        r: _collective_permutes(dataclasses.replace(base, remat=r), mesh)
+        for r in ("none", "full", "save_attn", "offload_attn")
+    }
     assert f > 0
     assert counts["save_attn"] == counts["offload_attn"] == counts["none"], counts
     assert counts["full"] == counts["none"] + f, counts  # full re-runs every forward lap
@@ -67,16 +68,26 @@ def _mosaic_kernel_calls(config) -> int:
 
 @pytest.fixture(scope="module")
 def hopper_config():
-    return llama.get_config("debug", attention="pallas_hopper", num_layers=2, hidden_size=128,
-                            num_heads=2, num_kv_heads=1, head_dim=64, dtype="bfloat16")
+    return llama.get_config(
+        "debug",
+        attention="pallas_hopper",
+        num_layers=2,
+        hidden_size=128,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=64,
+        dtype="bfloat16",
+    )
 
 
 def test_saved_attention_calls_the_forward_kernel_once_per_layer(hopper_config):
     """Ring of one, pallas_hopper lowered for CUDA, layers scanned: the scan body holds one forward
     kernel and the one-kernel fused backward (head dim 64's default); "full" holds a second
     forward kernel."""
-    calls = {r: _mosaic_kernel_calls(dataclasses.replace(hopper_config, remat=r))
-             for r in ("none", "full", "save_attn")}
+    calls = {
+        r: _mosaic_kernel_calls(dataclasses.replace(hopper_config, remat=r))
+        for r in ("none", "full", "save_attn")
+    }
     assert calls == {"none": 2, "full": 3, "save_attn": 2}
 
 
@@ -84,14 +95,14 @@ def test_offload_asks_for_pinned_host_memory(hopper_config):
     config = dataclasses.replace(hopper_config, remat="offload_attn")
     with mock.patch.object(implementations, "platform", lambda mesh=None: "gpu"):
         shapes = llama.abstract_params(config)
-        text = _step(config).trace(shapes, _batch_shapes()).lower(
-            lowering_platforms=("cuda",)).as_text()
+        text = _step(config).trace(shapes, _batch_shapes()).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("stablehlo.custom_call @mosaic_gpu") == 2  # as save_attn above
     assert "pinned_host" in text and "annotate_device_placement" in text
 
 
-@pytest.mark.parametrize("remat,scan_layers,sp", [("save_attn", True, 2), ("offload_attn", False, 1)],
-                         ids=str)
+@pytest.mark.parametrize(
+    "remat,scan_layers,sp", [("save_attn", True, 2), ("offload_attn", False, 1)], ids=str
+)
 def test_saved_attention_matches_no_remat(remat, scan_layers, sp):
     """Loss and gradients equal remat="none" (float32, packed documents, zigzag ring)."""
     config = llama.get_config("debug", loss_chunk=None, layout="zigzag", scan_layers=scan_layers)

@@ -37,12 +37,14 @@ def _f32_marks(case):
     return [] if kvh == (1, 2, 4)[turn % 3] else [pytest.mark.slow]
 
 
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, marks=_f32_marks(c), id=_id(c)) for c in F32_CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, marks=_f32_marks(c), id=_id(c)) for c in F32_CASES])
 def test_matrix_float32(case):
     n, layout, causal, seg, kvh = case
-    check_ring(Problem(n=n, layout=layout, causal=causal, segments=seg, kv_heads=kvh),
-               implementation="xla", block_sizes=BS)
+    check_ring(
+        Problem(n=n, layout=layout, causal=causal, segments=seg, kv_heads=kvh),
+        implementation="xla",
+        block_sizes=BS,
+    )
 
 
 def _bf16_marks(case):
@@ -51,12 +53,14 @@ def _bf16_marks(case):
     return [] if case[4] == 2 and case[3] and case[2] else [pytest.mark.slow]
 
 
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, marks=_bf16_marks(c), id=_id(c)) for c in BF16_CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, marks=_bf16_marks(c), id=_id(c)) for c in BF16_CASES])
 def test_matrix_bfloat16(case):
     n, layout, causal, seg, kvh = case
-    check_ring(Problem(n=n, layout=layout, causal=causal, segments=seg, kv_heads=kvh,
-                       dtype="bfloat16"), implementation="xla", block_sizes=BS)
+    check_ring(
+        Problem(n=n, layout=layout, causal=causal, segments=seg, kv_heads=kvh, dtype="bfloat16"),
+        implementation="xla",
+        block_sizes=BS,
+    )
 
 
 def test_error_does_not_grow_with_ring_size():
@@ -71,8 +75,11 @@ def test_error_does_not_grow_with_ring_size():
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_scaled_logits_do_not_overflow(layout):
     # Logits x100: exp must be taken relative to the running max, never overflowing.
-    errs = check_ring(Problem(n=4, layout=layout, causal=True, segments=True, logit_scale=100.0),
-                      implementation="xla", block_sizes=BS)
+    errs = check_ring(
+        Problem(n=4, layout=layout, causal=True, segments=True, logit_scale=100.0),
+        implementation="xla",
+        block_sizes=BS,
+    )
     assert all(np.isfinite(errs))
 
 
@@ -93,10 +100,13 @@ def _lowered_ring(n, L=64, causal=True, block_sizes=None):
     mesh = Mesh(np.array(jax.devices()[:n]), ("sp",))
     spec = P(None, "sp")
     f = jax.shard_map(
-        lambda q, k, v: ringattention.ring_attention(q, k, v, "sp", causal=causal,
-                                                     implementation="xla",
-                                                     block_sizes=block_sizes),
-        mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+        lambda q, k, v: ringattention.ring_attention(
+            q, k, v, "sp", causal=causal, implementation="xla", block_sizes=block_sizes
+        ),
+        mesh=mesh,
+        in_specs=(spec,) * 3,
+        out_specs=spec,
+    )
     g = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).sum(), argnums=(0, 1, 2)))
     x = jax.ShapeDtypeStruct((1, L, 4, 64), jnp.float32)
     return g.lower(x, x, x).compile()
@@ -128,10 +138,13 @@ def _scanned_layers_bytes(L, segments):
     spec = P(None, "sp")
     seg = jnp.asarray(np.repeat(np.arange(4), L // 4)[None], jnp.int32) if segments else None
     att = jax.shard_map(
-        lambda h, s: ringattention.ring_attention(h, h, h, "sp", causal=True, segment_ids=s,
-                                                  implementation="xla",
-                                                  block_sizes=BlockSizes(64, 64)),
-        mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+        lambda h, s: ringattention.ring_attention(
+            h, h, h, "sp", causal=True, segment_ids=s, implementation="xla", block_sizes=BlockSizes(64, 64)
+        ),
+        mesh=mesh,
+        in_specs=(spec, spec),
+        out_specs=spec,
+    )
     layer = lambda h, w: (att(h @ w, seg) + h, None)
     loss = lambda h, ws: jax.lax.scan(layer, h, ws)[0].sum()
     x = jax.ShapeDtypeStruct((1, L, 2, 32), jnp.float32)

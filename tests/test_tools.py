@@ -34,17 +34,16 @@ def test_hopper_check_variants_become_block_sizes(bench):
 
     assert hc.block_sizes("default", 128) == ph.default_block_sizes(128)
     got = hc.block_sizes("fused/bwd_block_k=128/registers=240", 64)
-    want = dataclasses.replace(ph.default_block_sizes(64), backward="fused", bwd_block_k=128,
-                               registers=240)
+    want = dataclasses.replace(ph.default_block_sizes(64), backward="fused", bwd_block_k=128, registers=240)
     assert got == want and got.block_k == 256  # the head-dim-64 defaults underneath
     assert hc.block_sizes("default/split_group=false", 128).split_group is False  # not the string
     full = hc.block_sizes("default", 128, causal=False)  # the forward schedule follows the mask
     assert full == ph.default_block_sizes(128, causal=False) and full.schedule == "overlap"
-    assert hc.block_sizes("default/schedule=pingpong", 128, causal=False) == \
-        hc.block_sizes("default", 128)
+    assert hc.block_sizes("default/schedule=pingpong", 128, causal=False) == hc.block_sizes("default", 128)
     for d, causal in ((64, True), (64, False), (128, True), (128, False), (256, True)):
-        assert hc.block_sizes("deterministic", d, causal) == \
-            ph.deterministic_block_sizes(None, d, causal)  # what deterministic=True runs
+        assert hc.block_sizes("deterministic", d, causal) == ph.deterministic_block_sizes(
+            None, d, causal
+        )  # what deterministic=True runs
     got = hc.block_sizes("deterministic/bwd_stages=3", 128, causal=False)
     assert (got.backward, got.bwd_stages, got.schedule) == ("mosaic", 3, "overlap")
     assert hc.block_sizes("deterministic", 64).bwd_block_k == 128  # its own dq tiles at 64
@@ -69,16 +68,20 @@ def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "default/schedule=overlap"])
     assert [n for n, _ in hc.distinct_backwards(128)] == hc.BACKWARDS  # causal: two forwards
     assert [n for n, _ in hc.distinct_backwards(128, causal=False)] == ["default"]  # the same
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused", "fused/bwd_stages=3",
-                                          "mosaic/bwd_stages=3"])
-    assert [n for n, _ in hc.distinct_backwards(128)] == ["default", "fused/bwd_stages=3",
-                                                          "mosaic/bwd_stages=3"]
+    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused", "fused/bwd_stages=3", "mosaic/bwd_stages=3"])
+    assert [n for n, _ in hc.distinct_backwards(128)] == [
+        "default",
+        "fused/bwd_stages=3",
+        "mosaic/bwd_stages=3",
+    ]
     assert [n for n, _ in hc.distinct_backwards(256)] == ["default", "mosaic/bwd_stages=3"]
     monkeypatch.setattr(hc, "BACKWARDS", ["default", "default/split_group=true"])
     fns = hc.timed_variants(128, False)  # split_group is the backward's: one forward timed
     assert [fwd is None for fwd, _ in fns.values()] == [False, True]
-    assert hc.parse_shapes("32:8:128@65536,16:16:256", [1, 2]) == [(32, 8, 128, [65536]),
-                                                                    (16, 16, 256, [1, 2])]
+    assert hc.parse_shapes("32:8:128@65536,16:16:256", [1, 2]) == [
+        (32, 8, 128, [65536]),
+        (16, 16, 256, [1, 2]),
+    ]
 
 
 def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
@@ -91,8 +94,9 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
 
     def xla_fns(*_, **__):
         fwd = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))
-        return fwd, jax.jit(lambda q, k, v, do: jax.grad(
-            lambda q: jnp.sum(fwd(q, k, v).astype(jnp.float32) * do))(q))
+        return fwd, jax.jit(
+            lambda q, k, v, do: jax.grad(lambda q: jnp.sum(fwd(q, k, v).astype(jnp.float32) * do))(q)
+        )
 
     monkeypatch.setattr(hc, "cudnn_fns", xla_fns)
     monkeypatch.setattr(hc, "step_fns", xla_fns)
@@ -104,9 +108,12 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
     hc.bench(64, True, 4, 2, 256)
     times = [r for r in hc.RECORDS if r["kind"] == "time"]
     assert [(r["name"], r["mode"]) for r in times] == [
-        ("cudnn", "fwd"), ("cudnn", "fwdbwd"), ("pallas_hopper backward=default", "fwd"),
+        ("cudnn", "fwd"),
+        ("cudnn", "fwdbwd"),
+        ("pallas_hopper backward=default", "fwd"),
         ("pallas_hopper backward=default", "fwdbwd"),
-        ("pallas_hopper backward=mosaic/bwd_stages=3", "fwdbwd")]
+        ("pallas_hopper backward=mosaic/bwd_stages=3", "fwdbwd"),
+    ]
     assert all((r["heads"], r["kv_heads"], r["head_dim"]) == (4, 2, 256) for r in times)
     assert times[0]["vs_cudnn"] == 1.0 and times[2]["vs_cudnn"] > 0
 
@@ -132,8 +139,14 @@ def test_hopper_check_rounds_interleave_and_pair_the_ratios(bench, monkeypatch):
     monkeypatch.setattr(hc, "RECORDS", [])
     monkeypatch.setattr(hc, "write_out", lambda: None)
     hc.bench(16, True, 2, 1, 64)
-    assert calls == [("cudnn", False), ("v", False), ("cudnn", True), ("v", True), ("cudnn", True),
-                     ("v", True)]
+    assert calls == [
+        ("cudnn", False),
+        ("v", False),
+        ("cudnn", True),
+        ("v", True),
+        ("cudnn", True),
+        ("v", True),
+    ]
     assert [r["kind"] for r in hc.RECORDS] == ["time_round"] * 3 + ["time"] * 2
     cudnn, v = hc.RECORDS[3:]
     assert (cudnn["name"], cudnn["ms"], cudnn["vs_cudnn"], cudnn["rounds"]) == ("cudnn", 3000.0, 1.0, 3)
@@ -158,6 +171,7 @@ def test_hopper_check_repeat_counts_distinct_results(bench, monkeypatch):
             unstable = bs.backward == "fused" or calls["flaky"]
             wobble = 1e-7 if unstable and calls["n"] % 5 == 2 else 0.0
             return np.float32(1.0 + wobble) * np.ones(3, np.float32), np.zeros(2), np.zeros(2)
+
         return None, fwdbwd
 
     monkeypatch.setattr(hc, "step_fns", step_fns)
@@ -168,8 +182,7 @@ def test_hopper_check_repeat_counts_distinct_results(bench, monkeypatch):
         calls.update(n=0, flaky=flaky)
         hc.repeat(64, True, 2, 1, 64)
     got = [(r["backward"], r["distinct"], r["passed"]) for r in hc.RECORDS if r["kind"] == "repeat"]
-    assert got == [("mosaic", 1, True), ("fused", 2, None), ("mosaic", 2, False),
-                   ("fused", 2, None)]
+    assert got == [("mosaic", 1, True), ("fused", 2, None), ("mosaic", 2, False), ("fused", 2, None)]
     assert hc.fixed_order(hc.block_sizes("deterministic", 128))
     assert not hc.fixed_order(hc.block_sizes("default", 128))
 
@@ -188,6 +201,7 @@ def test_hopper_check_repeats_cudnn_both_ways(bench, monkeypatch):
             calls["n"] += 1
             wobble = 1e-7 if wobbly and calls["n"] % 5 == 2 else 0.0
             return (np.float32(1.0 + wobble) * np.ones(3, np.float32),)
+
         return fn
 
     monkeypatch.setattr(hc, "cudnn_fns", lambda causal: (None, grad(True)))
@@ -205,23 +219,40 @@ def test_hopper_table_rows_per_problem_later_files_win(bench, tmp_path):
     """``hopper_table.py``: a row per (shape, tokens, mask) of hopper_check outputs, a column per
     (variant, mode); a later file's record of the same cell replaces the earlier one, cuDNN's own
     records are left out, a cell never timed is "-", and no records at all is a ValueError."""
-    def record(name, mode, ratio, seq=65536, causal=True, kvh=8, rounds=3):
-        return dict(kind="time", name=name, mode=mode, vs_cudnn=ratio, rounds=rounds, seq=seq,
-                    heads=32, kv_heads=kvh, head_dim=128, causal=causal)
 
-    first = [record("cudnn", "fwdbwd", 1.0), record("pallas_hopper backward=default", "fwd", 1.01),
-             record("pallas_hopper backward=default", "fwdbwd", 0.90),
-             record("pallas_hopper backward=default", "fwdbwd", 0.97, causal=False, rounds=1)]
-    second = [record("pallas_hopper backward=default", "fwdbwd", 0.96),
-              record("pallas_hopper backward=deterministic", "fwdbwd", 0.93)]
+    def record(name, mode, ratio, seq=65536, causal=True, kvh=8, rounds=3):
+        return dict(
+            kind="time",
+            name=name,
+            mode=mode,
+            vs_cudnn=ratio,
+            rounds=rounds,
+            seq=seq,
+            heads=32,
+            kv_heads=kvh,
+            head_dim=128,
+            causal=causal,
+        )
+
+    first = [
+        record("cudnn", "fwdbwd", 1.0),
+        record("pallas_hopper backward=default", "fwd", 1.01),
+        record("pallas_hopper backward=default", "fwdbwd", 0.90),
+        record("pallas_hopper backward=default", "fwdbwd", 0.97, causal=False, rounds=1),
+    ]
+    second = [
+        record("pallas_hopper backward=default", "fwdbwd", 0.96),
+        record("pallas_hopper backward=deterministic", "fwdbwd", 0.93),
+    ]
     paths = []
     for i, records in enumerate((first, second)):
         paths.append(str(tmp_path / f"r{i}.json"))
         json.dump(dict(lines=[], records=records + [dict(kind="note")]), open(paths[-1], "w"))
     text = bench("hopper_table").main(paths)
     header, _, causal, full = text.splitlines()
-    assert header == ("| shape | tokens | mask | default fwd | default fwdbwd | deterministic fwdbwd "
-                      "| rounds |")
+    assert header == (
+        "| shape | tokens | mask | default fwd | default fwdbwd | deterministic fwdbwd | rounds |"
+    )
     assert causal == "| 32:8:128 | 64K | causal | 1.01x | 0.96x | 0.93x | 3 |"
     assert full == "| 32:8:128 | 64K | full | - | 0.97x | - | 1 |"
     json.dump(dict(lines=[], records=first[:1]), open(paths[0], "w"))
@@ -233,32 +264,44 @@ def test_hopper_table_spread_of_the_passes(bench, tmp_path):
     """``hopper_table.py --spread``: each cell with the lowest and highest of its passes' own
     ratios, from the records' ``vs_cudnn_passes`` or, in older files, from the ``time_round``
     records before each problem's ``time`` records (their ms, cuDNN's over the variant's)."""
+
     def problem(causal, rounds, passes=None):
         meta = dict(seq=16384, heads=32, kv_heads=32, head_dim=128, causal=causal)
         ratio = sorted(rd["cudnn fwdbwd"] / rd["v fwdbwd"] for rd in rounds)[len(rounds) // 2]
-        timed = dict(kind="time", name="v", mode="fwdbwd", vs_cudnn=ratio, rounds=len(rounds),
-                     **meta)
+        timed = dict(kind="time", name="v", mode="fwdbwd", vs_cudnn=ratio, rounds=len(rounds), **meta)
         if passes is not None:
             timed["vs_cudnn_passes"] = passes
         return [dict(kind="time_round", label="L=16384 32:32:128", ms=rd) for rd in rounds] + [
-            dict(kind="time", name="cudnn", mode="fwdbwd", vs_cudnn=1.0, rounds=3, **meta), timed]
+            dict(kind="time", name="cudnn", mode="fwdbwd", vs_cudnn=1.0, rounds=3, **meta),
+            timed,
+        ]
 
-    old_file = problem(True, [{"cudnn fwdbwd": 14.5, "v fwdbwd": 15.0},
-                              {"cudnn fwdbwd": 14.5, "v fwdbwd": 14.5},
-                              {"cudnn fwdbwd": 13.0, "v fwdbwd": 13.0 / 0.9}])
-    old_file += problem(False, [{"cudnn fwdbwd": 28.0, "v fwdbwd": 28.0},
-                                {"cudnn fwdbwd": 28.0, "v fwdbwd": 35.0}])
+    old_file = problem(
+        True,
+        [
+            {"cudnn fwdbwd": 14.5, "v fwdbwd": 15.0},
+            {"cudnn fwdbwd": 14.5, "v fwdbwd": 14.5},
+            {"cudnn fwdbwd": 13.0, "v fwdbwd": 13.0 / 0.9},
+        ],
+    )
+    old_file += problem(
+        False, [{"cudnn fwdbwd": 28.0, "v fwdbwd": 28.0}, {"cudnn fwdbwd": 28.0, "v fwdbwd": 35.0}]
+    )
     path = tmp_path / "grid.json"
     json.dump(dict(lines=[], records=old_file), open(path, "w"))
     rows = bench("hopper_table").main(["--spread", str(path)]).splitlines()[2:]
-    assert rows == ["| 32:32:128 | 16K | causal | 0.97x (0.90-1.00) | 3 |",
-                    "| 32:32:128 | 16K | full | 1.00x (0.80-1.00) | 2 |"]
+    assert rows == [
+        "| 32:32:128 | 16K | causal | 0.97x (0.90-1.00) | 3 |",
+        "| 32:32:128 | 16K | full | 1.00x (0.80-1.00) | 2 |",
+    ]
     new_file = problem(True, [{"cudnn fwdbwd": 1.0, "v fwdbwd": 1.0}] * 3, passes=[0.93, 1.0, 0.95])
     json.dump(dict(lines=[], records=new_file), open(path, "w"))
     assert bench("hopper_table").main(["--spread", str(path)]).splitlines()[2] == (
-        "| 32:32:128 | 16K | causal | 1.00x (0.93-1.00) | 3 |")
+        "| 32:32:128 | 16K | causal | 1.00x (0.93-1.00) | 3 |"
+    )
     assert bench("hopper_table").main([str(path)]).splitlines()[2] == (
-        "| 32:32:128 | 16K | causal | 1.00x | 3 |")  # without --spread, as before
+        "| 32:32:128 | 16K | causal | 1.00x | 3 |"
+    )  # without --spread, as before
 
 
 def test_hopper_profile_durations_per_kernel(bench, tmp_path):
@@ -266,26 +309,32 @@ def test_hopper_profile_durations_per_kernel(bench, tmp_path):
     gzipped) in launch order, converted to microseconds, other metrics ignored; no Duration rows or
     an unknown unit are ValueErrors."""
     hp = bench("hopper_profile")
-    head = ["ID", "Kernel Name", "Grid Size", "Section Name", "Metric Name", "Metric Unit",
-            "Metric Value"]
-    rows = [["0", "loop_broadcast_fusion", "(131072, 1, 1)", "SOL", "Duration", "usecond", "81.25"],
-            ["0", "loop_broadcast_fusion", "(131072, 1, 1)", "SOL", "SM Frequency", "Ghz", "1.96"],
-            ["1", "scoped_mosaic_gpu_kernel", "(1, 128, 32)", "SOL", "Duration", "msecond", "9.57"],
-            ["2", "convert_dq", "(1024, 1, 32)", "SOL", "Duration", "ns", "103,040"]]
+    head = ["ID", "Kernel Name", "Grid Size", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+    rows = [
+        ["0", "loop_broadcast_fusion", "(131072, 1, 1)", "SOL", "Duration", "usecond", "81.25"],
+        ["0", "loop_broadcast_fusion", "(131072, 1, 1)", "SOL", "SM Frequency", "Ghz", "1.96"],
+        ["1", "scoped_mosaic_gpu_kernel", "(1, 128, 32)", "SOL", "Duration", "msecond", "9.57"],
+        ["2", "convert_dq", "(1024, 1, 32)", "SOL", "Duration", "ns", "103,040"],
+    ]
     path = tmp_path / "k.csv.gz"
-    path.write_bytes(gzip.compress(
-        ("\n".join(",".join(f'"{x}"' for x in r) for r in [head, *rows]) + "\n").encode()))
+    path.write_bytes(
+        gzip.compress(("\n".join(",".join(f'"{x}"' for x in r) for r in [head, *rows]) + "\n").encode())
+    )
     kernels = hp.main(["--durations", str(path)])["durations"]
     assert [k["id"] for k in kernels] == [0, 1, 2]
-    assert [k["kernel"] for k in kernels] == ["loop_broadcast_fusion", "scoped_mosaic_gpu_kernel",
-                                              "convert_dq"]
+    assert [k["kernel"] for k in kernels] == [
+        "loop_broadcast_fusion",
+        "scoped_mosaic_gpu_kernel",
+        "convert_dq",
+    ]
     assert [round(k["us"], 2) for k in kernels] == [81.25, 9570.0, 103.04]
     assert kernels[1]["grid"] == "(1, 128, 32)"
     table = hp.durations_table(kernels)
     assert table.splitlines()[-1].split() == ["total", "9754.3", "us"]
     rows[0][5] = "cycle"
-    path.write_bytes(gzip.compress(
-        ("\n".join(",".join(f'"{x}"' for x in r) for r in [head, *rows]) + "\n").encode()))
+    path.write_bytes(
+        gzip.compress(("\n".join(",".join(f'"{x}"' for x in r) for r in [head, *rows]) + "\n").encode())
+    )
     with pytest.raises(ValueError, match="unit 'cycle'"):
         hp.durations(str(path))
     plain = tmp_path / "none.csv"
@@ -303,21 +352,32 @@ def test_hopper_profile_runs_the_steps_once_and_summarizes_ncu_csv(bench, tmp_pa
     o, (dq, dk, dv) = out["pallas_hopper"]
     assert o.shape == dq.shape == (1, 128, 2, 64) and dk.shape == dv.shape == (1, 128, 1, 64)
     assert all(np.isfinite(np.asarray(g)).all() for g in (o, dq, dk, dv)) and "cudnn" not in out
-    head = ["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value",
-            "Rule Name", "Rule Description", "Estimated Speedup"]
-    rows = [["0", "fwd_kernel", "SOL", "Duration", "ms", "107.00", "", "", ""],
-            ["0", "fwd_kernel", "Mem", "Local Memory Spilling Requests", "", "0", "", "", ""],
-            ["1", "bwd_kernel", "SOL", "Duration", "ms", "338.84", "", "", ""],
-            ["1", "bwd_kernel", "Warp", "", "", "", "CPIStall", "3.2  cycles  stalled", "28.2"],
-            ["1", "bwd_kernel", "Mem", "", "", "", "MemoryCacheAccessPattern", "local loads", "69.6"],
-            ["1", "bwd_kernel", "Compute", "", "", "", "HighPipeUtilization", "Shared 58.8%", ""]]
+    head = [
+        "ID",
+        "Kernel Name",
+        "Section Name",
+        "Metric Name",
+        "Metric Unit",
+        "Metric Value",
+        "Rule Name",
+        "Rule Description",
+        "Estimated Speedup",
+    ]
+    rows = [
+        ["0", "fwd_kernel", "SOL", "Duration", "ms", "107.00", "", "", ""],
+        ["0", "fwd_kernel", "Mem", "Local Memory Spilling Requests", "", "0", "", "", ""],
+        ["1", "bwd_kernel", "SOL", "Duration", "ms", "338.84", "", "", ""],
+        ["1", "bwd_kernel", "Warp", "", "", "", "CPIStall", "3.2  cycles  stalled", "28.2"],
+        ["1", "bwd_kernel", "Mem", "", "", "", "MemoryCacheAccessPattern", "local loads", "69.6"],
+        ["1", "bwd_kernel", "Compute", "", "", "", "HighPipeUtilization", "Shared 58.8%", ""],
+    ]
     path = tmp_path / "prof.csv"
     path.write_text("\n".join(",".join(f'"{x}"' for x in r) for r in [head, *rows]) + "\n")
     text = hp.main(["--summarize", str(path)])["summary"]
     lines = text.splitlines()
     assert "0:fwd_kernel" in lines[0] and "1:bwd_kernel" in lines[0]
     assert "107.00 ms" in lines[1] and "338.84 ms" in lines[1]
-    bwd = lines[lines.index("1:bwd_kernel"):]
+    bwd = lines[lines.index("1:bwd_kernel") :]
     assert bwd[1].startswith("  HighPipeUtilization (-): Shared 58.8%")
     assert bwd[2].startswith("  MemoryCacheAccessPattern (69.6%)") and "(28.2%)" in bwd[3]
     assert "3.2 cycles stalled" in bwd[3]
@@ -337,7 +397,8 @@ def test_hopper_profile_backward_takes_hopper_checks_variant_entries(bench):
     default = hp.block_sizes(128, "default", causal=False)
     assert default == hp.ph.default_block_sizes(128, causal=False)
     assert hp.block_sizes(128, "default/bwd_stages=3") == dataclasses.replace(
-        hp.ph.default_block_sizes(128), bwd_stages=3)
+        hp.ph.default_block_sizes(128), bwd_stages=3
+    )
     mosaic = hp.block_sizes(64, "mosaic/bwd_block_k=128/registers=232")
     assert (mosaic.backward, mosaic.bwd_block_k, mosaic.registers) == ("mosaic", 128, 232)
     assert hp.block_sizes(64, "deterministic") == hp.ph.deterministic_block_sizes(None, 64)
@@ -351,12 +412,22 @@ def test_hopper_profile_sass_shares_stall_samples_by_opcode_reason_and_line(benc
     instructions ranked by samples, then per execution count (a loop body's instructions share
     one); a CSV without the samples column is a ValueError."""
     hp = bench("hopper_profile")
-    head = ["Address", "Source", hp.SAMPLES, "Warp Stall Sampling (Not-issued Samples)",
-            "Instructions Executed", "stall_barrier", "stall_long_sb", "stall_long_sb (Not Issued)"]
-    rows = [["0x10", "@!P1  BRA 0x40", "600", "500", "16", "0", "600", "500"],
-            ["0x20", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "300", "200", "32", "300", "0", "0"],
-            ["0x30", "@P0 BRA 0x10", "100", "50", "32", "100", "0", "0"],
-            ["0x40", "EXIT", "0", "0", "1", "0", "0", "0"]]
+    head = [
+        "Address",
+        "Source",
+        hp.SAMPLES,
+        "Warp Stall Sampling (Not-issued Samples)",
+        "Instructions Executed",
+        "stall_barrier",
+        "stall_long_sb",
+        "stall_long_sb (Not Issued)",
+    ]
+    rows = [
+        ["0x10", "@!P1  BRA 0x40", "600", "500", "16", "0", "600", "500"],
+        ["0x20", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "300", "200", "32", "300", "0", "0"],
+        ["0x30", "@P0 BRA 0x10", "100", "50", "32", "100", "0", "0"],
+        ["0x40", "EXIT", "0", "0", "1", "0", "0", "0"],
+    ]
     path = tmp_path / "sass.csv.gz"
     with gzip.open(path, "wt") as f:
         f.write('"Kernel Name","scoped_mosaic_gpu_kernel",\n')
@@ -367,9 +438,11 @@ def test_hopper_profile_sass_shares_stall_samples_by_opcode_reason_and_line(benc
     assert lines[2] == "by reason: long_sb 60.0%, barrier 40.0%"
     assert lines[4].split() == ["600", "60.0%", "16", "@!P1", "BRA", "0x40"]
     assert lines[5].split()[:3] == ["300", "30.0%", "32"]
-    assert lines[8:] == ["by execution count (the instructions of one loop body ran equally often):",
-                         "  ran 16: 1 instructions, 60.0% of the samples (long_sb 100%)",
-                         "  ran 32: 2 instructions, 40.0% of the samples (barrier 100%)"]
+    assert lines[8:] == [
+        "by execution count (the instructions of one loop body ran equally often):",
+        "  ran 16: 1 instructions, 60.0% of the samples (long_sb 100%)",
+        "  ran 32: 2 instructions, 40.0% of the samples (barrier 100%)",
+    ]
     plain = tmp_path / "details.csv"
     plain.write_text('"ID","Kernel Name"\n"0","k"\n')
     with pytest.raises(ValueError, match="no 'Warp Stall Sampling"):
@@ -406,13 +479,27 @@ ptxas info    : Used 168 registers, used 16 barriers, 200 bytes cumulative stack
     with gzip.open(path, "wt") as f:
         f.write(log)
     fwd, bwd = hp.main(["--ptxas", str(path)])["ptxas"]
-    assert fwd == {"kernel": "anonymous_mosaic_gpu_kernel", "registers": 168, "stack_bytes": 0,
-                   "spill_store_bytes": 0, "spill_load_bytes": 0, "sass_LDL": 0, "sass_STL": 0}
-    assert bwd == {"kernel": "scoped_mosaic_gpu_kernel", "registers": 168, "stack_bytes": 200,
-                   "spill_store_bytes": 296, "spill_load_bytes": 336, "sass_LDL": 2, "sass_STL": 1}
+    assert fwd == {
+        "kernel": "anonymous_mosaic_gpu_kernel",
+        "registers": 168,
+        "stack_bytes": 0,
+        "spill_store_bytes": 0,
+        "spill_load_bytes": 0,
+        "sass_LDL": 0,
+        "sass_STL": 0,
+    }
+    assert bwd == {
+        "kernel": "scoped_mosaic_gpu_kernel",
+        "registers": 168,
+        "stack_bytes": 200,
+        "spill_store_bytes": 296,
+        "spill_load_bytes": 336,
+        "sass_LDL": 2,
+        "sass_STL": 1,
+    }
     plain = tmp_path / "plain.log"
     plain.write_text("profiled L=1024\n")
-    with pytest.raises(ValueError, match="no \"Compiling entry function\" line"):
+    with pytest.raises(ValueError, match='no "Compiling entry function" line'):
         hp.ptxas_summary(str(plain))
 
 
@@ -486,17 +573,23 @@ def test_sass_loops_counts_what_a_loop_pays_per_trip(bench):
 
 
 def test_hopper_aot_reads_ptxas_output(bench):
-    log = ("ptxas info    : Function properties for scoped_mosaic_gpu_kernel\n"
-           "    200 bytes stack frame, 296 bytes spill stores, 336 bytes spill loads\n"
-           "ptxas info    : Used 168 registers, used 16 barriers, 200 bytes cumulative stack size\n")
-    log += ("ptxas warning : (C7519) warpgroup.arrive is injected in around line 9 by "
-            "compiler to allow use of registers in GMMA in function 'k'\n")
-    assert bench("hopper_aot").ptxas_info(log) == dict(registers=168, spill_stores=296,
-                                                      spill_loads=336, stack_frame=200,
-                                                      wgmma_notes=1, serialized=[])
+    log = (
+        "ptxas info    : Function properties for scoped_mosaic_gpu_kernel\n"
+        "    200 bytes stack frame, 296 bytes spill stores, 336 bytes spill loads\n"
+        "ptxas info    : Used 168 registers, used 16 barriers, 200 bytes cumulative stack size\n"
+    )
+    log += (
+        "ptxas warning : (C7519) warpgroup.arrive is injected in around line 9 by "
+        "compiler to allow use of registers in GMMA in function 'k'\n"
+    )
+    assert bench("hopper_aot").ptxas_info(log) == dict(
+        registers=168, spill_stores=296, spill_loads=336, stack_frame=200, wgmma_notes=1, serialized=[]
+    )
     assert bench("hopper_aot").ptxas_info("")["registers"] is None
-    log += ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are "
-            "serialized due to insufficient register resources for the function 'k'\n")
+    log += (
+        "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are "
+        "serialized due to insufficient register resources for the function 'k'\n"
+    )
     assert bench("hopper_aot").ptxas_info(log)["serialized"] == ["C7512"]
 
 
@@ -510,22 +603,44 @@ def test_gpu_suite_summary_lists_every_case(bench, tmp_path):
         '<testcase classname="tests.test_gpu_suite" name="test_b" time="2.0">'
         '<failure message="AssertionError: too far">trace</failure></testcase>'
         '<testcase classname="tests.test_gpu_suite" name="test_c" time="0">'
-        '<skipped message="needs an H100"/></testcase></testsuite></testsuites>')
-    rerun.write_text('<testsuites><testsuite name="pytest" time="2.5">'
-                     '<testcase classname="tests.test_gpu_suite" name="test_b" time="2.4"/>'
-                     '</testsuite></testsuites>')
+        '<skipped message="needs an H100"/></testcase></testsuite></testsuites>'
+    )
+    rerun.write_text(
+        '<testsuites><testsuite name="pytest" time="2.5">'
+        '<testcase classname="tests.test_gpu_suite" name="test_b" time="2.4"/>'
+        "</testsuite></testsuites>"
+    )
     gs = bench("gpu_suite_summary")
     rows = gs.cases(str(xml))
-    assert [r[:2] for r in rows] == [("test_gpu_suite::test_a[xla]", "pass"),
-                                     ("test_gpu_suite::test_b", "FAIL"), ("test_gpu_suite::test_c", "skip")]
-    one = gs.render(gs.merge([(rows, "abc1234")]), runs=[("abc1234", gs.wall_seconds(str(xml)), 3)],
-                    device="NVIDIA H100 80GB HBM3", jax_version="0.11.2", date="2026-12-06")
+    assert [r[:2] for r in rows] == [
+        ("test_gpu_suite::test_a[xla]", "pass"),
+        ("test_gpu_suite::test_b", "FAIL"),
+        ("test_gpu_suite::test_c", "skip"),
+    ]
+    one = gs.render(
+        gs.merge([(rows, "abc1234")]),
+        runs=[("abc1234", gs.wall_seconds(str(xml)), 3)],
+        device="NVIDIA H100 80GB HBM3",
+        jax_version="0.11.2",
+        date="2026-12-06",
+    )
     assert "**1 passed, 1 failed, 1 skipped** (run 1: commit `abc1234`, 3 cases in 3 s)" in one
     assert "| `test_gpu_suite::test_b` | FAIL | 2.0 | AssertionError: too far |" in one
     out = tmp_path / "s.md"
-    gs.main([str(xml), str(out), "--commit", "abc1234", "--rerun", f"{rerun}@def5678", "--device",
-             "NVIDIA H100 80GB HBM3", "--jax", "0.11.2"])
+    gs.main(
+        [
+            str(xml),
+            str(out),
+            "--commit",
+            "abc1234",
+            "--rerun",
+            f"{rerun}@def5678",
+            "--device",
+            "NVIDIA H100 80GB HBM3",
+            "--jax",
+            "0.11.2",
+        ]
+    )
     text = out.read_text()
     assert "**2 passed, 0 failed, 1 skipped**" in text and "run 2: commit `def5678`" in text
-    assert ("| `test_gpu_suite::test_b` | pass | 2.4 | 2 | run 1: FAIL (AssertionError: too far) |"
-            in text)
+    assert "| `test_gpu_suite::test_b` | pass | 2.4 | 2 | run 1: FAIL (AssertionError: too far) |" in text

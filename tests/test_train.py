@@ -23,9 +23,20 @@ from train.metrics import read_metrics
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 DEBUG = str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "debug.yaml")
 RESUME_RTOL = 1e-6  # same program, same data: only float reassociation may differ
-SMALL = ["--data.seq_len=64", "--data.batch_size=4", "--log.every=1", "--sample.tokens=0",
-         "--eval.every=0", "--eval.batches=1", "--log.progress=false", "--log.tensorboard=false",
-         "--optim.warmup_steps=2", "--checkpoint.every=2", "--checkpoint.keep=2", "--steps=6"]
+SMALL = [
+    "--data.seq_len=64",
+    "--data.batch_size=4",
+    "--log.every=1",
+    "--sample.tokens=0",
+    "--eval.every=0",
+    "--eval.batches=1",
+    "--log.progress=false",
+    "--log.tensorboard=false",
+    "--optim.warmup_steps=2",
+    "--checkpoint.every=2",
+    "--checkpoint.keep=2",
+    "--steps=6",
+]
 # Every run below shares steps=6 (the schedule) and stops early with stop_at, so they share one
 # compiled train step.
 
@@ -39,14 +50,24 @@ def _losses(run_dir) -> dict[int, float]:
 
 
 def test_loss_decreases_and_run_dir_is_complete(tmp_path):
-    result = train.main(small(tmp_path, "--sample.tokens=4",
-                              "--log.tensorboard=true"))
+    result = train.main(small(tmp_path, "--sample.tokens=4", "--log.tensorboard=true"))
     losses = [result.losses[s] for s in sorted(result.losses)]
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
     records = [r for r in read_metrics(str(tmp_path)) if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, 7))
-    for key in ("step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "seq_len",
-                "flops_per_token", "model_flops", "peak_tflops", "peak_source"):
+    for key in (
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_sec",
+        "mfu",
+        "seq_len",
+        "flops_per_token",
+        "model_flops",
+        "peak_tflops",
+        "peak_source",
+    ):
         assert all(key in r for r in records)
     assert all(r["seq_len"] == 64 for r in records)
     # FLOPs counted from the packed documents (log.every=1: each record's window is its own step):
@@ -82,11 +103,11 @@ def test_resume_is_exact(tmp_path):
     assert kept, "the interrupted save must be set aside, not deleted"
     losses_two = {**first.losses, **second.losses}
     assert sorted(second.losses) == [4, 5, 6]
-    np.testing.assert_allclose([losses_two[s] for s in range(1, 7)],
-                               [one.losses[s] for s in range(1, 7)], rtol=RESUME_RTOL)
+    np.testing.assert_allclose(
+        [losses_two[s] for s in range(1, 7)], [one.losses[s] for s in range(1, 7)], rtol=RESUME_RTOL
+    )
     for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(second.params), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RESUME_RTOL,
-                                   atol=RESUME_RTOL)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RESUME_RTOL, atol=RESUME_RTOL)
 
 
 def test_ulysses_mesh_trains_and_resumes_exactly(tmp_path):
@@ -99,18 +120,19 @@ def test_ulysses_mesh_trains_and_resumes_exactly(tmp_path):
     whole = train.main(small(tmp_path / "whole", *usp))
     assert whole.losses[6] < whole.losses[1]
     resumed = {**first.losses, **second.losses}
-    np.testing.assert_allclose([resumed[s] for s in range(1, 7)],
-                               [whole.losses[s] for s in range(1, 7)], rtol=RESUME_RTOL)
+    np.testing.assert_allclose(
+        [resumed[s] for s in range(1, 7)], [whole.losses[s] for s in range(1, 7)], rtol=RESUME_RTOL
+    )
     for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(second.params), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RESUME_RTOL,
-                                   atol=RESUME_RTOL)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RESUME_RTOL, atol=RESUME_RTOL)
 
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     whole = train.main(small(tmp_path / "whole", "--stop_at=2"))
     accum = train.main(small(tmp_path / "accum", "--stop_at=2", "--optim.accum_steps=2"))
-    np.testing.assert_allclose([accum.losses[s] for s in (1, 2)],
-                               [whole.losses[s] for s in (1, 2)], rtol=1e-5)
+    np.testing.assert_allclose(
+        [accum.losses[s] for s in (1, 2)], [whole.losses[s] for s in (1, 2)], rtol=1e-5
+    )
 
 
 def test_init_from_hugging_face_checkpoint(tmp_path):
@@ -122,8 +144,14 @@ def test_init_from_hugging_face_checkpoint(tmp_path):
     tuned = train.main(small(tmp_path / "tuned", "--stop_at=1", f"--model.init_from={tmp_path}/hf"))
     assert tuned.losses[1] < trained.losses[1]  # starts from the trained weights
     with pytest.raises(ValueError, match="does not match"):
-        train.main(small(tmp_path / "bad", "--stop_at=1", f"--model.init_from={tmp_path}/hf",
-                         "--model.overrides.intermediate_size=64"))
+        train.main(
+            small(
+                tmp_path / "bad",
+                "--stop_at=1",
+                f"--model.init_from={tmp_path}/hf",
+                "--model.overrides.intermediate_size=64",
+            )
+        )
 
 
 def _snapshot(directory: pathlib.Path) -> dict[str, bytes]:
@@ -153,8 +181,7 @@ def test_checkpoint_errors_change_nothing(tmp_path, capsys):
     assert _snapshot(ckpts) == before
     assert not (ckpts / "6").exists()
     # the command line says it in one line
-    assert cli.main(["--config", DEBUG, *SMALL, f"--run_dir={run}", "--cpu_devices=0",
-                     "--stop_at=6"]) == 2
+    assert cli.main(["--config", DEBUG, *SMALL, f"--run_dir={run}", "--cpu_devices=0", "--stop_at=6"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("checkpoint error: checkpoint step=4") and "\n" not in err
     # resume the older step by number: the damaged one is set aside (kept), training goes on
@@ -164,25 +191,33 @@ def test_checkpoint_errors_change_nothing(tmp_path, capsys):
     np.testing.assert_array_equal([again.losses[s] for s in (3, 4)], [first.losses[s] for s in (3, 4)])
 
 
-@pytest.mark.parametrize("bad, error", [
-    ("--data.paths=[/nonexistent/*.jsonl]", "config error: data.paths entry '/nonexistent/*.jsonl' "
-                                            "matches no file"),
-    ("--data.seq_len=60", "config error: data.seq_len=60 does not fit the ring"),
-])
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (
+            "--data.paths=[/nonexistent/*.jsonl]",
+            "config error: data.paths entry '/nonexistent/*.jsonl' matches no file",
+        ),
+        ("--data.seq_len=60", "config error: data.seq_len=60 does not fit the ring"),
+    ],
+)
 def test_setup_mistakes_are_one_config_error_line(tmp_path, capsys, bad, error):
     code = cli.main(["--config", DEBUG, *SMALL, f"--run_dir={tmp_path}", "--cpu_devices=0", bad])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith(error) and "\n" not in err, err
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["--mesh.sp=4", "--mesh.fsdp=4"], "dp\\*fsdp\\*tp\\*sp\\*usp=16"),
-    (["--mesh.fsdp=1", "--mesh.sp=2", "--mesh.usp=4", "--data.seq_len=36"], "mesh.sp\\*mesh.usp=8"),
-    (["--data.seq_len=60"], "data.seq_len=60"),
-    (["--data.seq_len=96", "--model.overrides.q_chunk=16"], "multiple of the attention block"),
-    (["--data.batch_size=3", "--mesh.fsdp=2"], "batch_size=3"),
-    (["--model.overrides.vocab_size=128"], "vocab_size"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["--mesh.sp=4", "--mesh.fsdp=4"], "dp\\*fsdp\\*tp\\*sp\\*usp=16"),
+        (["--mesh.fsdp=1", "--mesh.sp=2", "--mesh.usp=4", "--data.seq_len=36"], "mesh.sp\\*mesh.usp=8"),
+        (["--data.seq_len=60"], "data.seq_len=60"),
+        (["--data.seq_len=96", "--model.overrides.q_chunk=16"], "multiple of the attention block"),
+        (["--data.batch_size=3", "--mesh.fsdp=2"], "batch_size=3"),
+        (["--model.overrides.vocab_size=128"], "vocab_size"),
+    ],
+)
 def test_bad_setup_is_a_clear_error(tmp_path, overrides, match):
     with pytest.raises(ValueError, match=match):
         train.main(small(tmp_path, *overrides))
@@ -198,8 +233,10 @@ def test_empty_data_is_an_error(tmp_path):
 
 @pytest.mark.slow
 def test_progressive_stages_start_from_previous(tmp_path):
-    config = small(tmp_path, "--stages=[{steps: 3, seq_len: 32, rope_theta: 1.0e4}, "
-                             "{steps: 3, seq_len: 64, rope_theta: 1.0e5}]")
+    config = small(
+        tmp_path,
+        "--stages=[{steps: 3, seq_len: 32, rope_theta: 1.0e4}, {steps: 3, seq_len: 64, rope_theta: 1.0e5}]",
+    )
     result = train.main(config)
     assert result.run_dir.endswith("stage_1") and result.step == 3
     first = _losses(tmp_path / "stage_0")
@@ -247,22 +284,31 @@ def test_nonfinite_step_is_never_saved(tmp_path, capsys):
     bad = ["--optim.lr=1e6", "--optim.clip_norm=0", "--checkpoint.every=1", "--checkpoint.keep=1"]
     with pytest.raises(NonFiniteError) as info:
         train.main(small(tmp_path / "stop", *bad))
-    step = int(re.match(r"step (\d+): loss=\S+ grad_norm=\S+ is not finite; no update from it was "
-                        r"saved\. The last good step is (\d+)", str(info.value))[1])
-    assert f"The last good step is {step - 1} and its newest checkpoint is step {step - 1} in " \
-           f"'{tmp_path / 'stop' / 'checkpoints'}': relaunch to resume from it" in str(info.value)
+    step = int(
+        re.match(
+            r"step (\d+): loss=\S+ grad_norm=\S+ is not finite; no update from it was "
+            r"saved\. The last good step is (\d+)",
+            str(info.value),
+        )[1]
+    )
+    assert (
+        f"The last good step is {step - 1} and its newest checkpoint is step {step - 1} in "
+        f"'{tmp_path / 'stop' / 'checkpoints'}': relaunch to resume from it" in str(info.value)
+    )
     ckpt = Checkpointer(str(tmp_path / "stop" / "checkpoints"), keep=1, async_save=False)
     assert ckpt.steps() == [step - 1]  # keep=1 kept the newest finite one
     from models.sharding import MeshConfig, make_mesh
     from train.steps import abstract_params
 
-    like = abstract_params(llama.get_config("debug", **small(tmp_path).model.overrides),
-                           make_mesh(MeshConfig(fsdp=2, sp=4)))
+    like = abstract_params(
+        llama.get_config("debug", **small(tmp_path).model.overrides), make_mesh(MeshConfig(fsdp=2, sp=4))
+    )
     saved = ckpt.restore(step - 1, like)["params"]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(saved))
     # the command line: one line, exit status 1
-    assert cli.main(["--config", DEBUG, *SMALL, f"--run_dir={tmp_path / 'cli'}", "--cpu_devices=0",
-                     *bad]) == 1
+    assert (
+        cli.main(["--config", DEBUG, *SMALL, f"--run_dir={tmp_path / 'cli'}", "--cpu_devices=0", *bad]) == 1
+    )
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"training stopped: step {step}: ") and "\n" not in err, err
     # skip_nonfinite=N: such steps' updates are skipped, the run goes on and saves finite states
@@ -271,9 +317,12 @@ def test_nonfinite_step_is_never_saved(tmp_path, capsys):
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(skipped.params))
     assert f"step {step}: loss=" in capsys.readouterr().out
     # a stop after skipped steps: their checkpoints hold no update of theirs, and the line says so
-    with pytest.raises(NonFiniteError, match=rf"steps {step}-{step + 1} had a non-finite .*; no "
-                       rf"update from them was saved\. The last good step is {step - 1} and its "
-                       rf"newest checkpoint is step {step} .* \(steps {step}-{step} were skipped"):
+    with pytest.raises(
+        NonFiniteError,
+        match=rf"steps {step}-{step + 1} had a non-finite .*; no "
+        rf"update from them was saved\. The last good step is {step - 1} and its "
+        rf"newest checkpoint is step {step} .* \(steps {step}-{step} were skipped",
+    ):
         train.main(small(tmp_path / "skip1", *bad, "--skip_nonfinite=1"))
 
 
@@ -285,14 +334,18 @@ def test_resume_checks_steps_changes_eval_and_metrics(tmp_path):
     run = tmp_path / "run"
     train.main(small(run, "--stop_at=4"))
     config_yaml = (run / "config.yaml").read_text()
-    with pytest.raises(ConfigError, match=f"stop_at=3 but run_dir '{run}' already holds step 4: "
-                                          "nothing to train"):
+    with pytest.raises(
+        ConfigError, match=f"stop_at=3 but run_dir '{run}' already holds step 4: nothing to train"
+    ):
         train.main(small(run, "--stop_at=3"))
     with pytest.raises(ConfigError, match="stop_at=4 but .* already holds step 4"):
         train.main(small(run, "--stop_at=4"))  # its final evaluation is there: nothing to do
-    with pytest.raises(ConfigError, match=r"holds step 4 of a run with other data or model options: "
-                                          r"data.seed 0 -> 1, data.seq_len 64 -> 32 \(saved -> now\)"
-                                          r".*--resume.allow_changes=true"):
+    with pytest.raises(
+        ConfigError,
+        match=r"holds step 4 of a run with other data or model options: "
+        r"data.seed 0 -> 1, data.seq_len 64 -> 32 \(saved -> now\)"
+        r".*--resume.allow_changes=true",
+    ):
         train.main(small(run, "--data.seed=1", "--data.seq_len=32"))
     assert (run / "config.yaml").read_text() == config_yaml
     # killed after checkpoint 4, before its final evaluation, with step 5 already logged
@@ -327,14 +380,19 @@ def test_resume_with_another_batch_split_or_a_change_the_checkpoint_cannot_take(
         shutil.copytree(run, tmp_path / name)
     same = train.main(small(run, "--stop_at=3"))  # the unchanged config still resumes
     # another accumulation split of the same batch: the same sequences, the same loss
-    accum = train.main(small(tmp_path / "accum", "--optim.accum_steps=2",
-                             "--resume.allow_changes=true", "--stop_at=3"))
+    accum = train.main(
+        small(tmp_path / "accum", "--optim.accum_steps=2", "--resume.allow_changes=true", "--stop_at=3")
+    )
     np.testing.assert_allclose(accum.losses[3], same.losses[3], rtol=1e-5)
-    assert (tmp_path / "accum" / "config.yaml").read_text().startswith(
-        "# resumed at step 2: optim.accum_steps 1 -> 2")
+    assert (
+        (tmp_path / "accum" / "config.yaml")
+        .read_text()
+        .startswith("# resumed at step 2: optim.accum_steps 1 -> 2")
+    )
     # another batch size: new streams of documents, from their first documents
-    batch = train.main(small(tmp_path / "batch", "--data.batch_size=8",
-                             "--resume.allow_changes=true", "--stop_at=3"))
+    batch = train.main(
+        small(tmp_path / "batch", "--data.batch_size=8", "--resume.allow_changes=true", "--stop_at=3")
+    )
     assert sorted(batch.losses) == [3] and np.isfinite(batch.losses[3])
 
 
@@ -344,12 +402,21 @@ def test_init_from_errors_are_one_line_naming_the_path(tmp_path, capsys, config_
     if config_json is not None:
         hf.mkdir()
         (hf / "config.json").write_text(config_json)
-    code = cli.main(["--config", DEBUG, *SMALL, f"--run_dir={tmp_path / 'run'}", "--cpu_devices=0",
-                     f"--model.init_from={hf}"])
+    code = cli.main(
+        [
+            "--config",
+            DEBUG,
+            *SMALL,
+            f"--run_dir={tmp_path / 'run'}",
+            "--cpu_devices=0",
+            f"--model.init_from={hf}",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err, err
     assert err.startswith(f"config error: model.init_from='{hf}' cannot be loaded") and (
-        str(hf / "config.json") in err), err
+        str(hf / "config.json") in err
+    ), err
 
 
 def test_one_text_file_trains(tmp_path):

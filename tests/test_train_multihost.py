@@ -39,13 +39,26 @@ def _launch_two(run_dir, extra=None, timeout: float = 300) -> tuple[list[int], l
     env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     procs = []
     for pid in range(2):
-        cmd = [sys.executable, "-m", "train", "--config", DEBUG, *SMALL, *STOP,
-               f"--run_dir={run_dir}", "--cpu_devices=4",
-               f"--distributed.coordinator_address=127.0.0.1:{port}",
-               "--distributed.num_processes=2", f"--distributed.process_id={pid}",
-               *(extra or {}).get(pid, [])]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "train",
+            "--config",
+            DEBUG,
+            *SMALL,
+            *STOP,
+            f"--run_dir={run_dir}",
+            "--cpu_devices=4",
+            f"--distributed.coordinator_address=127.0.0.1:{port}",
+            "--distributed.num_processes=2",
+            f"--distributed.process_id={pid}",
+            *(extra or {}).get(pid, []),
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     outs, deadline = [], time.monotonic() + timeout
     try:
         for p in procs:
@@ -66,8 +79,9 @@ def test_two_processes_agree_with_one(tmp_path):
     # every row's FLOPs counted once over the two processes, as one process counts them
     flops = lambda d: [r["model_flops"] for r in read_metrics(str(d)) if "loss" in r]  # noqa: E731
     assert flops(tmp_path / "two") == flops(tmp_path / "one")
-    np.testing.assert_allclose([two[s] for s in (1, 2, 3)], [one.losses[s] for s in (1, 2, 3)],
-                               rtol=MULTIHOST_RTOL)
+    np.testing.assert_allclose(
+        [two[s] for s in (1, 2, 3)], [one.losses[s] for s in (1, 2, 3)], rtol=MULTIHOST_RTOL
+    )
     # the checkpoint the two processes wrote together restores here, sharded over 8 devices
     config = small(tmp_path / "one", *STOP)
     mesh = make_mesh(MeshConfig(**dataclasses.asdict(config.mesh)))
@@ -77,17 +91,19 @@ def test_two_processes_agree_with_one(tmp_path):
     assert ckpt.latest() == 3
     params = ckpt.restore(3, fns.params_abstract)["params"]
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(one.params), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=MULTIHOST_RTOL,
-                                   atol=MULTIHOST_RTOL)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=MULTIHOST_RTOL, atol=MULTIHOST_RTOL)
 
 
 FAIL_WITHIN_S = 60  # every process of the job must have exited by then
 
 
-@pytest.mark.parametrize("bad_pid, bad, error", [
-    (0, "--optim.lr=-1", "config error: optim.lr=-1.0 must be >= 0"),  # before jax starts
-    (1, "--data.paths=[/nonexistent/*.jsonl]", "config error: data.paths entry"),  # after
-])
+@pytest.mark.parametrize(
+    "bad_pid, bad, error",
+    [
+        (0, "--optim.lr=-1", "config error: optim.lr=-1.0 must be >= 0"),  # before jax starts
+        (1, "--data.paths=[/nonexistent/*.jsonl]", "config error: data.paths entry"),  # after
+    ],
+)
 def test_one_failing_process_ends_the_job(tmp_path, bad_pid, bad, error):
     """One process gets a bad setting: it exits 2 with the one-line error, the other exits non-zero
     soon after naming the failed process and its error (not after minutes at a barrier)."""

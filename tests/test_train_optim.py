@@ -43,8 +43,7 @@ def test_adamw_keeps_master_weights_float32():
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)  # as the train step does
     updates, state = tx.update(grads, state, params)
     new = jax.tree.map(lambda p, u: p + u, params, updates)
-    assert {str(x.dtype) for x in jax.tree.leaves(new)} == {str(x.dtype)
-                                                            for x in jax.tree.leaves(params)}
+    assert {str(x.dtype) for x in jax.tree.leaves(new)} == {str(x.dtype) for x in jax.tree.leaves(params)}
     moments = [x for x in jax.tree.leaves(state) if getattr(x, "ndim", 0) >= 1]
     assert moments and all(x.dtype != jax.numpy.bfloat16 for x in moments)
 

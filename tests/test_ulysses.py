@@ -48,24 +48,45 @@ CASES = [pytest.param(c, id=_id(c), marks=[] if c in DEFAULT else [pytest.mark.s
 @pytest.mark.parametrize("case", CASES)
 def test_matrix_float32(case):
     (u, n), layout, causal, seg, kvh = case
-    check_ring(Problem(n=n, ulysses=u, shard=8, layout=layout, causal=causal, segments=seg,
-                       kv_heads=kvh), implementation="xla", block_sizes=BS)
+    check_ring(
+        Problem(n=n, ulysses=u, shard=8, layout=layout, causal=causal, segments=seg, kv_heads=kvh),
+        implementation="xla",
+        block_sizes=BS,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("u,n,layout", [(2, 2, "zigzag"), (4, 2, "striped")])
 def test_bfloat16(u, n, layout):
-    check_ring(Problem(n=n, ulysses=u, shard=8, layout=layout, causal=True, segments=True,
-                       kv_heads=2, dtype="bfloat16"), implementation="xla", block_sizes=BS)
+    check_ring(
+        Problem(
+            n=n, ulysses=u, shard=8, layout=layout, causal=True, segments=True, kv_heads=2, dtype="bfloat16"
+        ),
+        implementation="xla",
+        block_sizes=BS,
+    )
 
 
-@pytest.mark.parametrize("heads,kv_heads,u,n", [(12, 6, 4, 2),
-                                                pytest.param(8, 1, 4, 1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "heads,kv_heads,u,n", [(12, 6, 4, 2), pytest.param(8, 1, 4, 1, marks=pytest.mark.slow)]
+)
 def test_kv_heads_repeated_just_enough(heads, kv_heads, u, n):
     # MQA and kv heads that the Ulysses size does not divide (6 over 4: each copied twice).
-    check_ring(Problem(n=n, ulysses=u, shard=8, layout="zigzag", causal=True, segments=True,
-                       heads=heads, kv_heads=kv_heads, head_dim=8), implementation="xla",
-               block_sizes=BS)
+    check_ring(
+        Problem(
+            n=n,
+            ulysses=u,
+            shard=8,
+            layout="zigzag",
+            causal=True,
+            segments=True,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=8,
+        ),
+        implementation="xla",
+        block_sizes=BS,
+    )
 
 
 def test_kv_repeats():
@@ -82,8 +103,7 @@ def test_error_does_not_grow_with_device_count(u, n):
     # One global problem (L = 64) on 1 device and on 8 as Ulysses u x ring n.
     errs = {}
     for uu, nn in ((1, 1), (u, n)):
-        pb = Problem(n=nn, ulysses=uu, shard=64 // (uu * nn), layout="striped", causal=True,
-                     segments=True)
+        pb = Problem(n=nn, ulysses=uu, shard=64 // (uu * nn), layout="striped", causal=True, segments=True)
         errs[(uu, nn)] = max(check_ring(pb, implementation="xla", block_sizes=BlockSizes(2, 2)))
     assert errs[(u, n)] <= GROWTH_FACTOR * max(errs[(1, 1)], F32_RTOL / 100), errs
 
@@ -91,22 +111,50 @@ def test_error_does_not_grow_with_device_count(u, n):
 def test_pallas_gpu_interpret():
     from ringattention.kernels.triton import pallas_gpu as pg
 
-    bs = pg.BlockSizes(block_q=16, block_k=16, fwd_warps=4, fwd_stages=2, block_q_dq=16,
-                       block_k_dq=16, block_q_dkv=16, block_k_dkv=16, bwd_warps=4, bwd_stages=2)
-    check_ring(Problem(n=2, ulysses=2, shard=16, layout="zigzag", causal=True, segments=True,
-                       kv_heads=1), implementation="pallas_gpu", interpret=True, block_sizes=bs)
+    bs = pg.BlockSizes(
+        block_q=16,
+        block_k=16,
+        fwd_warps=4,
+        fwd_stages=2,
+        block_q_dq=16,
+        block_k_dq=16,
+        block_q_dkv=16,
+        block_k_dkv=16,
+        bwd_warps=4,
+        bwd_stages=2,
+    )
+    check_ring(
+        Problem(n=2, ulysses=2, shard=16, layout="zigzag", causal=True, segments=True, kv_heads=1),
+        implementation="pallas_gpu",
+        interpret=True,
+        block_sizes=bs,
+    )
 
 
 @pytest.mark.slow
 def test_pallas_tpu_interpret():
     from ringattention.kernels.tpu.blocks import BlockSizes as TpuBlockSizes
 
-    check_ring(Problem(n=2, ulysses=2, shard=64, batch=1, head_dim=128, layout="striped",
-                       causal=True, segments=True, kv_heads=2), implementation="pallas_tpu",
-               interpret=True, block_sizes=TpuBlockSizes(128, 128, 128, 128))
+    check_ring(
+        Problem(
+            n=2,
+            ulysses=2,
+            shard=64,
+            batch=1,
+            head_dim=128,
+            layout="striped",
+            causal=True,
+            segments=True,
+            kv_heads=2,
+        ),
+        implementation="pallas_tpu",
+        interpret=True,
+        block_sizes=TpuBlockSizes(128, 128, 128, 128),
+    )
 
 
 # ---- sharded_attention and bad input -----------------------------------------------------------
+
 
 def _global_problem(rng, L=32, H=4, K=2):
     q = rng.standard_normal((2, L, H, 8)).astype(np.float32)
@@ -115,20 +163,35 @@ def _global_problem(rng, L=32, H=4, K=2):
     return q, k, v, seg
 
 
-@pytest.mark.parametrize("shape,axes,kw", [
-    ((2, 1, 2), ("tp", "sp", "usp"), dict(head_axis="tp", layout="zigzag")),
-    pytest.param((2, 2, 2), ("dp", "sp", "usp"), dict(batch_axis="dp", layout="striped"),
-                 marks=pytest.mark.slow),
-    pytest.param((2, 2, 2), ("tp", "sp", "usp"), dict(head_axis="tp", layout="contiguous"),
-                 marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "shape,axes,kw",
+    [
+        ((2, 1, 2), ("tp", "sp", "usp"), dict(head_axis="tp", layout="zigzag")),
+        pytest.param(
+            (2, 2, 2), ("dp", "sp", "usp"), dict(batch_axis="dp", layout="striped"), marks=pytest.mark.slow
+        ),
+        pytest.param(
+            (2, 2, 2), ("tp", "sp", "usp"), dict(head_axis="tp", layout="contiguous"), marks=pytest.mark.slow
+        ),
+    ],
+)
 def test_sharded_attention_on_global_arrays(shape, axes, kw):
     # heads over tp, then the local heads exchanged over usp (kv heads 2 / tp 2 = 1: repeated)
     mesh = Mesh(np.array(jax.devices()[: np.prod(shape)]).reshape(shape), axes)
     q, k, v, seg = _global_problem(np.random.default_rng(4), H=8, K=2)
-    out = ringattention.sharded_attention(q, k, v, mesh, seq_axis="sp", ulysses_axis="usp",
-                                          segment_ids=seg, causal=True, implementation="xla",
-                                          block_sizes=BlockSizes(8, 8), **kw)
+    out = ringattention.sharded_attention(
+        q,
+        k,
+        v,
+        mesh,
+        seq_axis="sp",
+        ulysses_axis="usp",
+        segment_ids=seg,
+        causal=True,
+        implementation="xla",
+        block_sizes=BlockSizes(8, 8),
+        **kw,
+    )
     want = reference64(q, k, v, np.zeros_like(q), causal=True, seg=seg)[0]
     assert rel_err(out, want) <= F32_RTOL
 
@@ -137,11 +200,14 @@ def _mesh(u=2, n=2):
     return Mesh(np.array(jax.devices()[: u * n]).reshape(n, u), ("sp", "usp"))
 
 
-@pytest.mark.parametrize("shape,kw,match", [
-    ((1, 16, 6, 8), {}, "query heads 6 are not divisible by the Ulysses axis size 4"),
-    ((1, 16, 4, 8), dict(ulysses_axis="nope"), "ulysses_axis='nope'"),
-    ((1, 16, 4, 8), dict(ulysses_axis="sp"), "must differ"),
-])
+@pytest.mark.parametrize(
+    "shape,kw,match",
+    [
+        ((1, 16, 6, 8), {}, "query heads 6 are not divisible by the Ulysses axis size 4"),
+        ((1, 16, 4, 8), dict(ulysses_axis="nope"), "ulysses_axis='nope'"),
+        ((1, 16, 4, 8), dict(ulysses_axis="sp"), "must differ"),
+    ],
+)
 def test_ring_attention_bad_input(shape, kw, match):
     q = jnp.ones(shape, jnp.float32)
     k = jnp.ones(shape[:2] + (2, shape[3]), jnp.float32)
@@ -151,12 +217,15 @@ def test_ring_attention_bad_input(shape, kw, match):
         jax.shard_map(f, mesh=_mesh(u=4, n=1), in_specs=(spec, spec), out_specs=spec)(q, k)
 
 
-@pytest.mark.parametrize("L,H,kw,match", [
-    (16, 3, {}, r"heads q.shape\[2\]=3 .* ulysses_axis usp=2"),
-    (18, 4, {}, r"q.shape\[1\]=18 .* sp=2 x usp=2"),
-    (16, 4, dict(ulysses_axis="usq"), "ulysses_axis='usq' is not an axis"),
-    (16, 4, dict(ulysses_axis="sp"), "must differ"),
-])
+@pytest.mark.parametrize(
+    "L,H,kw,match",
+    [
+        (16, 3, {}, r"heads q.shape\[2\]=3 .* ulysses_axis usp=2"),
+        (18, 4, {}, r"q.shape\[1\]=18 .* sp=2 x usp=2"),
+        (16, 4, dict(ulysses_axis="usq"), "ulysses_axis='usq' is not an axis"),
+        (16, 4, dict(ulysses_axis="sp"), "must differ"),
+    ],
+)
 def test_sharded_attention_bad_input(L, H, kw, match):
     q = jnp.ones((1, L, H, 8), jnp.float32)
     k = jnp.ones((1, L, 2, 8), jnp.float32)

@@ -30,14 +30,14 @@ LAYOUTS = ("contiguous", "striped", "zigzag")
 
 def _id(case):
     n, layout, causal, seg, kvh, w = case
-    return (f"n{n}-{layout}-{'causal' if causal else 'full'}-{'seg' if seg else 'noseg'}-kv{kvh}-"
-            f"w{w}")
+    return f"n{n}-{layout}-{'causal' if causal else 'full'}-{'seg' if seg else 'noseg'}-kv{kvh}-w{w}"
 
 
 # The slow product: every ring, layout and mask kind with windows inside a shard, equal to it and
 # spanning shards, MHA and GQA (W = 1, W > L and 4 query heads per kv head: the default cases).
-ALL_CASES = list(itertools.product((1, 2, 3, 4, 8), LAYOUTS, (True, False), (False, True), (1, 2),
-                                   ("lt", "eq", "span")))
+ALL_CASES = list(
+    itertools.product((1, 2, 3, 4, 8), LAYOUTS, (True, False), (False, True), (1, 2), ("lt", "eq", "span"))
+)
 # A covering subset: every ring size, layout, window kind, mask kind and GQA ratio; the short laps
 # (contiguous / zigzag with small windows) on rings of 3, 4 and 8, one way and both ways.
 DEFAULT_CASES = [
@@ -56,8 +56,13 @@ DEFAULT_CASES = [
 
 def _case(case):
     n, layout, causal, seg, kvh, w = case
-    check_ring(Problem(n=n, layout=layout, causal=causal, segments=seg, kv_heads=kvh, shard=SHARD,
-                       window=WINDOWS[w]), implementation="xla", block_sizes=BS)
+    check_ring(
+        Problem(
+            n=n, layout=layout, causal=causal, segments=seg, kv_heads=kvh, shard=SHARD, window=WINDOWS[w]
+        ),
+        implementation="xla",
+        block_sizes=BS,
+    )
 
 
 @pytest.mark.parametrize("case", DEFAULT_CASES, ids=map(_id, DEFAULT_CASES))
@@ -80,8 +85,11 @@ def test_window_of_one_sends_nothing():
 
 @pytest.mark.slow
 def test_window_bfloat16():
-    check_ring(Problem(n=4, layout="zigzag", causal=True, segments=True, shard=SHARD, window=12,
-                       dtype="bfloat16"), implementation="xla", block_sizes=BS)
+    check_ring(
+        Problem(n=4, layout="zigzag", causal=True, segments=True, shard=SHARD, window=12, dtype="bfloat16"),
+        implementation="xla",
+        block_sizes=BS,
+    )
 
 
 def test_rows_without_visible_keys_are_finite():
@@ -167,10 +175,21 @@ def _grad_fn(n, layout, causal, window):
     mesh = Mesh(np.array(jax.devices()[:n]), ("sp",))
     spec = P(None, "sp")
     f = jax.shard_map(
-        lambda q, k, v: ringattention.ring_attention(q, k, v, "sp", causal=causal, layout=layout,
-                                                     implementation="xla", sliding_window=window,
-                                                     block_sizes=BS),
-        mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+        lambda q, k, v: ringattention.ring_attention(
+            q,
+            k,
+            v,
+            "sp",
+            causal=causal,
+            layout=layout,
+            implementation="xla",
+            sliding_window=window,
+            block_sizes=BS,
+        ),
+        mesh=mesh,
+        in_specs=(spec,) * 3,
+        out_specs=spec,
+    )
     g = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).sum(), argnums=(0, 1, 2)))
     x = jax.ShapeDtypeStruct((1, n * SHARD, 2, 8), jnp.float32)
     return g, (x, x, x)
@@ -182,8 +201,9 @@ def _shift(perm, n):
     return shifts.pop()
 
 
-@pytest.mark.parametrize("layout,causal,window,hops", [("contiguous", True, SHARD, (1, 0)),
-                                                       ("zigzag", True, 6, (1, 1))])
+@pytest.mark.parametrize(
+    "layout,causal,window,hops", [("contiguous", True, SHARD, (1, 0)), ("zigzag", True, 6, (1, 1))]
+)
 def test_short_lap_runs_fewer_ppermutes(layout, causal, window, hops):
     """Executed ppermutes of forward + backward at N = 8 (k and v: two arrays per send): a full lap
     sends k/v 7 times per pass and dk/dv 8 times; a short lap of f + b hops sends k/v f + b times
@@ -212,9 +232,19 @@ def test_sharded_attention_window_matches_reference():
     q = jnp.asarray(rng.standard_normal((1, L, 4, 16)), jnp.float32)
     k, v = (jnp.asarray(rng.standard_normal((1, L, 2, 16)), jnp.float32) for _ in range(2))
     mesh = Mesh(np.array(jax.devices()[:n]), ("sp",))
-    out = jax.jit(lambda q, k, v: ringattention.sharded_attention(
-        q, k, v, mesh, causal=True, layout="zigzag", sliding_window=9, implementation="xla",
-        block_sizes=BS))(q, k, v)
+    out = jax.jit(
+        lambda q, k, v: ringattention.sharded_attention(
+            q,
+            k,
+            v,
+            mesh,
+            causal=True,
+            layout="zigzag",
+            sliding_window=9,
+            implementation="xla",
+            block_sizes=BS,
+        )
+    )(q, k, v)
     ref = ringattention.reference_attention(q, k, v, causal=True, sliding_window=9)
     assert rel_err(out, ref) <= F32_RTOL
 
@@ -243,8 +273,7 @@ def test_block_table_with_window(causal, gapped):
         if not gapped:
             pos_only = np.asarray(masks.block_table(q_pos, k_pos, None, None, causal, 8, 8, window))
             vis_pos = np.asarray(masks.visible(q_pos, k_pos, None, None, causal, window))
-            np.testing.assert_array_equal(pos_only == masks.SKIP,
-                                          ~vis_pos.reshape(1, 4, 8, 6, 8).any((2, 4)))
+            np.testing.assert_array_equal(pos_only == masks.SKIP, ~vis_pos.reshape(1, 4, 8, 6, 8).any((2, 4)))
 
 
 def test_step_visible_skips_steps_outside_the_window():

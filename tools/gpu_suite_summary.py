@@ -43,8 +43,9 @@ def _commit(given: str | None) -> str:
     if given or os.environ.get("GPU_SUITE_COMMIT"):
         return given or os.environ["GPU_SUITE_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -57,27 +58,38 @@ def merge(runs: list[tuple[list, str]]) -> list[tuple[str, str, float, str, int]
         for name, result, t, message in rows:
             if name in merged:  # what the earlier run said stays in the note
                 was = merged[name]
-                message = "; ".join(x for x in (message, f"run {was[4] + 1}: {was[1]}"
-                                                 + (f" ({was[3]})" if was[3] else "")) if x)
+                message = "; ".join(
+                    x
+                    for x in (message, f"run {was[4] + 1}: {was[1]}" + (f" ({was[3]})" if was[3] else ""))
+                    if x
+                )
             merged[name] = (name, result, t, message, i)
     return sorted(merged.values())
 
 
-def render(rows, *, runs: list[tuple[str, float, int]], device: str, jax_version: str,
-           date: str) -> str:
+def render(rows, *, runs: list[tuple[str, float, int]], device: str, jax_version: str, date: str) -> str:
     """``rows`` from :func:`merge`; ``runs``: (commit, wall seconds, cases) of each run."""
     counts = {w: sum(r[1] == w for r in rows) for w in ("pass", "FAIL", "skip")}
     said = [f"run {i + 1}: commit `{c}`, {n} cases in {t:.0f} s" for i, (c, t, n) in enumerate(runs)]
-    lines = ["# `make test-gpu`: what only a GPU shows", "",
-             f"{date}, {device}, jax {jax_version}: **{counts['pass']} passed, {counts['FAIL']} "
-             f"failed, {counts['skip']} skipped** ({'; '.join(said)}). tests/test_gpu_suite.py; "
-             "regenerate with `make test-gpu` on the device.", ""]
+    lines = [
+        "# `make test-gpu`: what only a GPU shows",
+        "",
+        f"{date}, {device}, jax {jax_version}: **{counts['pass']} passed, {counts['FAIL']} "
+        f"failed, {counts['skip']} skipped** ({'; '.join(said)}). tests/test_gpu_suite.py; "
+        "regenerate with `make test-gpu` on the device.",
+        "",
+    ]
     multi = len(runs) > 1
-    lines += ["| case | result | s |" + (" run |" if multi else "") + " note |",
-              "|---|---|---|" + ("---|" if multi else "") + "---|"]
+    lines += [
+        "| case | result | s |" + (" run |" if multi else "") + " note |",
+        "|---|---|---|" + ("---|" if multi else "") + "---|",
+    ]
     for name, result, t, message, run in rows:
-        lines.append(f"| `{name}` | {result} | {t:.1f} |" + (f" {run + 1} |" if multi else "")
-                     + f" {message.replace('|', '/')} |")
+        lines.append(
+            f"| `{name}` | {result} | {t:.1f} |"
+            + (f" {run + 1} |" if multi else "")
+            + f" {message.replace('|', '/')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -98,9 +110,13 @@ def main(argv=None) -> None:
         jax_version = jax_version or jax.__version__
     paths = [(args.xml, _commit(args.commit))] + [tuple(r.rsplit("@", 1)) for r in args.rerun]
     runs = [(cases(p), c) for p, c in paths]
-    text = render(merge(runs), runs=[(c, wall_seconds(p), len(rows)) for (p, c), (rows, _) in
-                                     zip(paths, runs)],
-                  device=device, jax_version=jax_version, date=datetime.date.today().isoformat())
+    text = render(
+        merge(runs),
+        runs=[(c, wall_seconds(p), len(rows)) for (p, c), (rows, _) in zip(paths, runs)],
+        device=device,
+        jax_version=jax_version,
+        date=datetime.date.today().isoformat(),
+    )
     with open(args.md, "w") as f:
         f.write(text)
     print(text.split("\n")[2])

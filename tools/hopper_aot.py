@@ -81,8 +81,7 @@ def h200_device():
     from jax.experimental import topologies
 
     xla_bridge._discover_and_register_pjrt_plugins()
-    topo = topologies.get_topology_desc(platform="cuda", topology="1x1x1",
-                                        target_config=H200_TARGET_CONFIG)
+    topo = topologies.get_topology_desc(platform="cuda", topology="1x1x1", target_config=H200_TARGET_CONFIG)
     return topo.devices[0]
 
 
@@ -119,21 +118,29 @@ def ptxas_info(log: str) -> dict:
     import re
 
     out = {}
-    for key, pattern in (("registers", r"Used (\d+) registers"),
-                         ("spill_stores", r"(\d+) bytes spill stores"),
-                         ("spill_loads", r"(\d+) bytes spill loads"),
-                         ("stack_frame", r"(\d+) bytes stack frame")):
+    for key, pattern in (
+        ("registers", r"Used (\d+) registers"),
+        ("spill_stores", r"(\d+) bytes spill stores"),
+        ("spill_loads", r"(\d+) bytes spill loads"),
+        ("stack_frame", r"(\d+) bytes stack frame"),
+    ):
         m = re.search(pattern, log)
         out[key] = int(m.group(1)) if m else None
     # e.g. C7519, "warpgroup.arrive is injected ... to allow use of registers in GMMA": a fence
     # ptxas adds because a register operand of an in-flight wgmma is touched
-    out["wgmma_notes"] = sum("C7519" in line or "warpgroup.arrive" in line
-                             for line in log.splitlines())
+    out["wgmma_notes"] = sum("C7519" in line or "warpgroup.arrive" in line for line in log.splitlines())
     # e.g. C7512 "... serialized due to insufficient register resources", C7514 "... due to non
     # wgmma instructions reading accumulator registers ...": ptxas waits for every wgmma right
     # after issuing it, in the whole kernel (the worst outcome; the code of the reason is kept)
-    out["serialized"] = sorted(set(re.findall(r"\((C75\d\d)\) Potential Performance Loss: "
-                                              r"wgmma\.mma_async instructions are serialized", log)))
+    out["serialized"] = sorted(
+        set(
+            re.findall(
+                r"\((C75\d\d)\) Potential Performance Loss: "
+                r"wgmma\.mma_async instructions are serialized",
+                log,
+            )
+        )
+    )
     return out
 
 
@@ -142,17 +149,20 @@ def analyze(ptx_path: str, ptxas: str, nvdisasm: str) -> dict:
     import sass_loops
 
     cubin = ptx_path[:-4] + ".cubin"
-    log = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", cubin],
-                         capture_output=True, text=True, check=True).stderr
-    sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True,
-                          check=True).stdout
+    log = subprocess.run(
+        [ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", cubin], capture_output=True, text=True, check=True
+    ).stderr
+    sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
     with open(ptx_path[:-4] + ".sass", "w") as f:
         f.write(sass)
     loops = sass_loops.loops(sass)
-    return dict(kernel=os.path.basename(ptx_path), **ptxas_info(log),
-                loops=[lp.row() for lp in loops],
-                opcodes=[dict(sass_loops.opcode_mix(sass, lp)) for lp in loops],
-                total=sass_loops.summary(sass)[0])
+    return dict(
+        kernel=os.path.basename(ptx_path),
+        **ptxas_info(log),
+        loops=[lp.row() for lp in loops],
+        opcodes=[dict(sass_loops.opcode_mix(sass, lp)) for lp in loops],
+        total=sass_loops.summary(sass)[0],
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -161,8 +171,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--seq", type=int, default=4096, help="tokens (the kernels do not depend on it)")
     ap.add_argument("--causal", type=int, choices=(0, 1), default=1)
     ap.add_argument("--part", choices=("fwd", "bwd"), default="bwd")
-    ap.add_argument("--backward", default="default",
-                    help="as hopper_check.py --backwards: default, deterministic, name/field=value")
+    ap.add_argument(
+        "--backward",
+        default="default",
+        help="as hopper_check.py --backwards: default, deterministic, name/field=value",
+    )
     ap.add_argument("--keep", metavar="DIR", help="keep the PTX, cubin and SASS here")
     ap.add_argument("--json", metavar="FILE", help="write the results here")
     ap.add_argument("--ptxas", default=_tool("ptxas"), help="default: the venv's, else PATH's")
@@ -178,12 +191,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not results:
         raise SystemExit(f"no PTX was dumped to {dump}: is a CUDA plugin of jax installed?")
     for r in results:
-        print(f"{args.shape} causal={args.causal} {args.part} {args.backward}"
-              f" {r['kernel']}: {r['registers']} registers, spills {r['spill_stores']} / "
-              f"{r['spill_loads']} bytes (stores / loads), {r['wgmma_notes']} C7519 notes"
-              + (f", wgmma SERIALIZED ({', '.join(r['serialized'])})" if r["serialized"] else "")
-              + "\n"
-              f"  {r['total']}")
+        print(
+            f"{args.shape} causal={args.causal} {args.part} {args.backward}"
+            f" {r['kernel']}: {r['registers']} registers, spills {r['spill_stores']} / "
+            f"{r['spill_loads']} bytes (stores / loads), {r['wgmma_notes']} C7519 notes"
+            + (f", wgmma SERIALIZED ({', '.join(r['serialized'])})" if r["serialized"] else "")
+            + "\n"
+            f"  {r['total']}"
+        )
         for row, mix in zip(r["loops"], r["opcodes"], strict=True):
             print(f"  {row}\n    per trip: " + ", ".join(f"{k} {v}" for k, v in mix.items()))
     if args.json:

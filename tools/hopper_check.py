@@ -106,6 +106,8 @@ def block_sizes(spec: str, d: int, causal: bool = True) -> ph.BlockSizes:
     if name != "default":
         over["backward"] = name
     return dataclasses.replace(ph.default_block_sizes(d, causal), **over)
+
+
 INTERPRET = {"on": False}  # --interpret: a CPU dry run of the checks in Mosaic GPU interpret mode
 
 
@@ -126,8 +128,11 @@ def log(line: str, **record):
 
 def watchdog(limit: float):
     time.sleep(limit)
-    log(f"WATCHDOG: still running after {limit:.0f}s (a hung kernel?); the last RUN line "
-        "names the case; exiting", kind="watchdog")
+    log(
+        f"WATCHDOG: still running after {limit:.0f}s (a hung kernel?); the last RUN line "
+        "names the case; exiting",
+        kind="watchdog",
+    )
     os._exit(3)
 
 
@@ -166,8 +171,7 @@ CASES = [
     Case("causal-after-seg-gqa-d128-fp16", where="after", segments=True, dim=128, dtype="float16"),
     Case("causal-overlap-gqa-d64-fp16", dtype="float16"),
     Case("ragged-causal-overlap-seg-gqa-d64-bf16", segments=True, sq=200, sk=328),
-    Case("ragged-noncausal-mha-d128-fp16", causal=False, kv_heads=4, dim=128, dtype="float16",
-         sq=136, sk=72),
+    Case("ragged-noncausal-mha-d128-fp16", causal=False, kv_heads=4, dim=128, dtype="float16", sq=136, sk=72),
     Case("ragged-causal-striped-seg-d80-bf16", segments=True, dim=80, sq=190, sk=190, stride=4),
     Case("long-causal-overlap-seg-gqa-d128-bf16", segments=True, dim=128, sq=1024, sk=1536),
     # head dims 129-256: the head-dim-split pair (split_bwd), forward at block_k=64
@@ -181,8 +185,16 @@ CASES = [
     Case("window300-causal-overlap-seg-gqa-d64-bf16", segments=True, window=300),
     Case("window200-noncausal-mha-d128-bf16", causal=False, kv_heads=4, dim=128, window=200),
     Case("window200-causal-overlap-gqa-d256-bf16", dim=256, window=200),
-    Case("window150-ragged-noncausal-seg-gqa-d192-fp16", causal=False, segments=True, dim=192,
-         dtype="float16", sq=200, sk=328, window=150),
+    Case(
+        "window150-ragged-noncausal-seg-gqa-d192-fp16",
+        causal=False,
+        segments=True,
+        dim=192,
+        dtype="float16",
+        sq=200,
+        sk=328,
+        window=150,
+    ),
 ]
 
 
@@ -198,8 +210,10 @@ def step_inputs(c: Case, rng):
     if c.segments:  # random document boundaries over the union of positions
         top = int(max(q_pos.max(), k_pos.max())) + 1
         cuts = np.sort(rng.choice(np.arange(1, top), size=4, replace=False))
-        ids = lambda pos: np.broadcast_to(np.searchsorted(cuts, np.asarray(pos), "right"),  # noqa: E731
-                                          (2, pos.shape[0]))
+        ids = lambda pos: np.broadcast_to(
+            np.searchsorted(cuts, np.asarray(pos), "right"),  # noqa: E731
+            (2, pos.shape[0]),
+        )
         q_seg, k_seg = jnp.asarray(ids(q_pos), jnp.int32), jnp.asarray(ids(k_pos), jnp.int32)
     return q, k, v, do, q_pos, k_pos, q_seg, k_seg
 
@@ -217,11 +231,9 @@ def run_case(c: Case):
     kw = dict(causal=c.causal, softmax_scale=c.dim**-0.5)
     if c.window is not None:
         kw["window"] = c.window
-    ro, rlse = jax.jit(lambda *a: pg.reference_forward_step(*a, **kw))(q, k, v, q_pos, k_pos, q_seg,
-                                                                        k_seg)
+    ro, rlse = jax.jit(lambda *a: pg.reference_forward_step(*a, **kw))(q, k, v, q_pos, k_pos, q_seg, k_seg)
     tol = RTOL[c.dtype]
-    guarded(f"step-fwd {c.name}", check_forward, c, kw, tol, (q, k, v, q_pos, k_pos, q_seg, k_seg),
-            ro, rlse)
+    guarded(f"step-fwd {c.name}", check_forward, c, kw, tol, (q, k, v, q_pos, k_pos, q_seg, k_seg), ro, rlse)
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
     args = (q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg)
     want = jax.jit(lambda *a: pg.reference_backward_step(*a, **kw))(*args)
@@ -244,26 +256,36 @@ def check_forward(c: Case, kw, tol, args, ro, rlse):
     lse_err = float(np.abs(lse[fin] - rlse[fin]).max()) if fin.any() else 0.0
     o_err = err_or_zero(o, ro)
     ok = inf_ok and lse_err <= LSE_ATOL and o_err <= tol
-    log(f"{'PASS' if ok else 'FAIL'} step-fwd {c.name}: o={o_err:.2e} lse_maxabs={lse_err:.2e} "
-        f"neg_inf_rows_match={inf_ok} (rtol={tol}, lse_atol={LSE_ATOL})", kind="step_fwd",
-        case=dataclasses.asdict(c), passed=ok, o=o_err, lse_err=lse_err, inf_ok=inf_ok)
+    log(
+        f"{'PASS' if ok else 'FAIL'} step-fwd {c.name}: o={o_err:.2e} lse_maxabs={lse_err:.2e} "
+        f"neg_inf_rows_match={inf_ok} (rtol={tol}, lse_atol={LSE_ATOL})",
+        kind="step_fwd",
+        case=dataclasses.asdict(c),
+        passed=ok,
+        o=o_err,
+        lse_err=lse_err,
+        inf_ok=inf_ok,
+    )
 
 
 def check_backward(c: Case, kw, tol, args, want, backward: str):
     bs = block_sizes(backward, c.dim)
-    got = jax.jit(lambda *a: ph.backward_step(*a, block_sizes=bs, interpret=INTERPRET["on"],
-                                              **kw))(*args)
+    got = jax.jit(lambda *a: ph.backward_step(*a, block_sizes=bs, interpret=INTERPRET["on"], **kw))(*args)
     errs = {n: err_or_zero(g, w) for n, g, w in zip(("dq", "dk", "dv"), got, want, strict=True)}
     ok = all(e <= tol for e in errs.values())
     detail = " ".join(f"{n}={e:.2e}" for n, e in errs.items())
-    log(f"{'PASS' if ok else 'FAIL'} step-bwd[{backward}] {c.name}: {detail} (rtol={tol})",
-        kind="step_bwd", backward=backward, case=dataclasses.asdict(c), passed=ok, **errs)
+    log(
+        f"{'PASS' if ok else 'FAIL'} step-bwd[{backward}] {c.name}: {detail} (rtol={tol})",
+        kind="step_bwd",
+        backward=backward,
+        case=dataclasses.asdict(c),
+        passed=ok,
+        **errs,
+    )
 
 
-def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, backward: str,
-                   D: int = 128):
-    name = (f"ring N=1 causal={causal} seg={segments} {dtype} H=4 K={kv_heads} L=640 D={D} "
-            f"backward={backward}")
+def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, backward: str, D: int = 128):
+    name = f"ring N=1 causal={causal} seg={segments} {dtype} H=4 K={kv_heads} L=640 D={D} backward={backward}"
     bs = block_sizes(backward, D, causal)
     rng = np.random.default_rng(7)
     B, L, H = 1, 640, 4
@@ -276,29 +298,43 @@ def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, back
     mesh = Mesh(np.array(jax.devices()[:1]), ("sp",))
 
     def ring(q, k, v, seg):
-        return ringattention.ring_attention(q, k, v, "sp", causal=causal, segment_ids=seg,
-                                            implementation="pallas_hopper", block_sizes=bs,
-                                            interpret=INTERPRET["on"])
+        return ringattention.ring_attention(
+            q,
+            k,
+            v,
+            "sp",
+            causal=causal,
+            segment_ids=seg,
+            implementation="pallas_hopper",
+            block_sizes=bs,
+            interpret=INTERPRET["on"],
+        )
 
-    sm = jax.shard_map(ring, mesh=mesh, in_specs=(P(None, "sp"),) * 4, out_specs=P(None, "sp"),
-                       check_vma=False)
+    sm = jax.shard_map(
+        ring, mesh=mesh, in_specs=(P(None, "sp"),) * 4, out_specs=P(None, "sp"), check_vma=False
+    )
     f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
 
     def ref(q, k, v, seg):
-        return ringattention.reference_attention(f32(q), f32(k), f32(v), causal=causal,
-                                                 segment_ids=seg)
+        return ringattention.reference_attention(f32(q), f32(k), f32(v), causal=causal, segment_ids=seg)
 
     def with_grads(fn):
         def loss(q, k, v):
             return jnp.sum(f32(fn(q, k, v, seg)) * f32(do))
+
         return jax.jit(lambda q, k, v: (fn(q, k, v, seg), *jax.grad(loss, (0, 1, 2))(q, k, v)))
 
     got, want = with_grads(sm)(q, k, v), with_grads(ref)(q, k, v)
     errs = {n: rel(g, w) for n, g, w in zip(("o", "dq", "dk", "dv"), got, want, strict=True)}
     ok = all(e <= RTOL[dtype] for e in errs.values())
     detail = " ".join(f"{n}={e:.2e}" for n, e in errs.items())
-    log(f"{'PASS' if ok else 'FAIL'} {name}: {detail} (rtol={RTOL[dtype]})", kind="ring", name=name,
-        passed=ok, **errs)
+    log(
+        f"{'PASS' if ok else 'FAIL'} {name}: {detail} (rtol={RTOL[dtype]})",
+        kind="ring",
+        name=name,
+        passed=ok,
+        **errs,
+    )
 
 
 def timed_calls(warm_s: float) -> int:
@@ -335,15 +371,15 @@ def step_fns(mod, causal, block_sizes=None):
 
     def fwd(q, k, v):
         pos = jnp.arange(q.shape[1], dtype=jnp.int32)
-        return mod.forward_step(q, k, v, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5,
-                                **kw)
+        return mod.forward_step(q, k, v, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5, **kw)
 
     def fwdbwd(q, k, v, do):
         pos = jnp.arange(q.shape[1], dtype=jnp.int32)
         o, lse = fwd(q, k, v)
         delta = jnp.einsum("bshd,bshd->bhs", o, do.astype(jnp.float32))
-        return mod.backward_step(q, k, v, do, lse, delta, pos, pos, None, None,
-                                 softmax_scale=q.shape[-1] ** -0.5, **kw)
+        return mod.backward_step(
+            q, k, v, do, lse, delta, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5, **kw
+        )
 
     return jax.jit(lambda q, k, v: fwd(q, k, v)[0].astype(q.dtype)), jax.jit(fwdbwd)
 
@@ -361,12 +397,10 @@ def cudnn_fns(causal):
 def cudnn_deterministic_grad(causal, args):
     """cuDNN's forward+backward compiled with XLA's ``xla_gpu_deterministic_ops``, under which XLA
     asks cuDNN for its deterministic backward (the same-run bar of ``deterministic=True``)."""
-    return cudnn_fns(causal)[1].lower(*args).compile(
-        compiler_options={"xla_gpu_deterministic_ops": True})
+    return cudnn_fns(causal)[1].lower(*args).compile(compiler_options={"xla_gpu_deterministic_ops": True})
 
 
-def distinct_backwards(d: int, label: str = "",
-                       causal: bool = True) -> list[tuple[str, ph.BlockSizes]]:
+def distinct_backwards(d: int, label: str = "", causal: bool = True) -> list[tuple[str, ph.BlockSizes]]:
     """The --backwards entries at head dim ``d`` (``causal`` or not) as (entry, BlockSizes); an
     entry that resolves to the BlockSizes of an earlier one, or that does not apply at this head
     dim ("fused" above head dim 128), is left out with a line saying so."""
@@ -376,8 +410,10 @@ def distinct_backwards(d: int, label: str = "",
         if bs in seen:
             log(f"note {label}D={d}: backward={backward} is backward={seen[bs]} (same BlockSizes)")
         elif bs.backward == "fused" and d > 128:
-            log(f"note {label}D={d}: backward={backward}: the fused backward applies at head dims "
-                "<= 128 only (above, 'mosaic')")
+            log(
+                f"note {label}D={d}: backward={backward}: the fused backward applies at head dims "
+                "<= 128 only (above, 'mosaic')"
+            )
         else:
             seen[bs] = backward
             out.append((backward, bs))
@@ -389,8 +425,7 @@ def timed_variants(d: int, causal: bool) -> dict:
     fns, timed_fwd = {}, set()
     for backward, bs in distinct_backwards(d, "bench ", causal):
         f, fb = step_fns(ph, causal, bs)
-        fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64,
-                                      split_group=False)
+        fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64, split_group=False)
         fns[f"pallas_hopper backward={backward}"] = (None if fwd_key in timed_fwd else f, fb)
         timed_fwd.add(fwd_key)  # a forward is timed once per distinct forward configuration
     return fns
@@ -404,8 +439,7 @@ def problem(length: int, h: int, kvh: int, d: int, seed: int):
     return q, k, v, do
 
 
-def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
-          sweep: bool = False):
+def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128, sweep: bool = False):
     q, k, v, do = problem(length, h, kvh, d, seed=length)
     mosaic_bwd = dataclasses.replace(ph.default_block_sizes(d), backward="mosaic")
     fns = {"cudnn": cudnn_fns(causal)}
@@ -416,17 +450,24 @@ def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
         if "triton" in BACKWARDS:
             fns["pallas_gpu"] = step_fns(pg, causal)
     else:
-        for bk, st, sched in ((128, 2, "overlap"), (64, 2, "pingpong"), (64, 3, "pingpong"),
-                              (64, 4, "pingpong")):
+        for bk, st, sched in (
+            (128, 2, "overlap"),
+            (64, 2, "pingpong"),
+            (64, 3, "pingpong"),
+            (64, 4, "pingpong"),
+        ):
             bs = ph.BlockSizes(block_k=bk, stages=st, schedule=sched)
-            fns[f"pallas_hopper bk={bk} stages={st} schedule={sched}"] = (
-                step_fns(ph, causal, bs)[0], None)
+            fns[f"pallas_hopper bk={bk} stages={st} schedule={sched}"] = (step_fns(ph, causal, bs)[0], None)
         for st in (3, 4):
             bs = dataclasses.replace(mosaic_bwd, bwd_stages=st)
             fns[f"pallas_hopper backward=mosaic bwd_stages={st}"] = step_fns(ph, causal, bs)
     shape = f"{h}:{kvh}:{d}"
-    todo = [(name, mode, g, args) for name, (f, fb) in fns.items()
-            for mode, g, args in (("fwd", f, (q, k, v)), ("fwdbwd", fb, (q, k, v, do))) if g is not None]
+    todo = [
+        (name, mode, g, args)
+        for name, (f, fb) in fns.items()
+        for mode, g, args in (("fwd", f, (q, k, v)), ("fwdbwd", fb, (q, k, v, do)))
+        if g is not None
+    ]
     rounds = []  # one {(name, mode): seconds} per pass; passes interleave the functions
     for r in range(ROUNDS["n"]):
         rounds.append(time_round(todo, f"L={length} {shape}", compiled=r > 0))
@@ -437,19 +478,33 @@ def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128,
             continue
         sec = statistics.median(ts)
         # the ratio: the median over passes of each pass's own ratio to cuDNN
-        ratios = [t[("cudnn", mode)] / t[(name, mode)] for t in rounds
-                  if (name, mode) in t and ("cudnn", mode) in t]
+        ratios = [
+            t[("cudnn", mode)] / t[(name, mode)] for t in rounds if (name, mode) in t and ("cudnn", mode) in t
+        ]
         ratio = statistics.median(ratios) if ratios else float("nan")
-        det = [t[("cudnn deterministic", mode)] / t[(name, mode)] for t in rounds
-               if (name, mode) in t and ("cudnn deterministic", mode) in t]
+        det = [
+            t[("cudnn deterministic", mode)] / t[(name, mode)]
+            for t in rounds
+            if (name, mode) in t and ("cudnn deterministic", mode) in t
+        ]
         det_ratio = statistics.median(det) if det else None
         tf = flops(h, length, d, causal, mode) / sec / 1e12
-        log(f"time L={length} {shape} causal={causal} {mode:6s} {name}: {sec * 1e3:8.2f} ms "
+        log(
+            f"time L={length} {shape} causal={causal} {mode:6s} {name}: {sec * 1e3:8.2f} ms "
             f"{tf:6.1f} TFLOP/s  x{ratio:.2f} of cuDNN"
             + (f", x{det_ratio:.2f} of cuDNN deterministic" if det_ratio is not None else "")
             + (f" ({len(ts)} rounds)" if ROUNDS["n"] > 1 else ""),
-            kind="time", name=name, mode=mode, ms=sec * 1e3, tflops=tf, vs_cudnn=ratio,
-            vs_cudnn_passes=ratios, vs_cudnn_deterministic=det_ratio, rounds=len(ts), **meta)
+            kind="time",
+            name=name,
+            mode=mode,
+            ms=sec * 1e3,
+            tflops=tf,
+            vs_cudnn=ratio,
+            vs_cudnn_passes=ratios,
+            vs_cudnn_deterministic=det_ratio,
+            rounds=len(ts),
+            **meta,
+        )
 
 
 def time_round(todo: list, label: str, compiled: bool) -> dict:
@@ -463,12 +518,22 @@ def time_round(todo: list, label: str, compiled: bool) -> dict:
         try:
             out[(name, mode)] = time_fn(g, args, compiled=compiled)
         except Exception as e:  # noqa: BLE001 - report and go on
-            log(f"ERROR time {name} {mode} {label}: {short_exc(e)}", kind="time_error", name=name,
-                mode=mode, label=label, error=short_exc(e))
+            log(
+                f"ERROR time {name} {mode} {label}: {short_exc(e)}",
+                kind="time_error",
+                name=name,
+                mode=mode,
+                label=label,
+                error=short_exc(e),
+            )
             todo.remove(item)
     if ROUNDS["n"] > 1:  # each pass on record too, in case the watchdog ends the run
-        log(f"round {label}: " + ", ".join(f"{n} {m} {t * 1e3:.2f} ms" for (n, m), t in out.items()),
-            kind="time_round", label=label, ms={f"{n} {m}": t * 1e3 for (n, m), t in out.items()})
+        log(
+            f"round {label}: " + ", ".join(f"{n} {m} {t * 1e3:.2f} ms" for (n, m), t in out.items()),
+            kind="time_round",
+            label=label,
+            ms={f"{n} {m}": t * 1e3 for (n, m), t in out.items()},
+        )
     return out
 
 
@@ -483,21 +548,33 @@ def repeat(length: int, causal: bool, h: int, kvh: int, d: int, n: int = 5) -> N
     counting distinct results (dq, dk, dv bytes). The backwards that claim a fixed order of their
     sums (``fixed_order``) PASS with one and FAIL with more; the others are reported (INFO)."""
     q, k, v, do = problem(length, h, kvh, d, seed=length + 1)
-    todo = [(backward, fixed_order(bs), step_fns(ph, causal, bs)[1])
-            for backward, bs in distinct_backwards(d, "repeat ", causal)]
+    todo = [
+        (backward, fixed_order(bs), step_fns(ph, causal, bs)[1])
+        for backward, bs in distinct_backwards(d, "repeat ", causal)
+    ]
     if CUDNN_DET["on"]:  # cuDNN's two backwards: a fixed order claimed by the deterministic one
-        todo += [("cudnn", False, cudnn_fns(causal)[1]),
-                 ("cudnn deterministic", True, cudnn_deterministic_grad(causal, (q, k, v, do)))]
+        todo += [
+            ("cudnn", False, cudnn_fns(causal)[1]),
+            ("cudnn deterministic", True, cudnn_deterministic_grad(causal, (q, k, v, do))),
+        ]
     for backward, fixed, fb in todo:
         digests = set()
         for _ in range(n):
             got = jax.device_get(fb(q, k, v, do))
             digests.add(hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in got)).hexdigest())
         verdict = ("PASS" if len(digests) == 1 else "FAIL") if fixed else "INFO"
-        log(f"{verdict} repeat[{backward}] L={length} {h}:{kvh}:{d} causal={causal}: "
-            f"{len(digests)} distinct of {n} (order fixed: {fixed})", kind="repeat",
-            backward=backward, seq=length, shape=f"{h}:{kvh}:{d}", causal=causal, n=n,
-            distinct=len(digests), passed=(len(digests) == 1) if fixed else None)
+        log(
+            f"{verdict} repeat[{backward}] L={length} {h}:{kvh}:{d} causal={causal}: "
+            f"{len(digests)} distinct of {n} (order fixed: {fixed})",
+            kind="repeat",
+            backward=backward,
+            seq=length,
+            shape=f"{h}:{kvh}:{d}",
+            causal=causal,
+            n=n,
+            distinct=len(digests),
+            passed=(len(digests) == 1) if fixed else None,
+        )
 
 
 def guarded(label, fn, *args):
@@ -536,20 +613,27 @@ def run_parts(args, parts: set[str]) -> None:
         for d in (int(x) for x in args.ring_dims.split(",")):
             for ring_args in ((True, True, "bfloat16", 2), (False, False, "float16", 4)):
                 for backward, _ in distinct_backwards(d, "ring ", ring_args[0]):
-                    guarded(f"ring {ring_args} D={d} {backward}", run_ring_check, *ring_args,
-                            backward, d)
+                    guarded(f"ring {ring_args} D={d} {backward}", run_ring_check, *ring_args, backward, d)
     seqs = [int(s) for s in args.seqs.split(",")]
     if "bench" in parts and not args.interpret:
         for h, kvh, d, shape_seqs in parse_shapes(args.shapes, seqs):
             for length in shape_seqs:
                 for causal in [c == "1" for c in args.causal.split(",")]:
-                    guarded(f"bench L={length} {h}:{kvh}:{d} causal={causal}", bench, length,
-                            causal, h, kvh, d)
+                    guarded(
+                        f"bench L={length} {h}:{kvh}:{d} causal={causal}", bench, length, causal, h, kvh, d
+                    )
     if "repeat" in parts and not args.interpret:
         for h, kvh, d, shape_seqs in parse_shapes(args.shapes, seqs):
             for causal in [c == "1" for c in args.causal.split(",")]:
-                guarded(f"repeat L={shape_seqs[0]} {h}:{kvh}:{d} causal={causal}", repeat,
-                        shape_seqs[0], causal, h, kvh, d)
+                guarded(
+                    f"repeat L={shape_seqs[0]} {h}:{kvh}:{d} causal={causal}",
+                    repeat,
+                    shape_seqs[0],
+                    causal,
+                    h,
+                    kvh,
+                    d,
+                )
     if "sweep" in parts and not args.interpret:
         guarded("sweep", bench, seqs[0], True, 32, 32, 128, True)
 
@@ -558,35 +642,62 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="hopper_check", help="path prefix for .json and .txt")
     ap.add_argument("--seqs", default="16384,65536")
-    ap.add_argument("--parts", default="steps,ring,bench,sweep",
-                    help="comma-separated subset of steps,ring,bench,repeat,sweep (run in this "
-                         "order; repeat: bitwise reproducibility of each backward at the first "
-                         "length of each --shapes entry)")
-    ap.add_argument("--backwards", default=",".join(ph.BACKWARDS),
-                    help="comma-separated backwards to check and time, each name[/field=value...] "
-                         "(e.g. mosaic/bwd_block_k=128; names: default, deterministic, "
-                         + ", ".join(ph.BACKWARDS) + ")")
+    ap.add_argument(
+        "--parts",
+        default="steps,ring,bench,sweep",
+        help="comma-separated subset of steps,ring,bench,repeat,sweep (run in this "
+        "order; repeat: bitwise reproducibility of each backward at the first "
+        "length of each --shapes entry)",
+    )
+    ap.add_argument(
+        "--backwards",
+        default=",".join(ph.BACKWARDS),
+        help="comma-separated backwards to check and time, each name[/field=value...] "
+        "(e.g. mosaic/bwd_block_k=128; names: default, deterministic, " + ", ".join(ph.BACKWARDS) + ")",
+    )
     ap.add_argument("--causal", default="1", help="bench: comma-separated 1/0")
-    ap.add_argument("--dim", type=int, default=128,
-                    help="head dim of the timed problems (bench), when --shapes is not given")
-    ap.add_argument("--shapes", default="",
-                    help="bench: comma-separated heads:kv_heads:head_dim[@seq+seq...] (default "
-                         "32:32:<--dim> at --seqs)")
+    ap.add_argument(
+        "--dim",
+        type=int,
+        default=128,
+        help="head dim of the timed problems (bench), when --shapes is not given",
+    )
+    ap.add_argument(
+        "--shapes",
+        default="",
+        help="bench: comma-separated heads:kv_heads:head_dim[@seq+seq...] (default 32:32:<--dim> at --seqs)",
+    )
     ap.add_argument("--reps", type=int, default=5, help="bench: timed calls per measurement")
-    ap.add_argument("--min-ms", type=float, default=0.0,
-                    help=f"bench: more calls than --reps where they would span less than this many "
-                         f"ms (at most {MAX_REPS})")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="bench: passes over cuDNN and the variants, interleaved; ms is the median "
-                         "over passes, the ratio the median of each pass's ratio")
+    ap.add_argument(
+        "--min-ms",
+        type=float,
+        default=0.0,
+        help=f"bench: more calls than --reps where they would span less than this many "
+        f"ms (at most {MAX_REPS})",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="bench: passes over cuDNN and the variants, interleaved; ms is the median "
+        "over passes, the ratio the median of each pass's ratio",
+    )
     ap.add_argument("--ring-dims", default="128", help="ring: comma-separated head dims")
-    ap.add_argument("--cases", default="",
-                    help="comma-separated substrings: run only the step cases whose name has one")
+    ap.add_argument(
+        "--cases", default="", help="comma-separated substrings: run only the step cases whose name has one"
+    )
     ap.add_argument("--interpret", action="store_true", help="CPU dry run (small cases, no timing)")
-    ap.add_argument("--cudnn-deterministic", action="store_true",
-                    help="bench and repeat: also cuDNN's backward under xla_gpu_deterministic_ops")
-    ap.add_argument("--hard-limit", type=float, default=HARD_LIMIT_S,
-                    help="seconds after which the watchdog writes the output and exits")
+    ap.add_argument(
+        "--cudnn-deterministic",
+        action="store_true",
+        help="bench and repeat: also cuDNN's backward under xla_gpu_deterministic_ops",
+    )
+    ap.add_argument(
+        "--hard-limit",
+        type=float,
+        default=HARD_LIMIT_S,
+        help="seconds after which the watchdog writes the output and exits",
+    )
     args = ap.parse_args()
     global BUDGET_S
     BUDGET_S = args.hard_limit - (HARD_LIMIT_S - BUDGET_S)  # start nothing new near the limit
@@ -605,20 +716,23 @@ def main():
     INTERPRET["on"] = args.interpret
     threading.Thread(target=watchdog, args=(args.hard_limit,), daemon=True).start()
     if args.interpret and jax.device_count() < 2:
-        log("WARNING: --interpret with one CPU device may hang; set "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8")
+        log(
+            "WARNING: --interpret with one CPU device may hang; set "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=8"
+        )
     dev = jax.devices()[0]
-    log(f"jax {jax.__version__}, {dev.device_kind}, compute capability "
+    log(
+        f"jax {jax.__version__}, {dev.device_kind}, compute capability "
         f"{getattr(dev, 'compute_capability', '?')}, pallas_hopper available: {ph.available()}, "
-        f"auto -> {implementations.resolve('auto').name}, python {sys.version.split()[0]}")
+        f"auto -> {implementations.resolve('auto').name}, python {sys.version.split()[0]}"
+    )
     try:
         run_parts(args, parts)
     finally:
         n_pass = sum(1 for r in RECORDS if r.get("passed") is True)
         n_fail = sum(1 for r in RECORDS if r.get("passed") is False)
         n_err = sum(1 for r in RECORDS if r.get("kind") in ("error", "time_error"))
-        log(f"SUMMARY pass={n_pass} fail={n_fail} errors={n_err} "
-            f"elapsed={time.perf_counter() - T0:.0f}s")
+        log(f"SUMMARY pass={n_pass} fail={n_fail} errors={n_err} elapsed={time.perf_counter() - T0:.0f}s")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,8 @@ def inputs(seq: int, h: int, kvh: int, d: int, seed: int = 0):
     """q, k, v, do (bf16, batch 1) made with numpy, placed on the device without a kernel."""
     rng = np.random.default_rng(seed)
     make = lambda heads: jnp.asarray(  # noqa: E731
-        rng.standard_normal((1, seq, heads, d), np.float32), jnp.bfloat16)
+        rng.standard_normal((1, seq, heads, d), np.float32), jnp.bfloat16
+    )
     return make(h), make(kvh), make(kvh), make(h)
 
 
@@ -83,15 +84,15 @@ def pallas_fns(causal: bool, bs: ph.BlockSizes, interpret: bool):
     @jax.jit
     def fwd(q, k, v):
         pos = jnp.arange(q.shape[1], dtype=jnp.int32)
-        return ph.forward_step(q, k, v, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5,
-                               **kw)
+        return ph.forward_step(q, k, v, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5, **kw)
 
     @jax.jit
     def bwd(q, k, v, do, o, lse):
         pos = jnp.arange(q.shape[1], dtype=jnp.int32)
         delta = jnp.einsum("bshd,bshd->bhs", o, do.astype(jnp.float32))
-        return ph.backward_step(q, k, v, do, lse, delta, pos, pos, None, None,
-                                softmax_scale=q.shape[-1] ** -0.5, **kw)
+        return ph.backward_step(
+            q, k, v, do, lse, delta, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5, **kw
+        )
 
     return fwd, bwd
 
@@ -112,8 +113,10 @@ def block_sizes(head_dim: int, backward: str, causal: bool = True) -> ph.BlockSi
     "deterministic" is what ``deterministic=True`` runs; e.g. "default/bwd_stages=3")."""
     name = backward.split("/")[0]
     if name not in ("default", "deterministic", *ph.BACKWARDS):
-        raise ValueError(f"--backward {backward!r}: must start with 'default', 'deterministic' or "
-                         f"one of {ph.BACKWARDS}, then optional /field=value entries")
+        raise ValueError(
+            f"--backward {backward!r}: must start with 'default', 'deterministic' or "
+            f"one of {ph.BACKWARDS}, then optional /field=value entries"
+        )
     return hopper_check.block_sizes(backward, head_dim, causal)
 
 
@@ -123,10 +126,20 @@ def _open_text(path: str, **kw):
 
 
 SUMMARY_METRICS = (  # ncu "details" page metric names, in the order printed
-    "Duration", "Elapsed Cycles", "SM Frequency", "Waves Per SM", "Registers Per Thread",
-    "Dynamic Shared Memory Per Block", "Executed Ipc Active", "Issue Slots Busy",
-    "Warp Cycles Per Issued Instruction", "Local Memory Spilling Requests",
-    "L1/TEX Cache Throughput", "L2 Cache Throughput", "L2 Hit Rate", "DRAM Throughput",
+    "Duration",
+    "Elapsed Cycles",
+    "SM Frequency",
+    "Waves Per SM",
+    "Registers Per Thread",
+    "Dynamic Shared Memory Per Block",
+    "Executed Ipc Active",
+    "Issue Slots Busy",
+    "Warp Cycles Per Issued Instruction",
+    "Local Memory Spilling Requests",
+    "L1/TEX Cache Throughput",
+    "L2 Cache Throughput",
+    "L2 Hit Rate",
+    "DRAM Throughput",
 )
 
 
@@ -153,9 +166,8 @@ def summarize(path: str, rules: int = 4) -> str:
         lines.append(f"{m:36s}" + "".join(f"{metrics[i].get(m, '-'):>28s}" for i in ids))
     for i in ids:
         lines.append(f"\n{names[i]}")
-        for speedup, rule, text in sorted(notes[i], reverse=True)[:rules + 1]:
-            lines.append(f"  {rule} ({'-' if speedup == float('inf') else f'{speedup:.1f}%'}): "
-                         f"{text[:240]}")
+        for speedup, rule, text in sorted(notes[i], reverse=True)[: rules + 1]:
+            lines.append(f"  {rule} ({'-' if speedup == float('inf') else f'{speedup:.1f}%'}): {text[:240]}")
     return "\n".join(lines)
 
 
@@ -175,8 +187,10 @@ def durations(path: str) -> list[dict]:
             continue
         unit = r["Metric Unit"].strip().lower()
         if unit not in _MICROSECONDS:
-            raise ValueError(f"--durations {path!r}: kernel {r['ID']} Duration unit {unit!r} is not "
-                             f"one of {sorted(_MICROSECONDS)}")
+            raise ValueError(
+                f"--durations {path!r}: kernel {r['ID']} Duration unit {unit!r} is not "
+                f"one of {sorted(_MICROSECONDS)}"
+            )
         us = _number(r["Metric Value"]) * _MICROSECONDS[unit]
         out.append(dict(id=int(r["ID"]), kernel=r["Kernel Name"], grid=r.get("Grid Size", ""), us=us))
     if not out:
@@ -207,8 +221,9 @@ def sass_summary(path: str, top: int = 30) -> str:
         lines = f.read().splitlines()
     start = next((i for i, line in enumerate(lines) if SAMPLES in line), None)
     if start is None:
-        raise ValueError(f"--sass {path!r}: no {SAMPLES!r} column (expected ncu --page source "
-                         "--print-source sass --csv)")
+        raise ValueError(
+            f"--sass {path!r}: no {SAMPLES!r} column (expected ncu --page source --print-source sass --csv)"
+        )
     head, *rows = csv.reader(lines[start:])
     col = {name: i for i, name in enumerate(head)}
     if "Source" not in col:
@@ -216,8 +231,10 @@ def sass_summary(path: str, top: int = 30) -> str:
     rows = [r for r in rows if r]  # blank lines
     bad = [i for i, r in enumerate(rows) if len(r) != len(head)]
     if bad:
-        raise ValueError(f"--sass {path!r}: {len(bad)} rows (first: data row {bad[0]}) do not have "
-                         f"the header's {len(head)} columns")
+        raise ValueError(
+            f"--sass {path!r}: {len(bad)} rows (first: data row {bad[0]}) do not have "
+            f"the header's {len(head)} columns"
+        )
     total = sum(_number(r[col[SAMPLES]]) for r in rows)
     if not rows or total == 0:
         raise ValueError(f"--sass {path!r}: no stall samples in {len(rows)} instruction rows")
@@ -225,13 +242,18 @@ def sass_summary(path: str, top: int = 30) -> str:
     for r in rows:
         words = [w for w in r[col["Source"]].split() if not w.startswith("@")]
         by_op[words[0].split(".")[0] if words else "?"] += _number(r[col[SAMPLES]])
-    out = [f"{len(rows)} instructions, {total:.0f} stall samples", "by opcode: " + ", ".join(
-        f"{op} {n / total:.1%}" for op, n in by_op.most_common(12))]
-    stall_cols = [(name, i) for name, i in col.items()
-                  if name.startswith("stall_") and "Not Issued" not in name]
+    out = [
+        f"{len(rows)} instructions, {total:.0f} stall samples",
+        "by opcode: " + ", ".join(f"{op} {n / total:.1%}" for op, n in by_op.most_common(12)),
+    ]
+    stall_cols = [
+        (name, i) for name, i in col.items() if name.startswith("stall_") and "Not Issued" not in name
+    ]
     reasons = [(sum(_number(r[i]) for r in rows), name) for name, i in stall_cols]
-    out.append("by reason: " + ", ".join(f"{name[6:]} {n / total:.1%}"
-                                         for n, name in sorted(reasons, reverse=True) if n))
+    out.append(
+        "by reason: "
+        + ", ".join(f"{name[6:]} {n / total:.1%}" for n, name in sorted(reasons, reverse=True) if n)
+    )
     executed = col.get("Instructions Executed")
     out.append(f"{'samples':>9s} {'share':>6s} {'executed':>12s}  instruction")
     for r in sorted(rows, key=lambda r: -_number(r[col[SAMPLES]]))[:top]:
@@ -256,10 +278,12 @@ def _by_execution_count(rows, col, executed, total, reasons, groups: int = 6) ->
         n = sum(_number(r[col[SAMPLES]]) for r in group)
         if n == 0:
             break
-        why = sorted(((sum(_number(r[i]) for r in group), name[6:]) for name, i in reasons),
-                     reverse=True)
-        out.append(f"  ran {ran:.0f}: {len(group)} instructions, {n / total:.1%} of the samples ("
-                   + ", ".join(f"{name} {k / n:.0%}" for k, name in why[:4] if k) + ")")
+        why = sorted(((sum(_number(r[i]) for r in group), name[6:]) for name, i in reasons), reverse=True)
+        out.append(
+            f"  ran {ran:.0f}: {len(group)} instructions, {n / total:.1%} of the samples ("
+            + ", ".join(f"{name} {k / n:.0%}" for k, name in why[:4] if k)
+            + ")"
+        )
     return out
 
 
@@ -277,18 +301,25 @@ def ptxas_summary(path: str) -> list[dict]:
         text = f.read()
     starts = list(PTXAS_ENTRY.finditer(text))
     if not starts:
-        raise ValueError(f"--ptxas {path!r}: no \"Compiling entry function\" line (run with "
-                         "MOSAIC_GPU_DUMP_PTXAS=1)")
+        raise ValueError(
+            f'--ptxas {path!r}: no "Compiling entry function" line (run with MOSAIC_GPU_DUMP_PTXAS=1)'
+        )
     kernels = []
     for n, m in enumerate(starts):
-        part = text[m.end():starts[n + 1].start() if n + 1 < len(starts) else len(text)]
+        part = text[m.end() : starts[n + 1].start() if n + 1 < len(starts) else len(text)]
         frame, regs = PTXAS_FRAME.search(part), PTXAS_REGS.search(part)
         stack, stores, loads = (int(x) for x in frame.groups()) if frame else (None,) * 3
-        kernels.append({"kernel": m.group(1), "registers": int(regs.group(1)) if regs else None,
-                        "stack_bytes": stack, "spill_store_bytes": stores,
-                        "spill_load_bytes": loads,
-                        "sass_LDL": len(re.findall(r"\bLDL(?:\.[A-Z0-9]+)*\s", part)),
-                        "sass_STL": len(re.findall(r"\bSTL(?:\.[A-Z0-9]+)*\s", part))})
+        kernels.append(
+            {
+                "kernel": m.group(1),
+                "registers": int(regs.group(1)) if regs else None,
+                "stack_bytes": stack,
+                "spill_store_bytes": stores,
+                "spill_load_bytes": loads,
+                "sass_LDL": len(re.findall(r"\bLDL(?:\.[A-Z0-9]+)*\s", part)),
+                "sass_STL": len(re.findall(r"\bSTL(?:\.[A-Z0-9]+)*\s", part)),
+            }
+        )
     return kernels
 
 
@@ -297,16 +328,21 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--shape", default="32:8:128", help="heads:kv_heads:head_dim")
     ap.add_argument("--seq", type=int, default=65536)
     ap.add_argument("--causal", type=int, choices=(0, 1), default=0)
-    ap.add_argument("--backward", default="default",
-                    help="a hopper_check.py --backwards entry, e.g. default/bwd_stages=3")
+    ap.add_argument(
+        "--backward", default="default", help="a hopper_check.py --backwards entry, e.g. default/bwd_stages=3"
+    )
     ap.add_argument("--interpret", action="store_true", help="CPU dry run, no cuDNN")
-    ap.add_argument("--ptxas", metavar="LOG", help="print registers and spills per kernel from "
-                    "the output of a run with MOSAIC_GPU_DUMP_PTXAS=1 (and _SASS=1)")
+    ap.add_argument(
+        "--ptxas",
+        metavar="LOG",
+        help="print registers and spills per kernel from "
+        "the output of a run with MOSAIC_GPU_DUMP_PTXAS=1 (and _SASS=1)",
+    )
     ap.add_argument("--summarize", metavar="CSV", help="print the summary of an ncu details CSV")
-    ap.add_argument("--durations", metavar="CSV", help="print each kernel's duration from an ncu "
-                    "details CSV")
-    ap.add_argument("--sass", metavar="CSV", help="print where the warps of an ncu source-page "
-                    "CSV (SASS) wait")
+    ap.add_argument("--durations", metavar="CSV", help="print each kernel's duration from an ncu details CSV")
+    ap.add_argument(
+        "--sass", metavar="CSV", help="print where the warps of an ncu source-page CSV (SASS) wait"
+    )
     args = ap.parse_args(argv)
     if args.ptxas:
         kernels = ptxas_summary(args.ptxas)
@@ -337,8 +373,11 @@ def main(argv: list[str]) -> dict:
     if not args.interpret:
         cf, cg = cudnn_fns(bool(args.causal))
         out["cudnn"] = (jax.block_until_ready(cf(q, k, v)), jax.block_until_ready(cg(q, k, v, do)))
-    print(f"profiled L={args.seq} {args.shape} causal={args.causal} {bs}: pallas_hopper forward, "
-          f"backward{'' if args.interpret else ', cuDNN forward, cuDNN gradient'}", flush=True)
+    print(
+        f"profiled L={args.seq} {args.shape} causal={args.causal} {bs}: pallas_hopper forward, "
+        f"backward{'' if args.interpret else ', cuDNN forward, cuDNN gradient'}",
+        flush=True,
+    )
     return out
 
 

@@ -74,23 +74,29 @@ def table(cells: dict, spread: bool = False) -> str:
     columns: list[str] = []
     for row in cells.values():
         columns += [c for c in row if c not in columns]
-    lines = ["| shape | tokens | mask | " + " | ".join(columns) + " | rounds |",
-             "|---|---:|---|" + "---:|" * len(columns) + "---:|"]
+    lines = [
+        "| shape | tokens | mask | " + " | ".join(columns) + " | rounds |",
+        "|---|---:|---|" + "---:|" * len(columns) + "---:|",
+    ]
     for problem in sorted(cells, key=_sort_key):
         shape, seq, causal = problem
         row = cells[problem]
         ratios = [_cell(row[c], spread) if c in row else "-" for c in columns]
         rounds = min(r.get("rounds", 1) for r in row.values())
-        lines.append(f"| {shape} | {seq // 1024}K | {'causal' if causal else 'full'} | "
-                     + " | ".join(ratios) + f" | {rounds} |")
+        lines.append(
+            f"| {shape} | {seq // 1024}K | {'causal' if causal else 'full'} | "
+            + " | ".join(ratios)
+            + f" | {rounds} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("paths", nargs="+", help="hopper_check.py .json outputs")
-    ap.add_argument("--spread", action="store_true",
-                    help="add the lowest and highest of the passes' ratios to each cell")
+    ap.add_argument(
+        "--spread", action="store_true", help="add the lowest and highest of the passes' ratios to each cell"
+    )
     args = ap.parse_args(argv)
     text = table(load(args.paths), spread=args.spread)
     print(text)

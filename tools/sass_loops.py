@@ -37,8 +37,10 @@ class Loop:
     bar: int  # named barriers (BAR.*) and mbarrier try-waits per trip
 
     def row(self) -> str:
-        return (f"loop {self.start:#06x}-{self.end:#06x}: {self.instructions} instructions, "
-                f"{self.hgmma} HGMMA, {self.ldl} LDL, {self.stl} STL, {self.bar} barrier ops")
+        return (
+            f"loop {self.start:#06x}-{self.end:#06x}: {self.instructions} instructions, "
+            f"{self.hgmma} HGMMA, {self.ldl} LDL, {self.stl} STL, {self.bar} barrier ops"
+        )
 
 
 def parse(text: str) -> tuple[list[tuple[int, str]], dict[str, int]]:
@@ -65,8 +67,7 @@ def _backward(item: tuple[int, str], labels: dict[str, int]) -> bool:
     """Whether an instruction is a branch to a label at or before it."""
     addr, instr = item
     m = _TARGET.search(instr)
-    return (_opcode(instr).startswith("BRA") and m is not None
-            and labels.get(m.group(1), addr + 1) <= addr)
+    return _opcode(instr).startswith("BRA") and m is not None and labels.get(m.group(1), addr + 1) <= addr
 
 
 def loops(text: str) -> list[Loop]:
@@ -85,10 +86,17 @@ def loops(text: str) -> list[Loop]:
         body = [_opcode(i) for a, i in instrs if start <= a <= addr]
         hgmma = sum(op.startswith("HGMMA") for op in body)
         if hgmma:
-            found.append(Loop(start, addr, len(body), hgmma,
-                              sum(op.startswith("LDL") for op in body),
-                              sum(op.startswith("STL") for op in body),
-                              sum(op.startswith(("BAR.", "SYNCS.PHASECHK")) for op in body)))
+            found.append(
+                Loop(
+                    start,
+                    addr,
+                    len(body),
+                    hgmma,
+                    sum(op.startswith("LDL") for op in body),
+                    sum(op.startswith("STL") for op in body),
+                    sum(op.startswith(("BAR.", "SYNCS.PHASECHK")) for op in body),
+                )
+            )
     return sorted(found, key=lambda lp: (lp.start, -lp.end))
 
 
@@ -104,9 +112,11 @@ def summary(text: str) -> list[str]:
     """One line per HGMMA loop, plus the kernel's total local-memory instructions."""
     instrs, _ = parse(text)
     ops = [_opcode(i) for _, i in instrs]
-    head = (f"{len(ops)} instructions, {sum(o.startswith('HGMMA') for o in ops)} HGMMA, "
-            f"{sum(o.startswith('LDL') for o in ops)} LDL, {sum(o.startswith('STL') for o in ops)} "
-            "STL in the whole kernel")
+    head = (
+        f"{len(ops)} instructions, {sum(o.startswith('HGMMA') for o in ops)} HGMMA, "
+        f"{sum(o.startswith('LDL') for o in ops)} LDL, {sum(o.startswith('STL') for o in ops)} "
+        "STL in the whole kernel"
+    )
     return [head] + [lp.row() for lp in loops(text)]
 
 

@@ -68,8 +68,7 @@ def _set_xla_flag(prefix: str, flag: str) -> None:
 
 def use_cpu_devices(count: int) -> None:
     """Forces ``count`` virtual CPU devices; must run before jax is imported."""
-    _set_xla_flag("--xla_force_host_platform_device_count",
-                  f"--xla_force_host_platform_device_count={count}")
+    _set_xla_flag("--xla_force_host_platform_device_count", f"--xla_force_host_platform_device_count={count}")
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 
@@ -117,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE + config_lib.help_text())
         return 0
     if not argv:  # a bare `python -m train` would start a long run with every default
-        print(USAGE.splitlines()[0] + "\n(--help lists every option; configs/debug.yaml is the "
-              "small CPU demo)", file=sys.stderr)
+        print(
+            USAGE.splitlines()[0] + "\n(--help lists every option; configs/debug.yaml is the small CPU demo)",
+            file=sys.stderr,
+        )
         return EXIT_SETUP
     try:
         path, overrides = split_args(argv)

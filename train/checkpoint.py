@@ -39,6 +39,7 @@ def _abstract(tree: Any) -> Any:
 def _quiet_hook(previous: Callable[[Any], None]) -> Callable[[Any], None]:
     """An ``sys.unraisablehook`` that drops the reports of orbax's abandoned parallel reads and
     passes every other report to ``previous``."""
+
     def hook(unraisable) -> None:
         exc, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
         closed = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
@@ -66,8 +67,12 @@ class Checkpointer:
             directory = os.path.abspath(directory)  # orbax needs absolute local paths
         self.directory = directory
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=not read_only, read_only=read_only,
-            enable_async_checkpointing=async_save, save_interval_steps=1)
+            max_to_keep=keep,
+            create=not read_only,
+            read_only=read_only,
+            enable_async_checkpointing=async_save,
+            save_interval_steps=1,
+        )
         self._manager = ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
         if not read_only:
             self._set_aside_incomplete()
@@ -80,8 +85,7 @@ class Checkpointer:
         if bad and jax.process_index() == 0:
             for s in bad:
                 target = root / f"incomplete.{s}.{int(time.time())}"
-                logging.warning("checkpoint step %d in %s is incomplete; moved to %s", s, root,
-                                target)
+                logging.warning("checkpoint step %d in %s is incomplete; moved to %s", s, root, target)
                 (root / str(s)).rename(target)
         if bad:
             if jax.process_count() > 1:
@@ -109,9 +113,11 @@ class Checkpointer:
 
     def save(self, step: int, params: Any, train: Any, meta: dict) -> None:
         """Starts saving ``step`` (returns before the write finishes when async)."""
-        args = ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                  train=ocp.args.StandardSave(train),
-                                  meta=ocp.args.JsonSave(meta))
+        args = ocp.args.Composite(
+            params=ocp.args.StandardSave(params),
+            train=ocp.args.StandardSave(train),
+            meta=ocp.args.JsonSave(meta),
+        )
         self._manager.save(step, args=args, force=True)
 
     def restore(self, step: int, params_like: Any, train_like: Any | None = None) -> dict:
@@ -121,10 +127,10 @@ class Checkpointer:
         unreadable step, naming it; nothing on disk is changed.
         """
         if step not in self.steps():
-            raise CheckpointError(f"no complete checkpoint for {step=} in {self.directory!r}; "
-                                  f"complete steps: {self.steps()}")
-        items = {"params": ocp.args.StandardRestore(_abstract(params_like)),
-                 "meta": ocp.args.JsonRestore()}
+            raise CheckpointError(
+                f"no complete checkpoint for {step=} in {self.directory!r}; complete steps: {self.steps()}"
+            )
+        items = {"params": ocp.args.StandardRestore(_abstract(params_like)), "meta": ocp.args.JsonRestore()}
         if train_like is not None:
             items["train"] = ocp.args.StandardRestore(_abstract(train_like))
         try:
@@ -132,14 +138,19 @@ class Checkpointer:
         except Exception as e:  # orbax/tensorstore raise many types for damaged files
             quiet_failed_reads()
             older = [s for s in self.steps() if s < step]
-            options = (f"resume an older complete step {older} with checkpoint.resume=STEP (e.g. "
-                       f"--checkpoint.resume={older[-1]}; newer steps are then set aside, not "
-                       "deleted)" if older else "there is no older complete step")
+            options = (
+                f"resume an older complete step {older} with checkpoint.resume=STEP (e.g. "
+                f"--checkpoint.resume={older[-1]}; newer steps are then set aside, not "
+                "deleted)"
+                if older
+                else "there is no older complete step"
+            )
             cause = " ".join(str(e).split("See full TensorStore details")[0].split())[:300]
             raise CheckpointError(
                 f"checkpoint {step=} in {self.directory!r} is corrupt or does not match this "
                 f"config ({type(e).__name__}: {cause}). It was left untouched; fix the config, "
-                f"{options}, or start a new run_dir.") from e
+                f"{options}, or start a new run_dir."
+            ) from e
         return {k: out[k] for k in items}
 
     def set_aside_after(self, step: int) -> list[int]:
@@ -150,8 +161,13 @@ class Checkpointer:
         if newer and jax.process_index() == 0:
             for s in newer:
                 target = root / f"superseded.{s}.{int(time.time())}"
-                logging.warning("checkpoint step %d in %s is newer than the resumed step %d; "
-                                "moved to %s", s, root, step, target)
+                logging.warning(
+                    "checkpoint step %d in %s is newer than the resumed step %d; moved to %s",
+                    s,
+                    root,
+                    step,
+                    target,
+                )
                 (root / str(s)).rename(target)
         if newer:
             if jax.process_count() > 1:

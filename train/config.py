@@ -69,18 +69,21 @@ def yaml_load(text: Any, where: str = "", option: bool = False) -> Any:
 def opt(default: Any, doc: str) -> Any:
     """A dataclass field with documentation; mutable defaults are copied per instance."""
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default),
-                                 metadata={"doc": doc})
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
     return dataclasses.field(default=default, metadata={"doc": doc})
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     preset: str = opt("debug", "Preset name in models.PRESETS (debug, 1b, 3b, 7b, 8b, 70b).")
-    overrides: dict = opt({}, "LlamaConfig fields replacing the preset's, e.g. {rope_theta: 1e6, "
-                              "layout: zigzag, dtype: bfloat16, remat: full}.")
-    init_from: str = opt("", "Hugging Face checkpoint directory to start from (models.llama."
-                             "load_hf); empty: random init.")
+    overrides: dict = opt(
+        {},
+        "LlamaConfig fields replacing the preset's, e.g. {rope_theta: 1e6, "
+        "layout: zigzag, dtype: bfloat16, remat: full}.",
+    )
+    init_from: str = opt(
+        "", "Hugging Face checkpoint directory to start from (models.llama.load_hf); empty: random init."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,24 +92,37 @@ class MeshSection:
     fsdp: int = opt(1, "Fully sharded data-parallel axis size (-1: all remaining devices).")
     tp: int = opt(1, "Tensor-parallel axis size (-1: all remaining devices).")
     sp: int = opt(1, "Sequence-parallel (ring) axis size (-1: all remaining devices).")
-    usp: int = opt(1, "Ulysses sequence-parallel axis size (-1: all remaining devices): the sequence "
-                      "is split over sp x usp and attention exchanges heads over usp around the "
-                      "ring (2-D context parallelism; heads / tp must divide by usp).")
+    usp: int = opt(
+        1,
+        "Ulysses sequence-parallel axis size (-1: all remaining devices): the sequence "
+        "is split over sp x usp and attention exchanges heads over usp around the "
+        "ring (2-D context parallelism; heads / tp must divide by usp).",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
-    paths: list = opt([], "Text (.txt) or JSONL (.jsonl, .jsonl.gz) files or globs, local or any "
-                          "fsspec URL; empty: the public-domain corpus shipped in "
-                          "train/corpus.")
-    format: str = opt("auto", "auto (by extension), text (plain text: blank-line paragraphs "
-                              "gathered into documents of up to data.text_doc_chars) or jsonl.")
-    text_doc_chars: int = opt(8192, "Characters per document of a text file: its paragraphs are "
-                                    "gathered into documents of at most this many (a longer "
-                                    "paragraph is cut into pieces of it); 0: one document per file.")
+    paths: list = opt(
+        [],
+        "Text (.txt) or JSONL (.jsonl, .jsonl.gz) files or globs, local or any "
+        "fsspec URL; empty: the public-domain corpus shipped in "
+        "train/corpus.",
+    )
+    format: str = opt(
+        "auto",
+        "auto (by extension), text (plain text: blank-line paragraphs "
+        "gathered into documents of up to data.text_doc_chars) or jsonl.",
+    )
+    text_doc_chars: int = opt(
+        8192,
+        "Characters per document of a text file: its paragraphs are "
+        "gathered into documents of at most this many (a longer "
+        "paragraph is cut into pieces of it); 0: one document per file.",
+    )
     text_key: str = opt("text", "JSONL field holding a document's text.")
-    tokenizer: str = opt("byte", "byte (UTF-8 bytes, vocab 256), hf (tokenizers JSON file) or "
-                                 "sentencepiece (.model file).")
+    tokenizer: str = opt(
+        "byte", "byte (UTF-8 bytes, vocab 256), hf (tokenizers JSON file) or sentencepiece (.model file)."
+    )
     tokenizer_path: str = opt("", "Tokenizer file for tokenizer=hf or sentencepiece.")
     append_eos: bool = opt(True, "Append the tokenizer's EOS token to each document (if any).")
     seq_len: int = opt(256, "Tokens per packed sequence (global, before sharding over sp).")
@@ -134,20 +150,26 @@ class CheckpointSection:
     every: int = opt(100, "Save every this many steps (and always at the last step; 0: only last).")
     keep: int = opt(3, "Keep the newest this many checkpoints.")
     async_save: bool = opt(True, "Write checkpoints in the background while training goes on.")
-    resume: str | int = opt("auto", "auto (resume the newest complete checkpoint in run_dir if "
-                                    "any), never (refuse to start if run_dir has checkpoints), "
-                                    "required, or a step number: resume that complete checkpoint "
-                                    "(e.g. when the newest is damaged); newer ones are set aside.")
+    resume: str | int = opt(
+        "auto",
+        "auto (resume the newest complete checkpoint in run_dir if "
+        "any), never (refuse to start if run_dir has checkpoints), "
+        "required, or a step number: resume that complete checkpoint "
+        "(e.g. when the newest is damaged); newer ones are set aside.",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class ResumeSection:
-    allow_changes: bool = opt(False, "Resume a run_dir whose config.yaml differs in options that "
-                                     "change the data stream or the model (data, model, mesh, "
-                                     "optim.accum_steps, deterministic); config.yaml then records "
-                                     "the change (once the checkpoint is restored). A new "
-                                     "data.batch_size starts its streams of documents afresh. Other "
-                                     "changes are always accepted and recorded.")
+    allow_changes: bool = opt(
+        False,
+        "Resume a run_dir whose config.yaml differs in options that "
+        "change the data stream or the model (data, model, mesh, "
+        "optim.accum_steps, deterministic); config.yaml then records "
+        "the change (once the checkpoint is restored). A new "
+        "data.batch_size starts its streams of documents afresh. Other "
+        "changes are always accepted and recorded.",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +177,9 @@ class LogSection:
     every: int = opt(10, "Write metrics every this many steps.")
     tensorboard: bool = opt(True, "Also write TensorBoard event files to run_dir/tensorboard.")
     progress: bool = opt(True, "Show a progress bar with ETA (process 0 only).")
-    peak_tflops: float = opt(0.0, "Datasheet dense bf16 TFLOP/s per device for MFU (0: the device's, "
-                             "models.flops.PEAK_TFLOPS).")
+    peak_tflops: float = opt(
+        0.0, "Datasheet dense bf16 TFLOP/s per device for MFU (0: the device's, models.flops.PEAK_TFLOPS)."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,16 +197,23 @@ class SampleSection:
 
 @dataclasses.dataclass(frozen=True)
 class DistributedSection:
-    initialize: str = opt("auto", "auto (when flags below or a SLURM/TPU environment say several "
-                                  "processes), always, or never: jax.distributed.initialize().")
+    initialize: str = opt(
+        "auto",
+        "auto (when flags below or a SLURM/TPU environment say several "
+        "processes), always, or never: jax.distributed.initialize().",
+    )
     coordinator_address: str = opt("", "host:port of process 0's coordinator.")
     num_processes: int = opt(0, "Number of processes (0: from the environment).")
     process_id: int = opt(-1, "This process's id (-1: from the environment).")
     local_device_ids: list = opt([], "Devices this process uses (empty: all visible).")
-    heartbeat_timeout: int = opt(30, "Seconds without a heartbeat after which the coordination "
-                                     "service declares a process dead and ends the job.")
-    shutdown_timeout: int = opt(60, "Seconds a finishing process waits at the shutdown barrier for "
-                                    "the others.")
+    heartbeat_timeout: int = opt(
+        30,
+        "Seconds without a heartbeat after which the coordination "
+        "service declares a process dead and ends the job.",
+    )
+    shutdown_timeout: int = opt(
+        60, "Seconds a finishing process waits at the shutdown barrier for the others."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,8 +223,11 @@ class StageSection:
     rope_theta: float = opt(0.0, "RoPE base of this stage (0: unchanged).")
     batch_size: int = opt(0, "data.batch_size of this stage (0: unchanged).")
     lr: float = opt(0.0, "optim.lr of this stage (0: unchanged).")
-    remat: str = opt("", "model remat policy of this stage ('': unchanged), e.g. offload_attn or "
-                         "full where the saved attention of save_attn no longer fits.")
+    remat: str = opt(
+        "",
+        "model remat policy of this stage ('': unchanged), e.g. offload_attn or "
+        "full where the saved attention of save_attn no longer fits.",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,32 +235,45 @@ class TrainConfig:
     run_dir: str = opt("runs/debug", "Directory (local or fsspec) for checkpoints and metrics.")
     steps: int = opt(1000, "Optimizer steps (ignored when stages are given).")
     seed: int = opt(0, "Seed of parameter init and of the training rng.")
-    stop_at: int = opt(0, "Stop after this step (checkpoint included) though the schedule runs to "
-                          "steps, e.g. to fit a job's time limit; a later launch resumes (0: off).")
-    skip_nonfinite: int = opt(0, "0: a step whose loss or gradient norm is not finite stops the "
-                                 "run, naming the last good step (nothing from it is saved); N > 0: "
-                                 "such a step's update is skipped and only N + 1 in a row stop.")
+    stop_at: int = opt(
+        0,
+        "Stop after this step (checkpoint included) though the schedule runs to "
+        "steps, e.g. to fit a job's time limit; a later launch resumes (0: off).",
+    )
+    skip_nonfinite: int = opt(
+        0,
+        "0: a step whose loss or gradient norm is not finite stops the "
+        "run, naming the last good step (nothing from it is saved); N > 0: "
+        "such a step's update is skipped and only N + 1 in a row stop.",
+    )
     cpu_devices: int = opt(0, "Run on this many virtual CPU devices (0: the real devices).")
-    deterministic: bool = opt(False, "Bitwise-reproducible runs (two runs, or a run stopped and "
-                                     "resumed, give the same metrics): ring attention kernels whose "
-                                     "sums have a fixed order (LlamaConfig.deterministic) and, on GPU, "
-                                     f"XLA_FLAGS {XLA_DETERMINISTIC} (python -m "
-                                     "train sets it before jax starts; a library "
-                                     "caller must). Slower.")
+    deterministic: bool = opt(
+        False,
+        "Bitwise-reproducible runs (two runs, or a run stopped and "
+        "resumed, give the same metrics): ring attention kernels whose "
+        "sums have a fixed order (LlamaConfig.deterministic) and, on GPU, "
+        f"XLA_FLAGS {XLA_DETERMINISTIC} (python -m "
+        "train sets it before jax starts; a library "
+        "caller must). Slower.",
+    )
     model: ModelSection = opt(None, "Model.")
     mesh: MeshSection = opt(None, "Device mesh.")
     data: DataSection = opt(None, "Data.")
     optim: OptimSection = opt(None, "Optimizer.")
     checkpoint: CheckpointSection = opt(None, "Checkpoints.")
-    resume: ResumeSection = opt(None, "What a resumed run may change (run_dir/config.yaml holds the "
-                                      "run's config).")
+    resume: ResumeSection = opt(
+        None, "What a resumed run may change (run_dir/config.yaml holds the run's config)."
+    )
     log: LogSection = opt(None, "Metrics and logging.")
     eval: EvalSection = opt(None, "Evaluation.")
     sample: SampleSection = opt(None, "Sample printed at the end.")
     distributed: DistributedSection = opt(None, "Multi-host setup.")
-    stages: list[StageSection] = opt([], "Progressive context extension: stages run in order in "
-                                         "run_dir/stage_<i>, each starting from the previous "
-                                         "stage's final parameters.")
+    stages: list[StageSection] = opt(
+        [],
+        "Progressive context extension: stages run in order in "
+        "run_dir/stage_<i>, each starting from the previous "
+        "stage's final parameters.",
+    )
 
     def __post_init__(self):
         hints = _hints(type(self))
@@ -279,8 +325,7 @@ def build(cls, values: dict, prefix: str = "") -> Any:
     unknown = sorted(set(values) - set(hints))
     if unknown:
         valid = ", ".join(prefix + k for k in hints)
-        raise ValueError(f"unknown config key(s) {[prefix + k for k in unknown]}; "
-                         f"valid keys: {valid}")
+        raise ValueError(f"unknown config key(s) {[prefix + k for k in unknown]}; valid keys: {valid}")
     kwargs = {k: _check_type(v, hints[k], prefix + k) for k, v in values.items()}
     return cls(**kwargs)
 
@@ -328,8 +373,7 @@ def load(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
         path = preset_path(path)
         values = _read_yaml(path)
         if not isinstance(values, dict):
-            raise ValueError(f"config file {path!r} must hold a mapping, "
-                             f"got {type(values).__name__}")
+            raise ValueError(f"config file {path!r} must hold a mapping, got {type(values).__name__}")
     for key, value in parse_overrides(overrides):
         _check_key(key)
         _set_dotted(values, key, value)
@@ -342,8 +386,11 @@ def preset_dirs() -> list[pathlib.Path]:
     prefix holding this package (``pip install --prefix/--user``: <prefix>/lib/pythonX.Y/...)."""
     here = pathlib.Path(__file__).resolve()
     share = ("share", "ringattention", "configs")
-    return [here.parents[1] / "configs", pathlib.Path(sys.prefix).joinpath(*share),
-            here.parents[4].joinpath(*share) if len(here.parents) > 4 else here.parents[1]]
+    return [
+        here.parents[1] / "configs",
+        pathlib.Path(sys.prefix).joinpath(*share),
+        here.parents[4].joinpath(*share) if len(here.parents) > 4 else here.parents[1],
+    ]
 
 
 def presets() -> list[str]:
@@ -364,8 +411,7 @@ def preset_path(path: str) -> str:
     for d in preset_dirs():
         if (d / name).is_file():
             return str(d / name)
-    raise FileNotFoundError(f"config file {path!r} does not exist and names no preset; presets: "
-                            f"{presets()}")
+    raise FileNotFoundError(f"config file {path!r} does not exist and names no preset; presets: {presets()}")
 
 
 def _read_yaml(path: str) -> Any:
@@ -426,8 +472,7 @@ def help_text(cls=TrainConfig, prefix: str = "", indent: str = "  ") -> str:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         name = getattr(tp, "__name__", str(tp))
-        lines.append(f"{indent}--{prefix}{f.name} ({name}, default {default!r}): "
-                     f"{f.metadata['doc']}")
+        lines.append(f"{indent}--{prefix}{f.name} ({name}, default {default!r}): {f.metadata['doc']}")
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
         if dataclasses.is_dataclass(item):
             lines.append(f"{indent}  keys of each {prefix}{f.name} item:")
@@ -441,16 +486,39 @@ _CHOICES = {
     "checkpoint.resume": ("auto", "never", "required"),
     "distributed.initialize": ("auto", "always", "never"),
 }
-_POSITIVE = ("steps", "data.seq_len", "data.batch_size", "optim.accum_steps", "checkpoint.keep",
-             "log.every", "eval.batches", "distributed.heartbeat_timeout",
-             "distributed.shutdown_timeout")
-_NON_NEGATIVE = ("stop_at", "skip_nonfinite", "data.text_doc_chars", "cpu_devices",
-                 "optim.warmup_steps", "checkpoint.every", "eval.every",
-                 "sample.tokens", "optim.lr", "optim.weight_decay", "optim.clip_norm",
-                 "sample.temperature", "log.peak_tflops")
+_POSITIVE = (
+    "steps",
+    "data.seq_len",
+    "data.batch_size",
+    "optim.accum_steps",
+    "checkpoint.keep",
+    "log.every",
+    "eval.batches",
+    "distributed.heartbeat_timeout",
+    "distributed.shutdown_timeout",
+)
+_NON_NEGATIVE = (
+    "stop_at",
+    "skip_nonfinite",
+    "data.text_doc_chars",
+    "cpu_devices",
+    "optim.warmup_steps",
+    "checkpoint.every",
+    "eval.every",
+    "sample.tokens",
+    "optim.lr",
+    "optim.weight_decay",
+    "optim.clip_norm",
+    "sample.temperature",
+    "log.peak_tflops",
+)
 # [low, high] or [low, high): the ratios of the schedule and AdamW's betas
-_RANGES = {"optim.min_lr_ratio": (0.0, 1.0, "]"), "optim.b1": (0.0, 1.0, ")"),
-           "optim.b2": (0.0, 1.0, ")"), "data.eval_fraction": (0.0, 1.0, ")")}
+_RANGES = {
+    "optim.min_lr_ratio": (0.0, 1.0, "]"),
+    "optim.b1": (0.0, 1.0, ")"),
+    "optim.b2": (0.0, 1.0, ")"),
+    "data.eval_fraction": (0.0, 1.0, ")"),
+}
 
 
 def get(config: Any, key: str) -> Any:
@@ -464,8 +532,9 @@ def check(config: TrainConfig) -> None:
     for key, choices in _CHOICES.items():
         if key == "checkpoint.resume" and isinstance(config.checkpoint.resume, int):
             if config.checkpoint.resume < 1:
-                raise ValueError(f"checkpoint.resume={config.checkpoint.resume} must be a step "
-                                 f">= 1 or one of {choices}")
+                raise ValueError(
+                    f"checkpoint.resume={config.checkpoint.resume} must be a step >= 1 or one of {choices}"
+                )
             continue
         if get(config, key) not in choices:
             raise ValueError(f"{key}={get(config, key)!r}; choose one of {choices}")
@@ -483,11 +552,15 @@ def check(config: TrainConfig) -> None:
     if not config.optim.eps > 0:
         raise ValueError(f"optim.eps={config.optim.eps!r} must be > 0")
     if config.data.batch_size % config.optim.accum_steps:
-        raise ValueError(f"data.batch_size={config.data.batch_size} is not divisible by "
-                         f"optim.accum_steps={config.optim.accum_steps}")
+        raise ValueError(
+            f"data.batch_size={config.data.batch_size} is not divisible by "
+            f"optim.accum_steps={config.optim.accum_steps}"
+        )
     if "deterministic" in config.model.overrides:
-        raise ValueError("model.overrides.deterministic: set the top-level option deterministic "
-                         "instead (it also makes XLA's own GPU ops deterministic)")
+        raise ValueError(
+            "model.overrides.deterministic: set the top-level option deterministic "
+            "instead (it also makes XLA's own GPU ops deterministic)"
+        )
     if config.data.tokenizer != "byte" and not config.data.tokenizer_path:
         raise ValueError(f"data.tokenizer={config.data.tokenizer!r} needs data.tokenizer_path")
     for i, stage in enumerate(config.stages):
@@ -528,7 +601,15 @@ def stage_configs(config: TrainConfig) -> list[TrainConfig]:
         over = {k: v for k, v in over.items() if v}
         if over:
             model = dataclasses.replace(model, overrides={**model.overrides, **over})
-        out.append(dataclasses.replace(
-            config, run_dir=f"{config.run_dir.rstrip('/')}/stage_{i}", steps=stage.steps,
-            data=data, optim=optim, model=model, stages=[]))
+        out.append(
+            dataclasses.replace(
+                config,
+                run_dir=f"{config.run_dir.rstrip('/')}/stage_{i}",
+                steps=stage.steps,
+                data=data,
+                optim=optim,
+                model=model,
+                stages=[],
+            )
+        )
     return out

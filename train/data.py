@@ -69,8 +69,9 @@ def split_text(text: str, max_chars: int) -> list[str]:
     return [*docs, current] if current else docs
 
 
-def read_documents(paths: Sequence[str], fmt: str = "auto", text_key: str = "text",
-                   text_doc_chars: int = 0) -> list[str]:
+def read_documents(
+    paths: Sequence[str], fmt: str = "auto", text_key: str = "text", text_doc_chars: int = 0
+) -> list[str]:
     """Non-empty documents of text files (``split_text`` into documents of up to
     ``text_doc_chars`` characters; 0: one per file) or JSONL files (one per line), in order."""
     import fsspec
@@ -88,11 +89,12 @@ def read_documents(paths: Sequence[str], fmt: str = "auto", text_key: str = "tex
     for f in files:
         try:
             with f as handle:
-                docs += _read_file(handle, f.path, _format_of(f.path, fmt), text_key,
-                                   text_doc_chars)
+                docs += _read_file(handle, f.path, _format_of(f.path, fmt), text_key, text_doc_chars)
         except UnicodeDecodeError as e:
-            raise ValueError(f"data file {f.path!r} is not UTF-8 text (byte "
-                             f"0x{e.object[e.start]:02x}: {e.reason}); data files must be UTF-8") from None
+            raise ValueError(
+                f"data file {f.path!r} is not UTF-8 text (byte "
+                f"0x{e.object[e.start]:02x}: {e.reason}); data files must be UTF-8"
+            ) from None
         except (OSError, EOFError) as e:  # unreadable, or a damaged compressed file
             raise ValueError(f"data file {f.path!r} cannot be read: {e}") from None
     docs = [d for d in docs if d.strip()]
@@ -124,8 +126,7 @@ def split(num_docs: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, n
     perm = np.random.default_rng([seed, 0x5EED]).permutation(num_docs)
     n_eval = int(np.ceil(eval_fraction * num_docs)) if eval_fraction > 0 else 0
     if n_eval >= num_docs:
-        raise ValueError(f"data.eval_fraction={eval_fraction} leaves no training documents out of "
-                         f"{num_docs}")
+        raise ValueError(f"data.eval_fraction={eval_fraction} leaves no training documents out of {num_docs}")
     return perm[: num_docs - n_eval], perm[num_docs - n_eval :]
 
 
@@ -136,17 +137,29 @@ class Packer:
     padding with ``loss_mask`` 0 (evaluation).
     """
 
-    def __init__(self, documents: Sequence[str], doc_ids: np.ndarray, tokenizer: Tokenizer, *,
-                 num_streams: int, rows: Sequence[int], seq_len: int, seed: int, wrap: bool,
-                 append_eos: bool = True):
+    def __init__(
+        self,
+        documents: Sequence[str],
+        doc_ids: np.ndarray,
+        tokenizer: Tokenizer,
+        *,
+        num_streams: int,
+        rows: Sequence[int],
+        seq_len: int,
+        seed: int,
+        wrap: bool,
+        append_eos: bool = True,
+    ):
         if seq_len < 1 or num_streams < 1:
             raise ValueError(f"{seq_len=} and {num_streams=} must be >= 1")
         bad = [r for r in rows if not 0 <= r < num_streams]
         if bad:
             raise ValueError(f"rows {bad} are outside [0, {num_streams=})")
         if wrap and len(doc_ids) < num_streams:
-            raise ValueError(f"{len(doc_ids)} training documents cannot feed {num_streams} "
-                             "sequences per batch (data.batch_size); add data or lower it")
+            raise ValueError(
+                f"{len(doc_ids)} training documents cannot feed {num_streams} "
+                "sequences per batch (data.batch_size); add data or lower it"
+            )
         self.documents, self.tokenizer = documents, tokenizer
         self.num_streams, self.rows, self.seq_len = num_streams, list(rows), seq_len
         self.seed, self.wrap, self.append_eos = seed, wrap, append_eos
@@ -210,8 +223,7 @@ class Packer:
     def set_state(self, state: np.ndarray) -> None:
         state = np.asarray(state)
         if state.shape != (len(self.rows), STATE_WIDTH):
-            raise ValueError(f"data state must be [{len(self.rows)}, {STATE_WIDTH}]; "
-                             f"got {state.shape=}")
+            raise ValueError(f"data state must be [{len(self.rows)}, {STATE_WIDTH}]; got {state.shape=}")
         if (state < 0).any():
             raise ValueError(f"data state has negative entries: {state.tolist()}")
         for j, s in zip(self.rows, state, strict=True):

@@ -67,13 +67,17 @@ def initialize(cfg: DistributedSection) -> bool:
     if cfg.local_device_ids:
         kwargs["local_device_ids"] = list(cfg.local_device_ids)
     if cfg.num_processes > 1 and (cfg.process_id < 0 or not cfg.coordinator_address):
-        raise ValueError(f"distributed.num_processes={cfg.num_processes} needs "
-                         "distributed.coordinator_address and distributed.process_id")
+        raise ValueError(
+            f"distributed.num_processes={cfg.num_processes} needs "
+            "distributed.coordinator_address and distributed.process_id"
+        )
     if _initialized():
         return True
     accepted = inspect.signature(jax.distributed.initialize).parameters
-    for name, value in (("heartbeat_timeout_seconds", cfg.heartbeat_timeout),
-                        ("shutdown_timeout_seconds", cfg.shutdown_timeout)):
+    for name, value in (
+        ("heartbeat_timeout_seconds", cfg.heartbeat_timeout),
+        ("shutdown_timeout_seconds", cfg.shutdown_timeout),
+    ):
         if name in accepted:
             kwargs[name] = value
     jax.distributed.initialize(**kwargs)
@@ -112,8 +116,7 @@ class Watchdog:
     def __init__(self, client, process_id: int, num_processes: int):
         self.client, self.pid, self.n = client, process_id, num_processes
         self.failing, self.stopped = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="ringattention-watchdog",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="ringattention-watchdog", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -125,23 +128,29 @@ class Watchdog:
         acked: set[str] = set()
         while not self.stopped.wait(POLL_S):
             try:
-                failures = [(k, v) for k, v in self.client.key_value_dir_get(FAILED)
-                            if k != f"{FAILED}{self.pid}"]
+                failures = [
+                    (k, v) for k, v in self.client.key_value_dir_get(FAILED) if k != f"{FAILED}{self.pid}"
+                ]
                 for key, _ in failures:  # acknowledge every failure seen, once
                     if key not in acked:
                         self.client.key_value_set(f"{ACK}{key.rsplit('/', 1)[1]}/{self.pid}", "1")
                         acked.add(key)
             except Exception as e:  # noqa: BLE001 - the service is gone: process 0 has ended
                 if not (self.failing.is_set() or self.stopped.is_set()):
-                    _stop(f"process {self.pid}: lost the coordination service on process 0 "
-                          f"({' '.join(str(e).split())[:200]}); exiting", EXIT_PEER_FAILED)
+                    _stop(
+                        f"process {self.pid}: lost the coordination service on process 0 "
+                        f"({' '.join(str(e).split())[:200]}); exiting",
+                        EXIT_PEER_FAILED,
+                    )
                 return
             if failures and not self.failing.is_set():
                 key, error = failures[0]
                 if self.pid == 0:  # the service host ends last, after the others have exited
                     time.sleep(1.0)
-                _stop(f"process {self.pid}: stopping because process {key.rsplit('/', 1)[1]} "
-                      f"failed: {error}", EXIT_PEER_FAILED)
+                _stop(
+                    f"process {self.pid}: stopping because process {key.rsplit('/', 1)[1]} failed: {error}",
+                    EXIT_PEER_FAILED,
+                )
 
     def fail(self, message: str, status: int) -> None:
         """Posts this process's error (already printed by the caller) for the others, waits until

@@ -40,11 +40,15 @@ def load_run(run_dir: str, mesh: Mesh | None = None, step: int | None = None, **
         raise FileNotFoundError(f"no complete checkpoint under {run_dir}/checkpoints")
     if mesh is None:
         dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev),
-                            llama.abstract_params(config))
+        like = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), llama.abstract_params(config)
+        )
     else:
-        like = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                            llama.abstract_params(config), llama.param_shardings(config, mesh))
+        like = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            llama.abstract_params(config),
+            llama.param_shardings(config, mesh),
+        )
     params = ckpt.restore(step, like)["params"]
     ckpt.close()
     return config, params, get_tokenizer(cfg.data.tokenizer, cfg.data.tokenizer_path)

@@ -31,16 +31,27 @@ def _next_token_fn(model_cfg: llama.LlamaConfig, mesh: Mesh, temperature: float)
     return jax.jit(next_token, out_shardings=NamedSharding(mesh, P()))
 
 
-def generate(model_cfg: llama.LlamaConfig, params: Any, mesh: Mesh, tokenizer: Tokenizer,
-             prompt: str, *, tokens: int, temperature: float, length: int,
-             rng: jax.Array) -> str:
+def generate(
+    model_cfg: llama.LlamaConfig,
+    params: Any,
+    mesh: Mesh,
+    tokenizer: Tokenizer,
+    prompt: str,
+    *,
+    tokens: int,
+    temperature: float,
+    length: int,
+    rng: jax.Array,
+) -> str:
     """Continues ``prompt`` by up to ``tokens`` tokens within a buffer of ``length`` tokens."""
     ids = tokenizer.encode(prompt)
     if not ids:
         raise ValueError(f"sample.prompt={prompt!r} encodes to no tokens")
     if len(ids) >= length:
-        raise ValueError(f"sample.prompt has {len(ids)} tokens; it must be shorter than the "
-                         f"sample buffer ({length} tokens, data.seq_len)")
+        raise ValueError(
+            f"sample.prompt has {len(ids)} tokens; it must be shorter than the "
+            f"sample buffer ({length} tokens, data.seq_len)"
+        )
     nb = mesh.shape["dp"] * mesh.shape["fsdp"]
     buf = np.zeros((nb, length), np.int32)  # [batch, T], every row the same prompt
     buf[:, : len(ids)] = ids

@@ -33,13 +33,12 @@ F32 = jnp.float32
 def model_config(config: TrainConfig, **overrides) -> llama.LlamaConfig:
     """The model of a training config: ``model.preset`` with ``model.overrides`` (then
     ``overrides``) applied, and the top-level ``deterministic``."""
-    return llama.get_config(config.model.preset, **{**config.model.overrides,
-                                                    "deterministic": config.deterministic,
-                                                    **overrides})
+    return llama.get_config(
+        config.model.preset, **{**config.model.overrides, "deterministic": config.deterministic, **overrides}
+    )
 
 
-def check_shapes(config: TrainConfig, model_cfg: llama.LlamaConfig, mesh: Mesh,
-                 vocab_size: int) -> None:
+def check_shapes(config: TrainConfig, model_cfg: llama.LlamaConfig, mesh: Mesh, vocab_size: int) -> None:
     """Raises ValueError (naming the options) if batch, sequence, mesh and vocab don't fit."""
     sp, nb = mesh.shape["sp"], mesh.shape["dp"] * mesh.shape["fsdp"]
     seq, batch, accum = config.data.seq_len, config.data.batch_size, config.optim.accum_steps
@@ -48,19 +47,24 @@ def check_shapes(config: TrainConfig, model_cfg: llama.LlamaConfig, mesh: Mesh,
     except ValueError as e:
         raise ValueError(f"data.seq_len={seq} does not fit the ring: {e}") from None
     if seq % seq_shards(mesh):
-        raise ValueError(f"data.seq_len={seq} is not divisible by mesh.sp*mesh.usp="
-                         f"{seq_shards(mesh)}")
+        raise ValueError(f"data.seq_len={seq} is not divisible by mesh.sp*mesh.usp={seq_shards(mesh)}")
     shard = seq // sp  # the ring's shard (with Ulysses: the whole group's sequence)
     block = min(model_cfg.q_chunk, model_cfg.kv_chunk)
     if shard > block and shard % block:
-        raise ValueError(f"data.seq_len={seq} / mesh.sp={sp} = {shard} tokens per ring shard is not a "
-                         f"multiple of the attention block {block} (model q_chunk/kv_chunk)")
+        raise ValueError(
+            f"data.seq_len={seq} / mesh.sp={sp} = {shard} tokens per ring shard is not a "
+            f"multiple of the attention block {block} (model q_chunk/kv_chunk)"
+        )
     if (batch // accum) % nb:
-        raise ValueError(f"data.batch_size={batch} / optim.accum_steps={accum} = {batch // accum} "
-                         f"sequences per micro-batch is not divisible by mesh dp*fsdp={nb}")
+        raise ValueError(
+            f"data.batch_size={batch} / optim.accum_steps={accum} = {batch // accum} "
+            f"sequences per micro-batch is not divisible by mesh dp*fsdp={nb}"
+        )
     if vocab_size > model_cfg.vocab_size:
-        raise ValueError(f"the tokenizer has {vocab_size} tokens but the model's vocab_size is "
-                         f"{model_cfg.vocab_size}; set model.overrides.vocab_size")
+        raise ValueError(
+            f"the tokenizer has {vocab_size} tokens but the model's vocab_size is "
+            f"{model_cfg.vocab_size}; set model.overrides.vocab_size"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,12 +147,14 @@ class BatchMaker:
 def abstract_params(model_cfg: llama.LlamaConfig, mesh: Mesh) -> Any:
     """ShapeDtypeStructs (with shardings) of the parameters."""
     shardings = llama.param_shardings(model_cfg, mesh)
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        llama.abstract_params(model_cfg), shardings)
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        llama.abstract_params(model_cfg),
+        shardings,
+    )
 
 
-def opt_state_shardings(tx: optax.GradientTransformation, params_abstract: Any,
-                        mesh: Mesh) -> Any:
+def opt_state_shardings(tx: optax.GradientTransformation, params_abstract: Any, mesh: Mesh) -> Any:
     """Shardings of ``tx.init(params)``: moments like their parameter, scalars replicated."""
     out = jax.jit(tx.init).lower(params_abstract).compile().output_shardings
     rep = NamedSharding(mesh, P())
@@ -156,8 +162,11 @@ def opt_state_shardings(tx: optax.GradientTransformation, params_abstract: Any,
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        jax.eval_shape(lambda t: t, tree), shardings)
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        jax.eval_shape(lambda t: t, tree),
+        shardings,
+    )
 
 
 def _global_norm(tree: Any) -> jax.Array:
@@ -165,8 +174,9 @@ def _global_norm(tree: Any) -> jax.Array:
     return norm(tree) if norm is not None else optax.global_norm(tree)
 
 
-def make_train_step(model_cfg: llama.LlamaConfig, mesh: Mesh, tx: optax.GradientTransformation,
-                    param_sh: Any, opt_sh: Any) -> Callable:
+def make_train_step(
+    model_cfg: llama.LlamaConfig, mesh: Mesh, tx: optax.GradientTransformation, param_sh: Any, opt_sh: Any
+) -> Callable:
     """jit(params, opt_state, batch[accum, rows, seq]) -> (params, opt_state, metrics)."""
 
     def grads_of(params, micro):
@@ -180,6 +190,7 @@ def make_train_step(model_cfg: llama.LlamaConfig, mesh: Mesh, tx: optax.Gradient
         accum = batch["input_ids"].shape[0]
         g, loss_sum, tokens = grads_of(params, jax.tree.map(lambda x: x[0], batch))
         if accum > 1:
+
             def body(carry, micro):
                 g_i, l_i, t_i = grads_of(params, micro)
                 return jax.tree.map(jnp.add, carry, (g_i, l_i, t_i)), None
@@ -230,8 +241,9 @@ class Functions:
 
 
 @functools.lru_cache(maxsize=8)
-def functions(model_cfg: llama.LlamaConfig, mesh: Mesh, optim_cfg: OptimSection,
-              total_steps: int) -> Functions:
+def functions(
+    model_cfg: llama.LlamaConfig, mesh: Mesh, optim_cfg: OptimSection, total_steps: int
+) -> Functions:
     """Optimizer, state shardings and jitted steps (cached, so a resumed run in the same process
     reuses the compiled step)."""
     tx = optim.make_optimizer(optim_cfg, total_steps)
@@ -240,6 +252,14 @@ def functions(model_cfg: llama.LlamaConfig, mesh: Mesh, optim_cfg: OptimSection,
     opt_sh = opt_state_shardings(tx, params_abs, mesh)
     opt_abs = abstract_like(jax.eval_shape(tx.init, params_abs), opt_sh)
     init = jax.jit(lambda rng: llama.init_params(model_cfg, rng, mesh), out_shardings=param_sh)
-    return Functions(tx, params_abs, param_sh, opt_sh, opt_abs, model_cfg.scan_layers, init,
-                     make_train_step(model_cfg, mesh, tx, param_sh, opt_sh),
-                     make_eval_step(model_cfg, mesh))
+    return Functions(
+        tx,
+        params_abs,
+        param_sh,
+        opt_sh,
+        opt_abs,
+        model_cfg.scan_layers,
+        init,
+        make_train_step(model_cfg, mesh, tx, param_sh, opt_sh),
+        make_eval_step(model_cfg, mesh),
+    )

@@ -62,22 +62,28 @@ def main(config: config_lib.TrainConfig) -> Result:
 def _resume_step(ckpt: Checkpointer, mode: str | int) -> int | None:
     if isinstance(mode, int):  # a step chosen by number (e.g. the newest one is damaged)
         if mode not in ckpt.steps():
-            raise CheckpointError(f"checkpoint.resume={mode}: {ckpt.directory!r} holds no complete "
-                                  f"checkpoint for that step; complete steps: {ckpt.steps()}")
+            raise CheckpointError(
+                f"checkpoint.resume={mode}: {ckpt.directory!r} holds no complete "
+                f"checkpoint for that step; complete steps: {ckpt.steps()}"
+            )
         return mode  # newer checkpoints are set aside once the resume is checked (_set_aside)
     latest = ckpt.latest()
     if mode == "never" and latest is not None:
-        raise CheckpointError(f"checkpoint.resume=never but {ckpt.directory!r} already holds "
-                              f"checkpoints {ckpt.steps()}; nothing was changed. Use a new "
-                              "run_dir or checkpoint.resume=auto")
+        raise CheckpointError(
+            f"checkpoint.resume=never but {ckpt.directory!r} already holds "
+            f"checkpoints {ckpt.steps()}; nothing was changed. Use a new "
+            "run_dir or checkpoint.resume=auto"
+        )
     if mode == "required" and latest is None:
-        raise CheckpointError(f"checkpoint.resume=required but {ckpt.directory!r} holds no "
-                              "complete checkpoint")
+        raise CheckpointError(
+            f"checkpoint.resume=required but {ckpt.directory!r} holds no complete checkpoint"
+        )
     return latest
 
 
-def train_stage(config: config_lib.TrainConfig, previous: Result | None = None, *,
-                done_ok: bool = False) -> Result:
+def train_stage(
+    config: config_lib.TrainConfig, previous: Result | None = None, *, done_ok: bool = False
+) -> Result:
     """Trains one stage: ``config.steps`` steps in ``config.run_dir``. ``done_ok``: a run_dir that
     already holds the last step is passed on (a finished stage of a progressive schedule) instead
     of being an error."""
@@ -91,14 +97,20 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None, 
     # --- Checkpoints: resume the newest complete one (what may change: train.resume), else start
     # (from the previous stage).
     stop = min(config.steps, config.stop_at or config.steps)
-    with Checkpointer(f"{config.run_dir.rstrip('/')}/checkpoints", keep=config.checkpoint.keep,
-                      async_save=config.checkpoint.async_save) as ckpt:
+    with Checkpointer(
+        f"{config.run_dir.rstrip('/')}/checkpoints",
+        keep=config.checkpoint.keep,
+        async_save=config.checkpoint.async_save,
+    ) as ckpt:
         rng = jax.random.key(config.seed)
         start = _resume_step(ckpt, config.checkpoint.resume)
         final_eval = False  # a resumed run that stopped after its last checkpoint, before its eval
         if start is not None:
-            final_eval = (start == stop and data.eval_packer is not None
-                          and not metrics_lib.has_eval(config.run_dir, start))
+            final_eval = (
+                start == stop
+                and data.eval_packer is not None
+                and not metrics_lib.has_eval(config.run_dir, start)
+            )
             resume.check_steps(config, start, stop, final_eval, done_ok)
             record_changes = resume.check_changes(config, start, log0)
             _set_aside(ckpt, start)
@@ -113,24 +125,44 @@ def train_stage(config: config_lib.TrainConfig, previous: Result | None = None, 
 
         # --- Train (the first step compiles), checkpoint, evaluate.
         log = _Logger(config, model_cfg, start, stop, data.maker.owned_rows())
-        params, eval_loss = _train(config, fns, data, ckpt, log, (params, opt_state, rng),
-                                   start, stop, final_eval)
+        params, eval_loss = _train(
+            config, fns, data, ckpt, log, (params, opt_state, rng), start, stop, final_eval
+        )
         log.close()
 
     # --- A short sample from the trained model (not from a finished stage passed on).
     text = None
     if config.sample.tokens and (start < stop or final_eval):
-        text = sample.generate(model_cfg, params, mesh, tokenizer, config.sample.prompt,
-                               tokens=config.sample.tokens, temperature=config.sample.temperature,
-                               length=config.data.seq_len, rng=jax.random.fold_in(rng, stop))
+        text = sample.generate(
+            model_cfg,
+            params,
+            mesh,
+            tokenizer,
+            config.sample.prompt,
+            tokens=config.sample.tokens,
+            temperature=config.sample.temperature,
+            length=config.data.seq_len,
+            rng=jax.random.fold_in(rng, stop),
+        )
         log0(f"sample: {config.sample.prompt!r} -> {text!r}")
-    log0(f"done: step {stop}, run_dir {config.run_dir}"
-         + (f", eval loss {eval_loss:.4f}" if eval_loss is not None else ""))
+    log0(
+        f"done: step {stop}, run_dir {config.run_dir}"
+        + (f", eval loss {eval_loss:.4f}" if eval_loss is not None else "")
+    )
     return Result(config.run_dir, stop, log.losses, eval_loss, params, text)
 
 
-def _train(config, fns: steps.Functions, data: _Data, ckpt, log: _Logger, state, start: int,
-           stop: int, final_eval: bool):
+def _train(
+    config,
+    fns: steps.Functions,
+    data: _Data,
+    ckpt,
+    log: _Logger,
+    state,
+    start: int,
+    stop: int,
+    final_eval: bool,
+):
     """Steps ``start + 1 .. stop`` with checkpoints and evaluations (only the evaluation of
     ``stop`` when ``final_eval`` and there is nothing to train); returns (params, eval loss)."""
     params, opt_state, rng = state
@@ -145,7 +177,8 @@ def _train(config, fns: steps.Functions, data: _Data, ckpt, log: _Logger, state,
         log.train(step, metrics)
         save = config.checkpoint.every and step % config.checkpoint.every == 0 or step == stop
         evaluate = data.eval_packer is not None and (
-            config.eval.every and step % config.eval.every == 0 or step == stop)
+            config.eval.every and step % config.eval.every == 0 or step == stop
+        )
         if save or evaluate:
             finite.settle()
         if save:
@@ -170,33 +203,46 @@ def _set_aside(ckpt: Checkpointer, step: int) -> None:
 def _forget_after(run_dir: str, start: int, stop: int, final_eval: bool) -> None:
     """Says what the resumed run does; drops the metrics of steps after ``start`` (they run again)."""
     removed = metrics_lib.drop_after(run_dir, start) if jax.process_index() == 0 else 0
-    what = (f"training steps {start + 1}-{stop}" if start < stop else
-            "running its missing final evaluation" if final_eval else "finished: passed on")
-    log0(f"resumed step {start} in {run_dir}: {what}"
-         + (f" ({removed} metrics records of later steps dropped)" if removed else ""))
+    what = (
+        f"training steps {start + 1}-{stop}"
+        if start < stop
+        else "running its missing final evaluation"
+        if final_eval
+        else "finished: passed on"
+    )
+    log0(
+        f"resumed step {start} in {run_dir}: {what}"
+        + (f" ({removed} metrics records of later steps dropped)" if removed else "")
+    )
 
 
 def _setup(config: config_lib.TrainConfig):
     """(mesh, model config, tokenizer, data) of a stage, or ConfigError naming what cannot work."""
     if config.cpu_devices and jax.local_device_count() != config.cpu_devices:
-        raise ConfigError(f"cpu_devices={config.cpu_devices} but this process has "
-                          f"{jax.local_device_count()} devices; launch through `python -m train` "
-                          "(it sets XLA_FLAGS before jax starts)")
+        raise ConfigError(
+            f"cpu_devices={config.cpu_devices} but this process has "
+            f"{jax.local_device_count()} devices; launch through `python -m train` "
+            "(it sets XLA_FLAGS before jax starts)"
+        )
     xla_deterministic = config_lib.xla_deterministic(os.environ.get("XLA_FLAGS", ""))
     if config.deterministic and jax.default_backend() == "gpu" and not xla_deterministic:
-        raise ConfigError(f"deterministic=true on GPU needs XLA_FLAGS={config_lib.XLA_DETERMINISTIC} "
-                          "before jax starts (python -m train sets it; in Python, set "
-                          "os.environ['XLA_FLAGS'] before the first jax call)")
+        raise ConfigError(
+            f"deterministic=true on GPU needs XLA_FLAGS={config_lib.XLA_DETERMINISTIC} "
+            "before jax starts (python -m train sets it; in Python, set "
+            "os.environ['XLA_FLAGS'] before the first jax call)"
+        )
     try:
         mesh = make_mesh(MeshConfig(**dataclasses.asdict(config.mesh)))
         model_cfg = steps.model_config(config)
         tokenizer = get_tokenizer(config.data.tokenizer, config.data.tokenizer_path)
         steps.check_shapes(config, model_cfg, mesh, tokenizer.vocab_size)
-        log0(f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
-             f"devices, {jax.process_count()} process(es); model {config.model.preset} "
-             f"({llama.num_params(model_cfg) / 1e6:.2f}M params), layout {model_cfg.layout}"
-             + (", deterministic" if model_cfg.deterministic else "")
-             + (" (XLA deterministic ops)" if xla_deterministic else ""))
+        log0(
+            f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
+            f"devices, {jax.process_count()} process(es); model {config.model.preset} "
+            f"({llama.num_params(model_cfg) / 1e6:.2f}M params), layout {model_cfg.layout}"
+            + (", deterministic" if model_cfg.deterministic else "")
+            + (" (XLA deterministic ops)" if xla_deterministic else "")
+        )
         return mesh, model_cfg, tokenizer, _data(config, mesh, model_cfg, tokenizer)
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from e
@@ -213,27 +259,35 @@ class _Data:
 def _data(config, mesh, model_cfg, tokenizer) -> _Data:
     seq, batch = config.data.seq_len, config.data.batch_size
     micro = batch // config.optim.accum_steps
-    docs = data_lib.read_documents(config.data.paths or data_lib.default_paths(),
-                                   config.data.format, config.data.text_key,
-                                   config.data.text_doc_chars)
+    docs = data_lib.read_documents(
+        config.data.paths or data_lib.default_paths(),
+        config.data.format,
+        config.data.text_key,
+        config.data.text_doc_chars,
+    )
     train_ids, eval_ids = data_lib.split(len(docs), config.data.eval_fraction, config.data.seed)
     maker = steps.BatchMaker(mesh, config.optim.accum_steps, micro, seq, model_cfg.layout)
     common = dict(seq_len=seq, seed=config.data.seed, append_eos=config.data.append_eos)
-    packer = data_lib.Packer(docs, train_ids, tokenizer, num_streams=batch,
-                             rows=maker.host_streams(), wrap=True, **common)
+    packer = data_lib.Packer(
+        docs, train_ids, tokenizer, num_streams=batch, rows=maker.host_streams(), wrap=True, **common
+    )
     eval_maker = steps.BatchMaker(mesh, 1, micro, seq, model_cfg.layout)
     eval_packer = None
     if len(eval_ids):
-        eval_packer = data_lib.Packer(docs, eval_ids, tokenizer, num_streams=micro,
-                                      rows=eval_maker.host_streams(), wrap=False, **common)
+        eval_packer = data_lib.Packer(
+            docs, eval_ids, tokenizer, num_streams=micro, rows=eval_maker.host_streams(), wrap=False, **common
+        )
     return _Data(packer, maker, eval_packer, eval_maker)
 
 
 def _restore(ckpt, step, fns: steps.Functions, data: _Data, rng):
     data_state = data.maker.state(data.packer.get_state())
     positions = _saved_positions(ckpt.meta(step).get("config", {}), data_state)
-    train_like = {"opt_state": fns.opt_abstract, "data": positions,
-                  "rng": _replicated(jax.random.key_data(rng), data_state)}
+    train_like = {
+        "opt_state": fns.opt_abstract,
+        "data": positions,
+        "rng": _replicated(jax.random.key_data(rng), data_state),
+    }
     restored = ckpt.restore(step, fns.params_abstract, train_like)
     tr = restored["train"]
     if tr["data"].shape == data_state.shape:
@@ -251,8 +305,9 @@ def _saved_positions(saved: dict, data_state: jax.Array):
     accum = saved.get("optim", {}).get("accum_steps")
     if not batch or not accum or (accum, batch // accum) == data_state.shape[:2]:
         return data_state
-    return jax.ShapeDtypeStruct((accum, batch // accum, data_state.shape[2]), data_state.dtype,
-                                sharding=_replicated_over(data_state))
+    return jax.ShapeDtypeStruct(
+        (accum, batch // accum, data_state.shape[2]), data_state.dtype, sharding=_replicated_over(data_state)
+    )
 
 
 def _resplit_positions(data: _Data, saved: np.ndarray) -> None:
@@ -262,9 +317,11 @@ def _resplit_positions(data: _Data, saved: np.ndarray) -> None:
     if len(flat) == data.packer.num_streams:
         data.packer.set_state(flat[data.maker.host_streams()].astype(np.int64))
         return
-    log0(f"data.batch_size {len(flat)} -> {data.packer.num_streams}: the checkpoint's data "
-         "positions belong to its own streams of documents, so the new streams start from their "
-         "first documents")
+    log0(
+        f"data.batch_size {len(flat)} -> {data.packer.num_streams}: the checkpoint's data "
+        "positions belong to its own streams of documents, so the new streams start from their "
+        "first documents"
+    )
 
 
 class _Logger:
@@ -276,8 +333,9 @@ class _Logger:
 
     def __init__(self, config, model_cfg, start: int, stop: int, owned_rows: np.ndarray):
         self.config, self.seq, self.model_cfg = config, config.data.seq_len, model_cfg
-        self.writer = MetricsWriter(config.run_dir, tensorboard=config.log.tensorboard,
-                                    primary=jax.process_index() == 0)
+        self.writer = MetricsWriter(
+            config.run_dir, tensorboard=config.log.tensorboard, primary=jax.process_index() == 0
+        )
         self.owned = owned_rows  # this host's rows that count towards the global FLOPs
         self.peak = peak_tflops(jax.devices()[0].device_kind, config.log.peak_tflops)
         self.lr_at = optim.schedule(config.optim, config.steps)
@@ -301,21 +359,28 @@ class _Logger:
         tokens = (step - self.timer[1]) * self.config.data.batch_size * self.seq
         seconds = max(now - self.timer[0], 1e-9)
         first = step == self.start + 1  # includes compilation
-        record = {"step": step, "loss": float(m["loss"]), "lr": float(self.lr_at(step - 1)),
-                  "grad_norm": float(m["grad_norm"]),
-                  "tokens_per_sec": float("nan") if first else tokens / seconds,
-                  "mfu": float("nan") if first else mfu(window, seconds, jax.device_count(),
-                                                        self.peak.tflops),
-                  "flops_per_token": window / tokens, "model_flops": step_flops,
-                  "peak_tflops": self.peak.tflops, "peak_source": self.peak.source,
-                  "seq_len": self.seq, "tokens": float(m["tokens"])}
+        record = {
+            "step": step,
+            "loss": float(m["loss"]),
+            "lr": float(self.lr_at(step - 1)),
+            "grad_norm": float(m["grad_norm"]),
+            "tokens_per_sec": float("nan") if first else tokens / seconds,
+            "mfu": float("nan") if first else mfu(window, seconds, jax.device_count(), self.peak.tflops),
+            "flops_per_token": window / tokens,
+            "model_flops": step_flops,
+            "peak_tflops": self.peak.tflops,
+            "peak_source": self.peak.source,
+            "seq_len": self.seq,
+            "tokens": float(m["tokens"]),
+        }
         self.writer.write(record)
         self.losses[step], self.timer, self.window_flops = record["loss"], (now, step), 0
         self.bar.set_postfix(loss=f"{record['loss']:.3f}")
 
     def eval(self, step: int, loss: float) -> None:
-        self.writer.write({"step": step, "eval_loss": loss,
-                           "eval_perplexity": math.exp(min(loss, 700.0))}, prefix="eval")
+        self.writer.write(
+            {"step": step, "eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0))}, prefix="eval"
+        )
         if jax.process_index() == 0:
             self.bar.write(f"step {step}: eval loss {loss:.4f}")
         self.timer, self.window_flops = (time.perf_counter(), step), 0
@@ -332,20 +397,24 @@ def _initial_params(config, fns: steps.Functions, rng, previous: Result | None):
         try:
             _, loaded = llama.load_hf(config.model.init_from, scan_layers=fns.scan_layers)
         except (OSError, ValueError) as e:
-            raise ConfigError(f"model.init_from={config.model.init_from!r} cannot be loaded: "
-                              f"{e}") from e
+            raise ConfigError(f"model.init_from={config.model.init_from!r} cannot be loaded: {e}") from e
         want = jax.tree.map(lambda a: (a.shape, str(a.dtype)), fns.params_abstract)
         got = jax.tree.map(lambda a: (a.shape, str(a.dtype)), loaded)
         if want != got:
-            raise ConfigError(f"model.init_from={config.model.init_from!r} does not match the model "
-                             f"config {config.model.preset!r} + overrides (shapes/dtypes differ)")
+            raise ConfigError(
+                f"model.init_from={config.model.init_from!r} does not match the model "
+                f"config {config.model.preset!r} + overrides (shapes/dtypes differ)"
+            )
         return jax.device_put(loaded, fns.param_shardings)
     return fns.init_params(rng)
 
 
 def _save(ckpt, step, params, opt_state, rng, data_state, config) -> None:
-    train = {"opt_state": opt_state, "rng": _replicated(jax.random.key_data(rng), data_state),
-             "data": data_state}
+    train = {
+        "opt_state": opt_state,
+        "rng": _replicated(jax.random.key_data(rng), data_state),
+        "data": data_state,
+    }
     ckpt.save(step, params, train, {"step": step, "config": config_lib.to_dict(config)})
 
 

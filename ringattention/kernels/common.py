@@ -82,8 +82,7 @@ def bounds(table, batch: int):
     lo = jnp.minimum(jnp.min(jnp.where(vis, idx, m), axis=-1), hi)
     not_full = (table != masks.FULL) & (idx >= lo[..., None])
     mid = jnp.clip(jnp.min(jnp.where(not_full, idx, m), axis=-1), lo, hi)
-    return tuple(jnp.broadcast_to(x, (batch, table.shape[1])).astype(jnp.int32)
-                 for x in (lo, mid, hi))
+    return tuple(jnp.broadcast_to(x, (batch, table.shape[1])).astype(jnp.int32) for x in (lo, mid, hi))
 
 
 def edge_bounds(table, batch: int):
@@ -98,8 +97,7 @@ def edge_bounds(table, batch: int):
     full = table == masks.FULL
     edge = jnp.clip(jnp.min(jnp.where(full & (idx >= lo[..., None]), idx, m), axis=-1), lo, hi)
     mid = jnp.clip(jnp.min(jnp.where(~full & (idx >= edge[..., None]), idx, m), axis=-1), edge, hi)
-    return tuple(jnp.broadcast_to(x, (batch, table.shape[1])).astype(jnp.int32)
-                 for x in (lo, mid, hi, edge))
+    return tuple(jnp.broadcast_to(x, (batch, table.shape[1])).astype(jnp.int32) for x in (lo, mid, hi, edge))
 
 
 def block_bounds(table, batch: int, window):
@@ -114,13 +112,13 @@ def check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim: bool = False, name: st
     """Raises ValueError on shapes outside the contract (``own_v_dim``: v may have its own head
     dim <= 256); ``name``: the implementation the messages name."""
     B, Sq, H, D = q.shape
-    v_ok = k.shape == v.shape or (own_v_dim and v.ndim == 4 and v.shape[:3] == k.shape[:3]
-                                  and v.shape[3] <= 256)
+    v_ok = k.shape == v.shape or (
+        own_v_dim and v.ndim == 4 and v.shape[:3] == k.shape[:3] and v.shape[3] <= 256
+    )
     if k.ndim != 4 or not v_ok or k.shape[0] != B or k.shape[3] != D or H % k.shape[2]:
         raise ValueError(f"{name}: bad shapes {q.shape=} {k.shape=} {v.shape=}")
     if q_pos.shape != (Sq,) or k_pos.shape != (k.shape[1],):
-        raise ValueError(f"{name}: {q_pos.shape=} {k_pos.shape=} must be [{Sq}] and "
-                         f"[{k.shape[1]}]")
+        raise ValueError(f"{name}: {q_pos.shape=} {k_pos.shape=} must be [{Sq}] and [{k.shape[1]}]")
     if (q_seg is None) != (k_seg is None):
         raise ValueError(f"{name}: q_seg and k_seg must both be given or both be None")
     if q_seg is not None and (q_seg.shape != (B, Sq) or k_seg.shape != (B, k.shape[1])):
@@ -136,8 +134,7 @@ def _positive(x) -> bool:
         return False
 
 
-def features(q, q_seg, causal: bool, softcap, prefix, bidirectional: bool,
-             name: str = "pallas_gpu"):
+def features(q, q_seg, causal: bool, softcap, prefix, bidirectional: bool, name: str = "pallas_gpu"):
     """Checks the optional features' keywords (``implementations.py``); returns the prefix as
     int32 [B] or None. ``name``: the implementation the messages name."""
     if softcap is not None and (isinstance(softcap, bool) or not _positive(softcap)):

@@ -19,8 +19,9 @@ OUT = pathlib.Path(__file__).parent / "kjv.jsonl"
 
 def chapter(book: str, number: int) -> list[str]:
     """Verses of one chapter; empty once ``number`` runs past the book (``bible`` clamps)."""
-    text = subprocess.run(["bible", "-f", f"{book} {number}:1-{number}:999"], check=True,
-                          capture_output=True, text=True).stdout
+    text = subprocess.run(
+        ["bible", "-f", f"{book} {number}:1-{number}:999"], check=True, capture_output=True, text=True
+    ).stdout
     verses = []
     for line in text.splitlines():
         m = VERSE.match(line.strip())
@@ -40,8 +41,10 @@ def main() -> None:
         for book in BOOKS:
             number = 1
             while verses := chapter(book, number):
-                doc = {"text": f"{book} {number}\n\n" + "\n".join(verses) + "\n",
-                       "source": f"King James Bible (public domain), {book} {number}"}
+                doc = {
+                    "text": f"{book} {number}\n\n" + "\n".join(verses) + "\n",
+                    "source": f"King James Bible (public domain), {book} {number}",
+                }
                 f.write(json.dumps(doc) + "\n")
                 number += 1
 

@@ -43,6 +43,12 @@ def _available(mesh=None) -> bool:
     return step.available(mesh)
 
 
-register(Implementation("pallas_hopper", "ringattention.kernels.hopper.pallas_hopper",
-                        platforms=("gpu",), available=_available,
-                        features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))
+register(
+    Implementation(
+        "pallas_hopper",
+        "ringattention.kernels.hopper.pallas_hopper",
+        platforms=("gpu",),
+        available=_available,
+        features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"}),
+    )
+)

@@ -100,7 +100,7 @@ def _split(refs, cfg: BwdConfig, n_out: int):
     """Inputs lo, mid, hi, q, k, v, do, lse, delta, [q_pos, k_pos], [q_seg, k_seg], [edge],
     [prefix] (``row_prefix`` reads the last)."""
     n_in = _n_in(cfg)
-    ins, outs, scratch = refs[:n_in], refs[n_in:n_in + n_out], refs[n_in + n_out:]
+    ins, outs, scratch = refs[:n_in], refs[n_in : n_in + n_out], refs[n_in + n_out :]
     lo, mid, hi, q, k, v, do, lse, delta, *rest = ins
     pos = (rest.pop(0), rest.pop(0)) if cfg.positions else (None, None)
     seg = (rest.pop(0), rest.pop(0)) if cfg.segments else (None, None)
@@ -229,8 +229,14 @@ def dq_kernel(*refs, cfg: BwdConfig):
     [B, Sq, H, Dv]; k [B, Sk, K, D], v [B, Sk, K, Dv]; lse2, delta f32 [B, H, Sq]; positions / ids
     as in the forward; [edge]; [prefix int32 [B]]. Out: dq f32 [B, Sq, H, D] (the step's layout: no
     transpose after the kernel)."""
-    bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
-        (dq_ref,), scratch = _split(refs, cfg, 1)
+    (
+        bounds,
+        (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref),
+        (qp_ref, kp_ref),
+        (qs_ref, ks_ref),
+        (dq_ref,),
+        scratch,
+    ) = _split(refs, cfg, 1)
     (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free) = scratch
     b, i, bounds = _cta(cfg, bounds, reverse=cfg.causal)
     lo, hi = bounds[0], bounds[2]
@@ -256,10 +262,20 @@ def dq_kernel(*refs, cfg: BwdConfig):
         ops = _wgmma_ops(cfg)
         rows = pl.ds(i * (COMPUTE_WGS * r) + wg * r, r)
         lse, delta, own_pos, own_seg = _load_queries(
-            cfg, ops, wg, (q_ref.at[b, rows, h], do_ref.at[b, rows, h], lse_ref.at[b, h, rows],
-                           dl_ref.at[b, h, rows], qp_ref.at[rows] if cfg.positions else None,
-                           qs_ref.at[b, rows] if cfg.segments else None),
-            (q_s, do_s, lse_s, dl_s, qp_s, qs_s), own_bar.at[wg])
+            cfg,
+            ops,
+            wg,
+            (
+                q_ref.at[b, rows, h],
+                do_ref.at[b, rows, h],
+                lse_ref.at[b, h, rows],
+                dl_ref.at[b, h, rows],
+                qp_ref.at[rows] if cfg.positions else None,
+                qs_ref.at[b, rows] if cfg.segments else None,
+            ),
+            (q_s, do_s, lse_s, dl_s, qp_s, qs_s),
+            own_bar.at[wg],
+        )
         own = (own_pos, own_seg, causal_rows(cfg, own_pos, own_seg, row_prefix(refs, cfg, b), True))
 
         def body(j, dq, masked: bool):
@@ -275,8 +291,12 @@ def dq_kernel(*refs, cfg: BwdConfig):
                 return capped(p, t)
 
             # s = q k^T and dp = do v^T issued together; p is computed while dp is in flight.
-            p, dp = ops.pair((Smem(q_s.at[wg]), Smem(k_s.at[slot], transposed=True)),
-                             (Smem(do_s.at[wg]), Smem(v_s.at[slot], transposed=True)), (r, c), probs)
+            p, dp = ops.pair(
+                (Smem(q_s.at[wg]), Smem(k_s.at[slot], transposed=True)),
+                (Smem(do_s.at[wg]), Smem(v_s.at[slot], transposed=True)),
+                (r, c),
+                probs,
+            )
             ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))  # [r, c]
             (dq,) = ops.mma((dq, ds.astype(q_s.dtype), Smem(k_s.at[slot])))
             plgpu.barrier_arrive(free.at[slot])
@@ -347,9 +367,14 @@ def query_issuer(cfg: BwdConfig, b, kvh, bounds, shift, gmem, smem):
         blk = visit(lo + lax.rem(t, n), bounds, shift, q_ref.shape[1] // cfg.block)
         h = kvh * cfg.groups + g
         cols = pl.ds(blk * cfg.block, cfg.block)
-        srcs = (q_ref.at[b, cols, h], do_ref.at[b, cols, h], lse_ref.at[b, h, cols],
-                dl_ref.at[b, h, cols], qp_ref.at[cols] if cfg.positions else None,
-                qs_ref.at[b, cols] if cfg.segments else None)
+        srcs = (
+            q_ref.at[b, cols, h],
+            do_ref.at[b, cols, h],
+            lse_ref.at[b, h, cols],
+            dl_ref.at[b, h, cols],
+            qp_ref.at[cols] if cfg.positions else None,
+            qs_ref.at[b, cols] if cfg.segments else None,
+        )
         for src, dst in zip(srcs, smem, strict=True):
             if dst is not None:
                 plgpu.copy_gmem_to_smem(src, dst.at[slot], bar)
@@ -362,9 +387,12 @@ def load_keys(cfg: BwdConfig, ops: Ops, b, kvh, wg, rows, gmem, smem, bar, prefi
     the key positions, ids (row vectors, None when unused) and their ``causal_rows`` (``prefix``:
     the batch row's, ``row_prefix``)."""
     (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s) = gmem, smem
-    for src, dst in ((k_ref.at[b, rows, kvh], k_s), (v_ref.at[b, rows, kvh], v_s),
-                     (kp_ref.at[rows] if cfg.positions else None, kp_s),
-                     (ks_ref.at[b, rows] if cfg.segments else None, ks_s)):
+    for src, dst in (
+        (k_ref.at[b, rows, kvh], k_s),
+        (v_ref.at[b, rows, kvh], v_s),
+        (kp_ref.at[rows] if cfg.positions else None, kp_s),
+        (ks_ref.at[b, rows] if cfg.segments else None, ks_s),
+    ):
         if dst is not None:
             plgpu.copy_gmem_to_smem(src, dst.at[wg], bar)
     plgpu.barrier_wait(bar)
@@ -373,8 +401,7 @@ def load_keys(cfg: BwdConfig, ops: Ops, b, kvh, wg, rows, gmem, smem, bar, prefi
     return own_pos, own_seg, causal_rows(cfg, own_pos, own_seg, prefix, queries=False)
 
 
-def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool,
-             columns_first: bool = False):
+def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool, columns_first: bool = False):
     """One (own key rows, streamed query block) pair: p^T and ds^T, float32 [r keys, c queries], 0
     where hidden or the row sees nothing (with a soft cap p^T is 16-bit, as dv's wgmma reads it,
     so that it and the float32 p^T (1 - t^2) are what stays live while dp^T is in flight). own:
@@ -401,8 +428,12 @@ def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool,
         return p_t if t is None else (p_t.astype(k_s.dtype), capped(p_t, t))
 
     # s^T = k q^T and dp^T = v do^T issued together; p^T is computed while dp^T is in flight.
-    p_t, dp_t = ops.pair((Smem(k_s.at[wg]), Smem(q_s.at[slot], transposed=True)),
-                         (Smem(v_s.at[wg]), Smem(do_s.at[slot], transposed=True)), shape, probs)
+    p_t, dp_t = ops.pair(
+        (Smem(k_s.at[wg]), Smem(q_s.at[slot], transposed=True)),
+        (Smem(v_s.at[wg]), Smem(do_s.at[slot], transposed=True)),
+        shape,
+        probs,
+    )
     p_t, g_t = (p_t, p_t) if cfg.softcap is None else p_t
     ds_t = g_t * (dp_t - wide(early[1] if columns_first else col(dl_s)))
     return p_t, ds_t
@@ -412,8 +443,9 @@ def kv_update(ops: Ops, carry, p_t, ds_t, q_smem, do_smem):
     """dk += ds^T q, dv += p^T do (float32 [r, D], [r, Dv]), issued together; ds^T, p^T in
     registers."""
     dk, dv = carry
-    dv, dk = ops.mma((dv, p_t.astype(q_smem.dtype), Smem(do_smem)),
-                     (dk, ds_t.astype(q_smem.dtype), Smem(q_smem)))
+    dv, dk = ops.mma(
+        (dv, p_t.astype(q_smem.dtype), Smem(do_smem)), (dk, ds_t.astype(q_smem.dtype), Smem(q_smem))
+    )
     return dk, dv
 
 
@@ -449,15 +481,28 @@ def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs, dv: int |
 def dkv_kernel(*refs, cfg: BwdConfig):
     """Grid ("h", "i", "b") over kv heads and key CTAs. Inputs as ``dq_kernel`` (lo/mid/hi [B, nk]
     over query blocks). Out: dk f32 [B, Sk, K, D], dv f32 [B, Sk, K, Dv]."""
-    bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
-        (dk_ref, dv_ref), scratch = _split(refs, cfg, 2)
+    (
+        bounds,
+        (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref),
+        (qp_ref, kp_ref),
+        (qs_ref, ks_ref),
+        (dk_ref, dv_ref),
+        scratch,
+    ) = _split(refs, cfg, 2)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch
     b, i, bounds = _cta(cfg, bounds, reverse=False)  # causal: early keys are the heaviest
     lo, mid, hi = bounds[:3]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = query_issuer(cfg, b, kvh, bounds, i, (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
-                         (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
+    issue = query_issuer(
+        cfg,
+        b,
+        kvh,
+        bounds,
+        i,
+        (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
+        (q_s, do_s, lse_s, dl_s, qp_s, qs_s),
+    )
 
     @pl.when(wg == COMPUTE_WGS)
     def _():
@@ -467,19 +512,36 @@ def dkv_kernel(*refs, cfg: BwdConfig):
     def _():
         ops = _wgmma_ops(cfg)
         rows = pl.ds(i * (COMPUTE_WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
-        own = load_keys(cfg, ops, b, kvh, wg, rows, (k_ref, v_ref, kp_ref, ks_ref),
-                        (k_s, v_s, kp_s, ks_s), own_bar.at[wg], row_prefix(refs, cfg, b))
+        own = load_keys(
+            cfg,
+            ops,
+            b,
+            kvh,
+            wg,
+            rows,
+            (k_ref, v_ref, kp_ref, ks_ref),
+            (k_s, v_s, kp_s, ks_s),
+            own_bar.at[wg],
+            row_prefix(refs, cfg, b),
+        )
         smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
         masked = cfg.masked
 
         def body(j, carry, g, masked: bool):
             slot = lax.rem(g * n + j - lo, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
-            p_t, ds_t = kv_probs(cfg, ops, wg, slot, own, smem, masked,
-                                 columns_first=True)  # [r, c]
+            p_t, ds_t = kv_probs(cfg, ops, wg, slot, own, smem, masked, columns_first=True)  # [r, c]
             carry = kv_update(ops, carry, p_t, ds_t, q_s.at[slot], do_s.at[slot])
             plgpu.barrier_arrive(free.at[slot])
             return carry
 
-        group_loop(cfg, ops, body, bounds, masked, k_s.shape[2],
-                   (dk_ref.at[b, rows, kvh], dv_ref.at[b, rows, kvh]), v_s.shape[2])
+        group_loop(
+            cfg,
+            ops,
+            body,
+            bounds,
+            masked,
+            k_s.shape[2],
+            (dk_ref.at[b, rows, kvh], dv_ref.at[b, rows, kvh]),
+            v_s.shape[2],
+        )

@@ -173,14 +173,20 @@ def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool, dv: in
     f32_tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
     common = hb._scratch(ROWS, ROWS, d, dtype, stages, 0, 2, positions, segments, dv)
     if d == 64:  # alternating_kernel: ds^T per parity, a whole dq tile per warpgroup
-        return [*common, plgpu.SMEM((2, WGS, ROWS, ROWS), dtype, transforms=tiles),
-                plgpu.SMEM((WGS, ROWS, d), F32, transforms=f32_tiles),
-                plgpu.Barrier(num_arrivals=WGS, num_barriers=2),
-                plgpu.Barrier(num_arrivals=1, num_barriers=2)]
-    return [*common,
-            plgpu.SMEM((WGS, ROWS, ROWS), dtype, transforms=tiles),  # ds^T [r keys, c queries]
-            plgpu.SMEM((WGS, ROWS, d // WGS), F32, transforms=f32_tiles),  # dq half tile
-            plgpu.Barrier(num_arrivals=WGS), plgpu.Barrier(num_arrivals=WGS)]
+        return [
+            *common,
+            plgpu.SMEM((2, WGS, ROWS, ROWS), dtype, transforms=tiles),
+            plgpu.SMEM((WGS, ROWS, d), F32, transforms=f32_tiles),
+            plgpu.Barrier(num_arrivals=WGS, num_barriers=2),
+            plgpu.Barrier(num_arrivals=1, num_barriers=2),
+        ]
+    return [
+        *common,
+        plgpu.SMEM((WGS, ROWS, ROWS), dtype, transforms=tiles),  # ds^T [r keys, c queries]
+        plgpu.SMEM((WGS, ROWS, d // WGS), F32, transforms=f32_tiles),  # dq half tile
+        plgpu.Barrier(num_arrivals=WGS),
+        plgpu.Barrier(num_arrivals=WGS),
+    ]
 
 
 def smem_bytes(d: int, dtype, stages: int, dv: int | None = None) -> int:
@@ -206,35 +212,78 @@ def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
     out = hfb.dkv_out(B, sk, K, d)
     out_v = out if d_v == d else hfb.dkv_out(B, sk, K, d, d_v)
     kernel = alternating_kernel if d == 64 else cta_dq_kernel
-    dk, dv = hfb._launch(functools.partial(kernel, cfg=cfg), (out, out_v),
-                         _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments,
-                                  None if d_v == d else d_v),
-                         grid=(K, sk // CTA, B), interpret=cfg.interpret)(lo, mid, hi, q, k, v, do,
-                                                                         lse2, delta, *extra, dq_acc)
+    dk, dv = hfb._launch(
+        functools.partial(kernel, cfg=cfg),
+        (out, out_v),
+        _scratch(d, q.dtype, cfg.stages, cfg.positions, cfg.segments, None if d_v == d else d_v),
+        grid=(K, sk // CTA, B),
+        interpret=cfg.interpret,
+    )(lo, mid, hi, q, k, v, do, lse2, delta, *extra, dq_acc)
     # the tiles are added unscaled (see the module docstring)
     return (vary_like(dq_acc[...], q) * cfg.scale, *hfb.dkv_to_step(dk, dv))
 
 
-def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool, window: int | None = None,
-             softcap: float | None = None, prefix=None, bidirectional: bool = False):
+def backward(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    *,
+    bs,
+    causal: bool,
+    softmax_scale: float,
+    interpret: bool,
+    window: int | None = None,
+    softcap: float | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """float32 dq [B, Sq, H, D], dk [B, Sk, K, D], dv [B, Sk, K, Dv] (contract in
     ``implementations.py``; optional features as ``backward.backward``'s)."""
 
     def check(D: int, d: int, dv: int):
         if d not in (64, 128):  # 128: halves of whole 64-column tiles; 64: alternating_kernel
-            raise ValueError(f"pallas_hopper backward='fused': head dim {D} (padded {d}) must pad "
-                             "to 64 or 128")
+            raise ValueError(
+                f"pallas_hopper backward='fused': head dim {D} (padded {d}) must pad to 64 or 128"
+            )
         if dv > 128:  # dv [64, Dv] float32 beside dk in registers
-            raise ValueError(f"pallas_hopper backward='fused': v's head dim {v.shape[3]} (padded "
-                             f"{dv}) must pad to at most 128")
+            raise ValueError(
+                f"pallas_hopper backward='fused': v's head dim {v.shape[3]} (padded "
+                f"{dv}) must pad to at most 128"
+            )
         smem = smem_bytes(d, q.dtype, bs.bwd_stages, dv)
         if smem > hb.SMEM_LIMIT - 4096:
-            raise ValueError(f"pallas_hopper backward='fused': head dim {D} with "
-                             f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
-                             f"{hb.SMEM_LIMIT}); use fewer bwd_stages")
+            raise ValueError(
+                f"pallas_hopper backward='fused': head dim {D} with "
+                f"bwd_stages={bs.bwd_stages} needs {smem} bytes of shared memory (limit "
+                f"{hb.SMEM_LIMIT}); use fewer bwd_stages"
+            )
 
-    return hfb.key_cta_backward(_run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg,
-                                bs=bs, causal=causal, softmax_scale=softmax_scale,
-                                interpret=interpret, window=window, softcap=softcap, prefix=prefix,
-                                bidirectional=bidirectional)
+    return hfb.key_cta_backward(
+        _run,
+        check,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        q_pos,
+        k_pos,
+        q_seg,
+        k_seg,
+        bs=bs,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        interpret=interpret,
+        window=window,
+        softcap=softcap,
+        prefix=prefix,
+        bidirectional=bidirectional,
+    )

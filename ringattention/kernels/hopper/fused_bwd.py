@@ -153,8 +153,16 @@ class KeyCta:
         _, dk_ref, dv_ref = self.outs
         d = self.smem[0].shape[2]
         at = (self.b, self.kvh, self.rows) if dkv_head_major(d) else (self.b, self.rows, self.kvh)
-        hbk.group_loop(self.cfg, self.ops, body, self.bounds, self.cfg.masked, d,
-                       (dk_ref.at[at], dv_ref.at[at]), self.smem[1].shape[2])
+        hbk.group_loop(
+            self.cfg,
+            self.ops,
+            body,
+            self.bounds,
+            self.cfg.masked,
+            d,
+            (dk_ref.at[at], dv_ref.at[at]),
+            self.smem[1].shape[2],
+        )
 
 
 def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
@@ -162,16 +170,28 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
     warpgroups "wg"; GMEM inputs as ``hbk.dkv_kernel``, then the dq accumulator, a Ref added to;
     out: dk, dv): the producer warpgroup streams the visible query blocks of every head of the kv
     group, each compute warpgroup loads its own 64 keys and runs ``compute(KeyCta)``."""
-    bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
-        outs, scratch = hbk._split(refs, cfg, 3)
+    (
+        bounds,
+        (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref),
+        (qp_ref, kp_ref),
+        (qs_ref, ks_ref),
+        outs,
+        scratch,
+    ) = hbk._split(refs, cfg, 3)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch[:13]
     b, i, bounds = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
     lo, hi = bounds[0], bounds[2]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = hbk.query_issuer(cfg, b, kvh, bounds, i,
-                             (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
-                             (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
+    issue = hbk.query_issuer(
+        cfg,
+        b,
+        kvh,
+        bounds,
+        i,
+        (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
+        (q_s, do_s, lse_s, dl_s, qp_s, qs_s),
+    )
 
     @pl.when(wg == WGS)
     def _():
@@ -182,11 +202,39 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
         hm.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
         ops = FusedOps(cfg.interpret)
         rows = pl.ds(i * (WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
-        own = hbk.load_keys(cfg, ops, b, kvh, wg, rows, (k_ref, v_ref, kp_ref, ks_ref),
-                            (k_s, v_s, kp_s, ks_s), own_bar.at[wg], hbk.row_prefix(refs, cfg, b))
+        own = hbk.load_keys(
+            cfg,
+            ops,
+            b,
+            kvh,
+            wg,
+            rows,
+            (k_ref, v_ref, kp_ref, ks_ref),
+            (k_s, v_s, kp_s, ks_s),
+            own_bar.at[wg],
+            hbk.row_prefix(refs, cfg, b),
+        )
         smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
-        compute(KeyCta(cfg, b, i, kvh, wg, bounds, ops, rows, own, smem, loaded, free, q_ref,
-                       tuple(outs), tuple(scratch[13:]), n))
+        compute(
+            KeyCta(
+                cfg,
+                b,
+                i,
+                kvh,
+                wg,
+                bounds,
+                ops,
+                rows,
+                own,
+                smem,
+                loaded,
+                free,
+                q_ref,
+                tuple(outs),
+                tuple(scratch[13:]),
+                n,
+            )
+        )
 
 
 def _launch(body, out_type, scratch, *, grid, interpret: bool):
@@ -202,9 +250,16 @@ def _launch(body, out_type, scratch, *, grid, interpret: bool):
     def scoped(*refs):
         pl.run_scoped(functools.partial(body, *refs), *scratch, collective_axes="wg")
 
-    return typed_by_args(lambda out: pl.kernel(
-        scoped, out_type=out, mesh=mesh, interpret=params,
-        compiler_params=plgpu.CompilerParams(approx_math=True)), out_type)
+    return typed_by_args(
+        lambda out: pl.kernel(
+            scoped,
+            out_type=out,
+            mesh=mesh,
+            interpret=params,
+            compiler_params=plgpu.CompilerParams(approx_math=True),
+        ),
+        out_type,
+    )
 
 
 # ``BlockSizes(split_group=None)`` (the default): when the fused backward runs one key CTA per query
@@ -225,8 +280,9 @@ def split_group_extra_bytes(B: int, Sk: int, H: int, K: int, d: int, itemsize: i
     return B * Sk * (H - K) * d * 2 * (itemsize + 4)
 
 
-def use_split_group(split_group: bool | None, q_shape: tuple, k_shape: tuple, d: int,
-                    causal: bool, itemsize: int) -> bool:
+def use_split_group(
+    split_group: bool | None, q_shape: tuple, k_shape: tuple, d: int, causal: bool, itemsize: int
+) -> bool:
     """Whether the fused backward runs one key CTA per query head: ``split_group`` if it is a bool
     (and the heads are grouped), else the measured rule above. ``d``: the padded head dim."""
     B, Sq, H, _ = q_shape
@@ -235,13 +291,36 @@ def use_split_group(split_group: bool | None, q_shape: tuple, k_shape: tuple, d:
         return False
     if split_group:
         return True
-    return ((H // K) * Sq * d * 4 >= SPLIT_MIN_GROUP_DQ_BYTES and not (causal and d > 64)
-            and split_group_extra_bytes(B, Sk, H, K, d, itemsize) <= SPLIT_MAX_EXTRA_BYTES)
+    return (
+        (H // K) * Sq * d * 4 >= SPLIT_MIN_GROUP_DQ_BYTES
+        and not (causal and d > 64)
+        and split_group_extra_bytes(B, Sk, H, K, d, itemsize) <= SPLIT_MAX_EXTRA_BYTES
+    )
 
 
-def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs,
-                     causal: bool, softmax_scale: float, interpret: bool, window: int | None,
-                     softcap: float | None = None, prefix=None, bidirectional: bool = False):
+def key_cta_backward(
+    run,
+    check,
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    *,
+    bs,
+    causal: bool,
+    softmax_scale: float,
+    interpret: bool,
+    window: int | None,
+    softcap: float | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """What runs around the fused backward's kernel (``cta_dq_bwd``): pads, calls
     ``check(D, padded D, padded Dv)`` (raises for shapes the kernel cannot take), builds the
     config, the key-CTA bounds and the extra inputs, runs ``run`` (-> dq f32 [B, Sq, H, D], already
@@ -257,19 +336,31 @@ def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k
     split = use_split_group(bs.split_group, q.shape, k.shape, d_pad, causal, q.dtype.itemsize)
     if split:  # query head h reads kv head h // (H // K), as the group loop does
         k, v = (jnp.repeat(x, H // K, axis=2) for x in (k, v))  # [B, Sk, H, D]
-    q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg = hb._pad(q, k, v, do, lse, delta, q_pos,
-                                                                   k_pos, q_seg, k_seg)
+    q, k, v, do, lse2, delta, q_pos, k_pos, q_seg, k_seg = hb._pad(
+        q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg
+    )
     check(D, q.shape[3], v.shape[3])
     segments = q_seg is not None
     positions = causal or window is not None
     extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
-    cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
-                        causal=causal, segments=segments, groups=H // k.shape[2],
-                        n_cta=k.shape[1] // CTA,
-                        qk_scale=softmax_scale * hm.LOG2E, scale=softmax_scale, interpret=interpret,
-                        window=window, **hb.features(softcap, prefix, bidirectional))
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window, prefix=prefix,
-                              bidirectional=bidirectional)
+    cfg = hbk.BwdConfig(
+        rows=ROWS,
+        block=ROWS,
+        stages=bs.bwd_stages,
+        registers=bs.registers,
+        causal=causal,
+        segments=segments,
+        groups=H // k.shape[2],
+        n_cta=k.shape[1] // CTA,
+        qk_scale=softmax_scale * hm.LOG2E,
+        scale=softmax_scale,
+        interpret=interpret,
+        window=window,
+        **hb.features(softcap, prefix, bidirectional),
+    )
+    table = masks.block_table(
+        q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window, prefix=prefix, bidirectional=bidirectional
+    )
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
     extra += tuple(bounds[3:])  # a window's edge bound, then the prefix, are the last inputs
     extra += () if prefix is None else (hb.keep_above_min(prefix),)
@@ -277,4 +368,3 @@ def key_cta_backward(run, check, q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k
     if split:  # [B, Sk, H, D] per query head -> [B, Sk, K, D]
         dk, dv = (x.reshape(B, x.shape[1], K, H // K, x.shape[3]).sum(axis=3) for x in (dk, dv))
     return dq[:, :Sq, :, :D], dk[:, :Sk, :, :D], dv[:, :Sk, :, :Dv]
-

@@ -74,11 +74,14 @@ def _mask(cfg: FwdConfig, ops: Ops, s, q_pos, q_seg, kpos_smem, kseg_smem, q_lim
     vis = None
     col = lambda ref: lax.broadcast_in_dim(ops.cols(ref), s.shape, [1])  # noqa: E731
     if cfg.causal:
-        vis = col(kpos_smem) <= lax.broadcast_in_dim(q_pos if q_lim is None else q_lim, s.shape,
-                                                      [0])
+        vis = col(kpos_smem) <= lax.broadcast_in_dim(q_pos if q_lim is None else q_lim, s.shape, [0])
     if cfg.window is not None:
-        near = window_mask(cfg.causal and not cfg.relaxed, cfg.window,
-                           lax.broadcast_in_dim(q_pos, s.shape, [0]), col(kpos_smem))
+        near = window_mask(
+            cfg.causal and not cfg.relaxed,
+            cfg.window,
+            lax.broadcast_in_dim(q_pos, s.shape, [0]),
+            col(kpos_smem),
+        )
         vis = near if vis is None else vis & near
     if cfg.segments:
         same = col(kseg_smem) == lax.broadcast_in_dim(q_seg, s.shape, [0])
@@ -97,7 +100,7 @@ def fwd_kernel(*refs, cfg: FwdConfig):
     (natural log).
     """
     n_in = 6 + 2 * cfg.positions + 2 * cfg.segments + (cfg.window is not None) + cfg.prefix
-    ins, (o_ref, lse_ref), scratch = refs[:n_in], refs[n_in:n_in + 2], refs[n_in + 2:]
+    ins, (o_ref, lse_ref), scratch = refs[:n_in], refs[n_in : n_in + 2], refs[n_in + 2 :]
     lo_ref, mid_ref, hi_ref, q_ref, k_ref, v_ref, *rest = ins
     qp_ref, kp_ref = (rest.pop(0), rest.pop(0)) if cfg.positions else (None, None)
     qs_ref, ks_ref = (rest.pop(0), rest.pop(0)) if cfg.segments else (None, None)
@@ -107,9 +110,23 @@ def fwd_kernel(*refs, cfg: FwdConfig):
     if cfg.causal:  # the heaviest query blocks (latest positions) start first
         qi = cfg.nq - 1 - qi
     lo, mid, hi = bound(lo_ref[b, qi]), bound(mid_ref[b, qi]), bound(hi_ref[b, qi])
-    g = dict(b=b, h=h, qi=qi, lo=lo, mid=mid, hi=hi, q_ref=q_ref, k_ref=k_ref, v_ref=v_ref,
-             qp_ref=qp_ref, kp_ref=kp_ref, qs_ref=qs_ref, ks_ref=ks_ref, o_ref=o_ref,
-             lse_ref=lse_ref)
+    g = dict(
+        b=b,
+        h=h,
+        qi=qi,
+        lo=lo,
+        mid=mid,
+        hi=hi,
+        q_ref=q_ref,
+        k_ref=k_ref,
+        v_ref=v_ref,
+        qp_ref=qp_ref,
+        kp_ref=kp_ref,
+        qs_ref=qs_ref,
+        ks_ref=ks_ref,
+        o_ref=o_ref,
+        lse_ref=lse_ref,
+    )
     if edge_ref is not None:
         g["edge"] = bound(edge_ref[b, qi])
     if pf_ref is not None:  # one scalar per CTA: its batch row's prefix
@@ -119,8 +136,32 @@ def fwd_kernel(*refs, cfg: FwdConfig):
     pl.when(wg == COMPUTE_WGS)(lambda: _produce(cfg, *scratch, **g))
 
 
-def _produce(cfg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_smem, q_bar, k_bar,
-             v_bar, k_free, v_free, sched, *, b, h, lo, hi, k_ref, v_ref, kp_ref, ks_ref, **_):
+def _produce(
+    cfg,
+    q_smem,
+    k_smem,
+    v_smem,
+    qpos_smem,
+    kpos_smem,
+    qseg_smem,
+    kseg_smem,
+    q_bar,
+    k_bar,
+    v_bar,
+    k_free,
+    v_free,
+    sched,
+    *,
+    b,
+    h,
+    lo,
+    hi,
+    k_ref,
+    v_ref,
+    kp_ref,
+    ks_ref,
+    **_,
+):
     """Producer warpgroup: TMA key/value blocks [lo, hi) into the slot ring."""
     set_registers(cfg.registers, compute=False, interpret=cfg.interpret)
     kvh = lax.div(h, jnp.int32(cfg.groups))
@@ -158,9 +199,38 @@ def _produce(cfg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_
     lax.fori_loop(jnp.maximum(lo, hi - cfg.stages), hi, drain, None)
 
 
-def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, kseg_smem, q_bar,
-             k_bar, v_bar, k_free, v_free, sched, *, b, h, qi, lo, mid, hi, q_ref, qp_ref, qs_ref,
-             o_ref, lse_ref, edge=None, prefix=None, **_):
+def _compute(
+    cfg,
+    wg,
+    q_smem,
+    k_smem,
+    v_smem,
+    qpos_smem,
+    kpos_smem,
+    qseg_smem,
+    kseg_smem,
+    q_bar,
+    k_bar,
+    v_bar,
+    k_free,
+    v_free,
+    sched,
+    *,
+    b,
+    h,
+    qi,
+    lo,
+    mid,
+    hi,
+    q_ref,
+    qp_ref,
+    qs_ref,
+    o_ref,
+    lse_ref,
+    edge=None,
+    prefix=None,
+    **_,
+):
     """Compute warpgroup ``wg``: rows [row0, row0 + bq) of the CTA's query block."""
     set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
     ops = Ops(cfg.interpret)
@@ -197,8 +267,25 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
         o_ref.at[b, rows, h][...] = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
         lse_ref.at[b, h, rows][...] = jnp.where(seen, m * LN2 - jnp.log(inv), -jnp.inf)
 
-    w = hfl.Warpgroup(cfg, ops, q_smem.at[wg], k_smem, v_smem, k_bar, v_bar, k_free, v_free, sched,
-                   turn, wait_keys, mask, lo, mid, hi, edge)
+    w = hfl.Warpgroup(
+        cfg,
+        ops,
+        q_smem.at[wg],
+        k_smem,
+        v_smem,
+        k_bar,
+        v_bar,
+        k_free,
+        v_free,
+        sched,
+        turn,
+        wait_keys,
+        mask,
+        lo,
+        mid,
+        hi,
+        edge,
+    )
     wait_keys(lo)
     if not cfg.overlap:
         pl.when(wg == 1)(turn)
@@ -214,5 +301,4 @@ def _compute(cfg, wg, q_smem, k_smem, v_smem, qpos_smem, kpos_smem, qseg_smem, k
         pl.when(wg == 0)(turn)
         write(*carry)
 
-    pl.when(lo >= hi)(lambda: write(ops.full((bq, dv), 0.0), ops.full((bq,), -jnp.inf),
-                                    ops.full((bq,), 0.0)))
+    pl.when(lo >= hi)(lambda: write(ops.full((bq, dv), 0.0), ops.full((bq,), -jnp.inf), ops.full((bq,), 0.0)))

@@ -157,8 +157,16 @@ def overlap_loops(w: Warpgroup):
         prev = w.slot(j - 1)
         w.turn()
         (m, l, p, alpha), acc = ops.qk_pv(
-            w.q, w.k.at[w.slot(j)], (bq, cfg.bk), acc, p, w.v.at[prev],
-            lambda: plgpu.barrier_wait(w.v_bar.at[prev]), w.turn, softmax(j, m, l, masked))
+            w.q,
+            w.k.at[w.slot(j)],
+            (bq, cfg.bk),
+            acc,
+            p,
+            w.v.at[prev],
+            lambda: plgpu.barrier_wait(w.v_bar.at[prev]),
+            w.turn,
+            softmax(j, m, l, masked),
+        )
         plgpu.barrier_arrive(w.v_free.at[prev])
         return rescale(acc, alpha), m, l, p.astype(w.q.dtype)
 

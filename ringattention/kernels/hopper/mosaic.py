@@ -83,24 +83,38 @@ def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bo
         params = interpret_params()
         if params is None:
             raise NotImplementedError("this jax has no Mosaic GPU interpret mode")
-    mesh = plgpu.Mesh(grid=grid, grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1,
-                      thread_name="wg")
+    mesh = plgpu.Mesh(grid=grid, grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg")
     compiler_params = plgpu.CompilerParams(approx_math=True)
 
     def scoped(*refs):
         pl.run_scoped(functools.partial(body, *refs), *scratch, collective_axes="wg")
 
-    typed = typed_by_args(lambda out: pl.kernel(
-        scoped, out_type=out, mesh=mesh, interpret=params, compiler_params=compiler_params,
-        name=getattr(body, "__name__", "anonymous")), out_type)
+    typed = typed_by_args(
+        lambda out: pl.kernel(
+            scoped,
+            out_type=out,
+            mesh=mesh,
+            interpret=params,
+            compiler_params=compiler_params,
+            name=getattr(body, "__name__", "anonymous"),
+        ),
+        out_type,
+    )
 
     def call(*args):
         if any(_vma(a) for a in args if isinstance(a, jax.Array)):
             return typed(*args)
-        return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
-                            grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1,
-                            thread_name="wg", compiler_params=compiler_params,
-                            interpret=params)(*args)
+        return plgpu.kernel(
+            body,
+            out_type=out_type,
+            scratch_types=scratch,
+            grid=grid,
+            grid_names=("h", "i", "b"),
+            num_threads=COMPUTE_WGS + 1,
+            thread_name="wg",
+            compiler_params=compiler_params,
+            interpret=params,
+        )(*args)
 
     return call
 
@@ -160,8 +174,9 @@ class Ops:
         plgpu.wgmma(acc_ref, self._operand(a), self._operand(b))
 
     def _dot(self, a, b):
-        return lax.dot_general(self._operand(a), self._operand(b), (((1,), (0,)), ((), ())),
-                               preferred_element_type=F32)
+        return lax.dot_general(
+            self._operand(a), self._operand(b), (((1,), (0,)), ((), ())), preferred_element_type=F32
+        )
 
     def qk(self, q_smem, k_smem, shape, after_issue=None):
         """float32 [bq, bk] = q [bq, D] @ k[bk, D]^T, both operands in SMEM. ``after_issue`` runs
@@ -216,8 +231,9 @@ class Ops:
             x = on_s(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))  # s only; p @ v runs on
             return x, o_ref[...]
 
-        return pl.run_scoped(scope, plgpu.WGMMAAccumulatorRef(shape, F32),
-                             plgpu.WGMMAAccumulatorRef(acc.shape, F32))
+        return pl.run_scoped(
+            scope, plgpu.WGMMAAccumulatorRef(shape, F32), plgpu.WGMMAAccumulatorRef(acc.shape, F32)
+        )
 
     def pair(self, first, second, shape, on_first):
         """Two float32 ``shape`` products ``a @ b`` (``first``, ``second``: (a, b) of ``Smem``)

@@ -140,9 +140,11 @@ class BlockSizes:
         if self.split_group is not None and not isinstance(self.split_group, bool):
             raise TypeError(f"BlockSizes.split_group={self.split_group!r} must be a bool or None")
         if self.backward == "triton" and _triton_step() is None:
-            raise ValueError("BlockSizes.backward='triton' runs pallas_gpu's Triton kernels, but this "
-                             "jax has no Pallas Triton backend (jax.experimental.pallas.triton does "
-                             "not import); use backward='mosaic' or 'fused'")
+            raise ValueError(
+                "BlockSizes.backward='triton' runs pallas_gpu's Triton kernels, but this "
+                "jax has no Pallas Triton backend (jax.experimental.pallas.triton does "
+                "not import); use backward='mosaic' or 'fused'"
+            )
         if self.triton is not None and not isinstance(self.triton, _triton_step().BlockSizes):
             raise TypeError(f"BlockSizes.triton={self.triton!r} must be a pallas_gpu.BlockSizes")
 
@@ -170,8 +172,10 @@ _DEFAULTS = {  # H200, docs/kernels.md
 # does head dim 64 (0.89-0.96x against 0.97-1.02x). Head dim 64 without a causal mask keeps 232
 # registers: with 240 its forward+backward ran 2-6% slower there (docs/kernels.md); with a causal
 # mask 240 and 3 stages ran 1.02-1.05x cuDNN against 0.97-1.01x.
-_FULL_DEFAULTS = {128: dataclasses.replace(_DEFAULTS[128], schedule="overlap"),
-                  64: dataclasses.replace(_DEFAULTS[64], registers=232)}
+_FULL_DEFAULTS = {
+    128: dataclasses.replace(_DEFAULTS[128], schedule="overlap"),
+    64: dataclasses.replace(_DEFAULTS[64], registers=232),
+}
 
 # The two-kernel ("mosaic") backward of deterministic=True keeps its own tiles where the fused
 # default's lost on it: head dim 64, 64K causal 0.95x cuDNN against 0.91x (docs/kernels.md); its dq
@@ -180,8 +184,7 @@ _FULL_DEFAULTS = {128: dataclasses.replace(_DEFAULTS[128], schedule="overlap"),
 _DETERMINISTIC_TILES = {64: dict(bwd_stages=2, registers=232, bwd_block_k=128)}
 
 
-def default_block_sizes(head_dim: int, causal: bool = True,
-                        v_head_dim: int | None = None) -> BlockSizes:
+def default_block_sizes(head_dim: int, causal: bool = True, v_head_dim: int | None = None) -> BlockSizes:
     """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above.
     ``causal``: whether the step has a causal mask (without one, head dim 128 runs the forward with
     ``schedule="overlap"`` and head dim 64 its kernels with 232 registers per compute thread, not 240).
@@ -190,8 +193,7 @@ def default_block_sizes(head_dim: int, causal: bool = True,
     if v_head_dim is not None and v_head_dim != head_dim:
         bs = default_block_sizes(max(head_dim, v_head_dim), causal)
         if (_pad64(head_dim), _pad64(v_head_dim)) == (192, 128):
-            return dataclasses.replace(bs, **_MLA_FORWARD, schedule=default_block_sizes(
-                128, causal).schedule)
+            return dataclasses.replace(bs, **_MLA_FORWARD, schedule=default_block_sizes(128, causal).schedule)
         return bs
     d = _tuned_dim(head_dim)
     return _DEFAULTS[d] if causal else _FULL_DEFAULTS.get(d, _DEFAULTS[d])
@@ -215,8 +217,9 @@ def _tuned_dim(head_dim: int) -> int:
     return min((d for d in _DEFAULTS if d >= head_dim), default=256)
 
 
-def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
-                              causal: bool = True) -> BlockSizes:
+def deterministic_block_sizes(
+    block_sizes: BlockSizes | None, head_dim: int, causal: bool = True
+) -> BlockSizes:
     """The block sizes of ``ring_attention(..., deterministic=True)`` (``implementations.py``): the
     defaults for ``head_dim`` and ``causal``, with the fused backward replaced by the two-kernel
     "mosaic" one (with ``_DETERMINISTIC_TILES``' fields: at head dim 64 2 stages, 232 registers and
@@ -235,14 +238,17 @@ def deterministic_block_sizes(block_sizes: BlockSizes | None, head_dim: int,
         bs = default_block_sizes(head_dim, causal)
         if bs.backward != "fused":
             return bs
-        return dataclasses.replace(bs, backward="mosaic",
-                                   **_DETERMINISTIC_TILES.get(_tuned_dim(head_dim), {}))
+        return dataclasses.replace(
+            bs, backward="mosaic", **_DETERMINISTIC_TILES.get(_tuned_dim(head_dim), {})
+        )
     if not isinstance(block_sizes, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={block_sizes!r} must be a pallas_hopper.BlockSizes")
     if block_sizes.backward == "fused":
-        raise ValueError("deterministic=True with pallas_hopper BlockSizes(backward='fused'): the fused "
-                         "backward reduce-adds dq in a run-dependent order; use backward='mosaic' "
-                         "or 'triton', or block_sizes=None")
+        raise ValueError(
+            "deterministic=True with pallas_hopper BlockSizes(backward='fused'): the fused "
+            "backward reduce-adds dq in a run-dependent order; use backward='mosaic' "
+            "or 'triton', or block_sizes=None"
+        )
     return block_sizes
 
 
@@ -301,14 +307,14 @@ def geometry(sq: int, sk: int, d: int, bs: BlockSizes, dv: int | None = None) ->
     rows = hm.COMPUTE_WGS * BLOCK_Q
     bk = min(bs.block_k, -(-sk // 64) * 64)  # short shards: one block of the padded length
     dv_pad = 0 if dv is None or dv == d else _pad64(dv)
-    return Geometry(sq, sk, d, BLOCK_Q, bk, -(-sq // rows) * rows, -(-sk // bk) * bk, _pad64(d),
-                    dv_pad)
+    return Geometry(sq, sk, d, BLOCK_Q, bk, -(-sq // rows) * rows, -(-sk // bk) * bk, _pad64(d), dv_pad)
 
 
 def _pad(geo: Geometry, q, k, v, q_pos, k_pos, q_seg, k_seg):
     """Pads to the CTA/block grid with the GPU steps' sentinels (padded keys are seen by no query)."""
-    cta = common.Geometry(geo.sq, geo.sk, geo.d, geo.cta_rows, geo.bk, geo.sq_pad, geo.sk_pad,
-                          geo.d_pad, geo.dv_pad)
+    cta = common.Geometry(
+        geo.sq, geo.sk, geo.d, geo.cta_rows, geo.bk, geo.sq_pad, geo.sk_pad, geo.d_pad, geo.dv_pad
+    )
     return common.pad_inputs(cta, q, k, v, q_pos, k_pos, q_seg, k_seg)
 
 
@@ -319,10 +325,24 @@ def _features(q, q_seg, causal: bool, softcap, prefix, bidirectional: bool):
     return (None if softcap is None else float(softcap)), prefix
 
 
-def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_scale: float,
-                 block_sizes: BlockSizes | None = None, interpret: bool = False,
-                 window: int | None = None, softcap: float | None = None, prefix=None,
-                 bidirectional: bool = False):
+def forward_step(
+    q,
+    k,
+    v,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """One ring step forward (contract in ``implementations.py``, with the optional features
     softcap, prefix, bidirectional and v_head_dim). Returns (o f32, lse f32)."""
     _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale, own_v_dim=True)
@@ -334,44 +354,113 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_s
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
     if jnp.dtype(q.dtype) not in HALF_DTYPES:  # float32: the Triton step (or XLA's), not wgmma
         return _triton_or_xla_step().forward_step(
-            q, k, v, q_pos, k_pos, q_seg, k_seg, causal=causal, softmax_scale=softmax_scale,
-            block_sizes=bs.triton, interpret=interpret, window=window, softcap=softcap,
-            prefix=prefix, bidirectional=bidirectional)
+            q,
+            k,
+            v,
+            q_pos,
+            k_pos,
+            q_seg,
+            k_seg,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            block_sizes=bs.triton,
+            interpret=interpret,
+            window=window,
+            softcap=softcap,
+            prefix=prefix,
+            bidirectional=bidirectional,
+        )
     geo = geometry(Sq, k.shape[1], D, bs, Dv)
     q, k, v, q_pos, k_pos, q_seg, k_seg = _pad(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, geo.cta_rows, geo.bk, window,
-                              prefix=prefix, bidirectional=bidirectional)  # [B|1, nq, nk]
+    table = masks.block_table(
+        q_pos,
+        k_pos,
+        q_seg,
+        k_seg,
+        causal,
+        geo.cta_rows,
+        geo.bk,
+        window,
+        prefix=prefix,
+        bidirectional=bidirectional,
+    )  # [B|1, nq, nk]
     *bounds, edge = common.block_bounds(table, B, window)  # 3 x int32 [B, nq]; edge: window only
     extra = (q_pos, k_pos) if causal or window is not None else ()
     extra += (q_seg, k_seg) if q_seg is not None else ()
     extra += (edge,) if window is not None else ()
     extra += (prefix,) if prefix is not None else ()
     features = dict(softcap=softcap, prefix=prefix is not None, bidirectional=bidirectional)
-    o, lse = _fwd_call(geo, bs, *bounds, q, k, v, *extra, causal=causal, segments=q_seg is not None,
-                       scale=softmax_scale, interpret=interpret, window=window, **features)
+    o, lse = _fwd_call(
+        geo,
+        bs,
+        *bounds,
+        q,
+        k,
+        v,
+        *extra,
+        causal=causal,
+        segments=q_seg is not None,
+        scale=softmax_scale,
+        interpret=interpret,
+        window=window,
+        **features,
+    )
     return o[:, :Sq, :, :Dv], lse[:, :, :Sq]
 
 
-def _fwd_call(geo: Geometry, bs: BlockSizes, lo, mid, hi, q, k, v, *extra, causal: bool,
-              segments: bool, scale: float, interpret: bool, window: int | None = None,
-              **features):
+def _fwd_call(
+    geo: Geometry,
+    bs: BlockSizes,
+    lo,
+    mid,
+    hi,
+    q,
+    k,
+    v,
+    *extra,
+    causal: bool,
+    segments: bool,
+    scale: float,
+    interpret: bool,
+    window: int | None = None,
+    **features,
+):
     """``features``: ``hm.FwdConfig``'s softcap, prefix, bidirectional (off where not given)."""
     B, Sq, H, D = q.shape  # padded
     K, Dv = k.shape[2], v.shape[3]  # v [B, Sk, K, Dv]
     nq = Sq // geo.cta_rows
-    cfg = hm.FwdConfig(bq=geo.bq, bk=geo.bk, stages=bs.stages, causal=causal, segments=segments,
-                       groups=H // K, nq=nq, qk_scale=scale * hm.LOG2E, pingpong=bs.schedule == "pingpong",
-                       interpret=interpret, registers=bs.registers, window=window,
-                       overlap=bs.schedule == "overlap", **features)
+    cfg = hm.FwdConfig(
+        bq=geo.bq,
+        bk=geo.bk,
+        stages=bs.stages,
+        causal=causal,
+        segments=segments,
+        groups=H // K,
+        nq=nq,
+        qk_scale=scale * hm.LOG2E,
+        pingpong=bs.schedule == "pingpong",
+        interpret=interpret,
+        registers=bs.registers,
+        window=window,
+        overlap=bs.schedule == "overlap",
+        **features,
+    )
     smem = (hm.COMPUTE_WGS * geo.bq * D + bs.stages * geo.bk * (D + Dv)) * q.dtype.itemsize
     smem += 4 * (hm.COMPUTE_WGS * geo.bq + bs.stages * geo.bk) * (cfg.positions + segments)
     if smem > SMEM_LIMIT - 1024:
         dims = f"head dim {D}" + (f", v head dim {Dv}" if Dv != D else "")
-        raise ValueError(f"pallas_hopper: block_k={geo.bk}, stages={bs.stages} at {dims} need "
-                         f"{smem} bytes of shared memory (limit {SMEM_LIMIT}); use fewer/smaller")
+        raise ValueError(
+            f"pallas_hopper: block_k={geo.bk}, stages={bs.stages} at {dims} need "
+            f"{smem} bytes of shared memory (limit {SMEM_LIMIT}); use fewer/smaller"
+        )
     out_type = (jax.ShapeDtypeStruct((B, Sq, H, Dv), F32), jax.ShapeDtypeStruct((B, H, Sq), F32))
-    kernel = hm.launch(functools.partial(hk.fwd_kernel, cfg=cfg), out_type,
-                       _scratch(cfg, D, q.dtype, Dv), grid=(H, nq, B), interpret=interpret)
+    kernel = hm.launch(
+        functools.partial(hk.fwd_kernel, cfg=cfg),
+        out_type,
+        _scratch(cfg, D, q.dtype, Dv),
+        grid=(H, nq, B),
+        interpret=interpret,
+    )
     return kernel(lo, mid, hi, q, k, v, *extra)
 
 
@@ -386,8 +475,10 @@ def _scratch(cfg: hm.FwdConfig, d: int, dtype, dv: int | None = None):
         plgpu.SMEM((wgs, cfg.bq, d), dtype, transforms=tiles),  # q per compute warpgroup
         plgpu.SMEM((s, cfg.bk, d), dtype, transforms=tiles),  # k slots
         plgpu.SMEM((s, cfg.bk, dv or d), dtype, transforms=tiles),  # v slots
-        ivec(wgs, cfg.bq, cfg.positions), ivec(s, cfg.bk, cfg.positions),  # q / k positions
-        ivec(wgs, cfg.bq, cfg.segments), ivec(s, cfg.bk, cfg.segments),  # q / k segment ids
+        ivec(wgs, cfg.bq, cfg.positions),
+        ivec(s, cfg.bk, cfg.positions),  # q / k positions
+        ivec(wgs, cfg.bq, cfg.segments),
+        ivec(s, cfg.bk, cfg.segments),  # q / k segment ids
         plgpu.Barrier(num_arrivals=q_copies, num_barriers=wgs),  # q loaded
         plgpu.Barrier(num_arrivals=q_copies, num_barriers=s),  # k (+ positions, ids) loaded
         plgpu.Barrier(num_barriers=s),  # v loaded
@@ -407,14 +498,30 @@ def _check_backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, softmax
         raise ValueError(f"pallas_hopper: {softmax_scale=} must be positive")
     B, Sq, H, _ = q.shape
     if do.shape != (B, Sq, H, v.shape[3]) or lse.shape != delta.shape or lse.shape != (B, H, Sq):
-        raise ValueError(f"pallas_hopper: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=} "
-                         f"{v.shape=}")
+        raise ValueError(f"pallas_hopper: {do.shape=} {lse.shape=} {delta.shape=} for {q.shape=} {v.shape=}")
 
 
-def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
-                  softmax_scale: float, block_sizes: BlockSizes | None = None,
-                  interpret: bool = False, window: int | None = None,
-                  softcap: float | None = None, prefix=None, bidirectional: bool = False):
+def backward_step(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """One ring step backward (contract in ``implementations.py``, with its optional features
     softcap, prefix, bidirectional and v_head_dim). Returns float32 dq, dk, dv.
 
@@ -433,9 +540,11 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
     if bs.backward == "fused" and head_dim > 128:
         dims = f"head dim {D}" if Dv == D else f"head dim {head_dim} (q/k {D}, v {Dv})"
-        raise ValueError(f"pallas_hopper BlockSizes(backward='fused'): {dims} is above "
-                         "128, where the Mosaic backward is 'mosaic' (the head-dim-split dq and dk/dv "
-                         "kernels); use backward='mosaic' or 'triton', or block_sizes=None")
+        raise ValueError(
+            f"pallas_hopper BlockSizes(backward='fused'): {dims} is above "
+            "128, where the Mosaic backward is 'mosaic' (the head-dim-split dq and dk/dv "
+            "kernels); use backward='mosaic' or 'triton', or block_sizes=None"
+        )
     kw = dict(causal=causal, softmax_scale=softmax_scale, interpret=interpret)
     if window is not None:
         kw["window"] = window
@@ -446,8 +555,9 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     if bidirectional:
         kw["bidirectional"] = True
     if bs.backward == "triton" or jnp.dtype(q.dtype) not in HALF_DTYPES:
-        return _triton_or_xla_step().backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg,
-                                                   k_seg, block_sizes=bs.triton, **kw)
+        return _triton_or_xla_step().backward_step(
+            q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, block_sizes=bs.triton, **kw
+        )
     if head_dim > 128:  # "mosaic": the head-dim-split dq and dk/dv kernels, no atomics
         mosaic = hsb.backward
     else:

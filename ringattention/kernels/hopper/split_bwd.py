@@ -105,9 +105,12 @@ def _probs(cfg: hbk.BwdConfig, ops: hm.Ops, w, slot, own, smem, masked: bool):
             p_t = jnp.where(vis, p_t, 0.0)
         return p_t if t is None else (p_t.astype(k_s.dtype), hbk.capped(p_t, t))
 
-    p_t, dp_t = ops.pair((hm.Smem(k_s), hm.Smem(q_s.at[slot, cols], transposed=True)),
-                         (hm.Smem(v_s), hm.Smem(do_s.at[slot, cols], transposed=True)),
-                         (ROWS, HALF), probs)
+    p_t, dp_t = ops.pair(
+        (hm.Smem(k_s), hm.Smem(q_s.at[slot, cols], transposed=True)),
+        (hm.Smem(v_s), hm.Smem(do_s.at[slot, cols], transposed=True)),
+        (ROWS, HALF),
+        probs,
+    )
     p_t, g_t = (p_t, p_t) if cfg.softcap is None else p_t
     ds_t = g_t * (dp_t - lax.broadcast_in_dim(ops.cols(half(dl_s)), dp_t.shape, [1]))
     return p_t, ds_t
@@ -116,17 +119,46 @@ def _probs(cfg: hbk.BwdConfig, ops: hm.Ops, w, slot, own, smem, masked: bool):
 def split_kernel(*refs, cfg: hbk.BwdConfig):
     """Grid ("h", "i", "b") over kv heads and key CTAs of 64 keys, warpgroups "wg". GMEM inputs as
     ``hbk.dkv_kernel``. Out: dk f32 [B, K, Sk, D], dv f32 [B, K, Sk, Dv] (``padded_dims``)."""
-    bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
-        (dk_ref, dv_ref), scratch = hbk._split(refs, cfg, 2)
-    (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, pt_s, dst_s, own_bar, loaded, free,
-     pds_ready, pds_free) = scratch
+    (
+        bounds,
+        (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref),
+        (qp_ref, kp_ref),
+        (qs_ref, ks_ref),
+        (dk_ref, dv_ref),
+        scratch,
+    ) = hbk._split(refs, cfg, 2)
+    (
+        k_s,
+        v_s,
+        kp_s,
+        ks_s,
+        q_s,
+        do_s,
+        lse_s,
+        dl_s,
+        qp_s,
+        qs_s,
+        pt_s,
+        dst_s,
+        own_bar,
+        loaded,
+        free,
+        pds_ready,
+        pds_free,
+    ) = scratch
     b, i, bounds = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
     lo, hi = bounds[0], bounds[2]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = hbk.query_issuer(cfg, b, kvh, bounds, i,
-                             (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
-                             (q_s, do_s, lse_s, dl_s, qp_s, qs_s))
+    issue = hbk.query_issuer(
+        cfg,
+        b,
+        kvh,
+        bounds,
+        i,
+        (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
+        (q_s, do_s, lse_s, dl_s, qp_s, qs_s),
+    )
 
     @pl.when(wg == WGS)
     def _():
@@ -137,8 +169,9 @@ def split_kernel(*refs, cfg: hbk.BwdConfig):
         hm.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
         ops = hfb.FusedOps(cfg.interpret)
         keys = pl.ds(i * ROWS, ROWS)
-        own = _load_own_keys(cfg, ops, b, kvh, wg, keys, (k_ref, v_ref, kp_ref, ks_ref),
-                             (k_s, v_s, kp_s, ks_s), own_bar)
+        own = _load_own_keys(
+            cfg, ops, b, kvh, wg, keys, (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s), own_bar
+        )
         own = (*own, hbk.causal_rows(cfg, *own, hbk.row_prefix(refs, cfg, b), queries=False))
         smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
         d, d_v = k_s.shape[1], v_s.shape[1]
@@ -156,14 +189,24 @@ def split_kernel(*refs, cfg: hbk.BwdConfig):
             plgpu.barrier_arrive(pds_ready)
             plgpu.barrier_wait(pds_ready)  # both halves of p^T, ds^T written
             dk, dv = carry
-            dv, dk = ops.mma((dv, hm.Smem(pt_s), hm.Smem(do_s.at[slot, :, dwv])),
-                             (dk, hm.Smem(dst_s), hm.Smem(q_s.at[slot, :, dw])))
+            dv, dk = ops.mma(
+                (dv, hm.Smem(pt_s), hm.Smem(do_s.at[slot, :, dwv])),
+                (dk, hm.Smem(dst_s), hm.Smem(q_s.at[slot, :, dw])),
+            )
             plgpu.barrier_arrive(free.at[slot])
             plgpu.barrier_arrive(pds_free)
             return dk, dv
 
-        hbk.group_loop(cfg, ops, body, bounds, cfg.masked, d // WGS,
-                       (dk_ref.at[b, kvh, keys, dw], dv_ref.at[b, kvh, keys, dwv]), d_v // WGS)
+        hbk.group_loop(
+            cfg,
+            ops,
+            body,
+            bounds,
+            cfg.masked,
+            d // WGS,
+            (dk_ref.at[b, kvh, keys, dw], dv_ref.at[b, kvh, keys, dwv]),
+            d_v // WGS,
+        )
         pl.when(n > 0)(lambda: plgpu.barrier_wait(pds_free))  # observe the last phase
 
 
@@ -174,10 +217,32 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
     [64, 64] tile, and after a barrier accumulates dq[:, Dw] += ds k[:, Dw] in registers (64 per
     thread at 256); written once at the end. Inputs as ``hbk.dq_kernel``; out: dq f32
     [B, H, Sq, D]."""
-    bounds, (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref), (qp_ref, kp_ref), (qs_ref, ks_ref), \
-        (dq_ref,), scratch = hbk._split(refs, cfg, 1)
-    (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free, ds_s,
-     ds_ready, ds_free) = scratch
+    (
+        bounds,
+        (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref),
+        (qp_ref, kp_ref),
+        (qs_ref, ks_ref),
+        (dq_ref,),
+        scratch,
+    ) = hbk._split(refs, cfg, 1)
+    (
+        q_s,
+        do_s,
+        lse_s,
+        dl_s,
+        qp_s,
+        qs_s,
+        k_s,
+        v_s,
+        kp_s,
+        ks_s,
+        own_bar,
+        loaded,
+        free,
+        ds_s,
+        ds_ready,
+        ds_free,
+    ) = scratch
     b, i, bounds = hbk._cta(cfg, bounds, reverse=cfg.causal)  # causal: latest rows first
     lo, hi = bounds[0], bounds[2]
     h, wg = lax.axis_index("h"), lax.axis_index("wg")
@@ -194,12 +259,25 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
         ops = hm.Ops(cfg.interpret)
         rows = pl.ds(i * ROWS, ROWS)
         lse, delta, own_pos, own_seg = _load_own_queries(
-            cfg, ops, wg, (q_ref.at[b, rows, h], do_ref.at[b, rows, h], lse_ref.at[b, h, rows],
-                           dl_ref.at[b, h, rows], qp_ref.at[rows] if cfg.positions else None,
-                           qs_ref.at[b, rows] if cfg.segments else None),
-            (q_s, do_s, lse_s, dl_s, qp_s, qs_s), own_bar)
-        own = (own_pos, own_seg,
-               hbk.causal_rows(cfg, own_pos, own_seg, hbk.row_prefix(refs, cfg, b), queries=True))
+            cfg,
+            ops,
+            wg,
+            (
+                q_ref.at[b, rows, h],
+                do_ref.at[b, rows, h],
+                lse_ref.at[b, h, rows],
+                dl_ref.at[b, h, rows],
+                qp_ref.at[rows] if cfg.positions else None,
+                qs_ref.at[b, rows] if cfg.segments else None,
+            ),
+            (q_s, do_s, lse_s, dl_s, qp_s, qs_s),
+            own_bar,
+        )
+        own = (
+            own_pos,
+            own_seg,
+            hbk.causal_rows(cfg, own_pos, own_seg, hbk.row_prefix(refs, cfg, b), queries=True),
+        )
         d = q_s.shape[1]
         half, dw = pl.ds(wg * HALF, HALF), pl.ds(wg * (d // WGS), d // WGS)
 
@@ -217,9 +295,12 @@ def dq_kernel(*refs, cfg: hbk.BwdConfig):
                     p = jnp.where(vis, p, 0.0)
                 return hbk.capped(p, th)
 
-            p, dp = ops.pair((hm.Smem(q_s), hm.Smem(k_s.at[slot, half], transposed=True)),
-                             (hm.Smem(do_s), hm.Smem(v_s.at[slot, half], transposed=True)),
-                             (ROWS, HALF), probs)
+            p, dp = ops.pair(
+                (hm.Smem(q_s), hm.Smem(k_s.at[slot, half], transposed=True)),
+                (hm.Smem(do_s), hm.Smem(v_s.at[slot, half], transposed=True)),
+                (ROWS, HALF),
+                probs,
+            )
             ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))  # [64, 32]
             pl.when(t > 0)(lambda: plgpu.barrier_wait(ds_free))  # both read the last ds
             hfb.FusedOps(cfg.interpret).stage(ds_s.at[:, half], ds.astype(ds_s.dtype))
@@ -241,9 +322,12 @@ def _key_issuer(cfg, b, kvh, lo, gmem, smem):
 
     def issue(t, slot, bar):
         cols = pl.ds((lo + t) * ROWS, ROWS)
-        for src, dst in ((k_ref.at[b, cols, kvh], k_s), (v_ref.at[b, cols, kvh], v_s),
-                         (kp_ref.at[cols] if cfg.positions else None, kp_s),
-                         (ks_ref.at[b, cols] if cfg.segments else None, ks_s)):
+        for src, dst in (
+            (k_ref.at[b, cols, kvh], k_s),
+            (v_ref.at[b, cols, kvh], v_s),
+            (kp_ref.at[cols] if cfg.positions else None, kp_s),
+            (ks_ref.at[b, cols] if cfg.segments else None, ks_s),
+        ):
             if dst is not None:
                 plgpu.copy_gmem_to_smem(src, dst.at[slot], bar)
 
@@ -253,6 +337,7 @@ def _key_issuer(cfg, b, kvh, lo, gmem, smem):
 def _load_own_queries(cfg, ops, wg, gmem, smem, bar):
     """Warpgroup 0 loads the CTA's query rows (q, do, lse2, delta, positions, ids; None when
     unused), both wait; returns lse2, delta, positions, ids as row vectors."""
+
     @pl.when(wg == 0)
     def _():
         for src, dst in zip(gmem, smem, strict=True):
@@ -261,8 +346,12 @@ def _load_own_queries(cfg, ops, wg, gmem, smem, bar):
 
     plgpu.barrier_wait(bar)
     _, _, lse_s, dl_s, qp_s, qs_s = smem
-    return (ops.rows(lse_s), ops.rows(dl_s), ops.rows(qp_s) if cfg.positions else None,
-            ops.rows(qs_s) if cfg.segments else None)
+    return (
+        ops.rows(lse_s),
+        ops.rows(dl_s),
+        ops.rows(qp_s) if cfg.positions else None,
+        ops.rows(qs_s) if cfg.segments else None,
+    )
 
 
 def _load_own_keys(cfg, ops, b, kvh, wg, keys, gmem, smem, bar):
@@ -272,9 +361,12 @@ def _load_own_keys(cfg, ops, b, kvh, wg, keys, gmem, smem, bar):
 
     @pl.when(wg == 0)
     def _():
-        for src, dst in ((k_ref.at[b, keys, kvh], k_s), (v_ref.at[b, keys, kvh], v_s),
-                         (kp_ref.at[keys] if cfg.positions else None, kp_s),
-                         (ks_ref.at[b, keys] if cfg.segments else None, ks_s)):
+        for src, dst in (
+            (k_ref.at[b, keys, kvh], k_s),
+            (v_ref.at[b, keys, kvh], v_s),
+            (kp_ref.at[keys] if cfg.positions else None, kp_s),
+            (ks_ref.at[b, keys] if cfg.segments else None, ks_s),
+        ):
             if dst is not None:
                 plgpu.copy_gmem_to_smem(src, dst, bar)
 
@@ -291,19 +383,25 @@ def _scratch(dtype, stages: int, positions: bool, segments: bool, d: int = D, dv
     tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
     ivec = lambda shape, on: plgpu.SMEM(shape, jnp.int32) if on else None  # noqa: E731
     extra = positions + segments
-    return [plgpu.SMEM((ROWS, d), dtype, transforms=tiles),
-            plgpu.SMEM((ROWS, dv), dtype, transforms=tiles),
-            ivec((ROWS,), positions), ivec((ROWS,), segments),
-            plgpu.SMEM((stages, ROWS, d), dtype, transforms=tiles),
-            plgpu.SMEM((stages, ROWS, dv), dtype, transforms=tiles),
-            plgpu.SMEM((stages, ROWS), F32), plgpu.SMEM((stages, ROWS), F32),
-            ivec((stages, ROWS), positions), ivec((stages, ROWS), segments),
-            plgpu.SMEM((ROWS, ROWS), dtype, transforms=tiles),  # p^T [64 keys, 64 queries]
-            plgpu.SMEM((ROWS, ROWS), dtype, transforms=tiles),  # ds^T
-            plgpu.Barrier(num_arrivals=2 + extra),
-            plgpu.Barrier(num_arrivals=4 + extra, num_barriers=stages),
-            plgpu.Barrier(num_arrivals=WGS, num_barriers=stages),
-            plgpu.Barrier(num_arrivals=WGS), plgpu.Barrier(num_arrivals=WGS)]
+    return [
+        plgpu.SMEM((ROWS, d), dtype, transforms=tiles),
+        plgpu.SMEM((ROWS, dv), dtype, transforms=tiles),
+        ivec((ROWS,), positions),
+        ivec((ROWS,), segments),
+        plgpu.SMEM((stages, ROWS, d), dtype, transforms=tiles),
+        plgpu.SMEM((stages, ROWS, dv), dtype, transforms=tiles),
+        plgpu.SMEM((stages, ROWS), F32),
+        plgpu.SMEM((stages, ROWS), F32),
+        ivec((stages, ROWS), positions),
+        ivec((stages, ROWS), segments),
+        plgpu.SMEM((ROWS, ROWS), dtype, transforms=tiles),  # p^T [64 keys, 64 queries]
+        plgpu.SMEM((ROWS, ROWS), dtype, transforms=tiles),  # ds^T
+        plgpu.Barrier(num_arrivals=2 + extra),
+        plgpu.Barrier(num_arrivals=4 + extra, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=WGS, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=WGS),
+        plgpu.Barrier(num_arrivals=WGS),
+    ]
 
 
 def _dq_scratch(dtype, stages: int, positions: bool, segments: bool, d: int = D, dv: int = D):
@@ -312,27 +410,39 @@ def _dq_scratch(dtype, stages: int, positions: bool, segments: bool, d: int = D,
     tiles = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))  # as in ``_scratch``
     ivec = lambda shape, on: plgpu.SMEM(shape, jnp.int32) if on else None  # noqa: E731
     extra = positions + segments
-    return [plgpu.SMEM((ROWS, d), dtype, transforms=tiles), plgpu.SMEM((ROWS, dv), dtype, transforms=tiles),
-            plgpu.SMEM((ROWS,), F32), plgpu.SMEM((ROWS,), F32),
-            ivec((ROWS,), positions), ivec((ROWS,), segments),
-            plgpu.SMEM((stages, ROWS, d), dtype, transforms=tiles),
-            plgpu.SMEM((stages, ROWS, dv), dtype, transforms=tiles),
-            ivec((stages, ROWS), positions), ivec((stages, ROWS), segments),
-            plgpu.Barrier(num_arrivals=4 + extra),
-            plgpu.Barrier(num_arrivals=2 + extra, num_barriers=stages),
-            plgpu.Barrier(num_arrivals=WGS, num_barriers=stages),
-            plgpu.SMEM((ROWS, ROWS), dtype, transforms=tiles),  # ds [64 queries, 64 keys]
-            plgpu.Barrier(num_arrivals=WGS), plgpu.Barrier(num_arrivals=WGS)]
+    return [
+        plgpu.SMEM((ROWS, d), dtype, transforms=tiles),
+        plgpu.SMEM((ROWS, dv), dtype, transforms=tiles),
+        plgpu.SMEM((ROWS,), F32),
+        plgpu.SMEM((ROWS,), F32),
+        ivec((ROWS,), positions),
+        ivec((ROWS,), segments),
+        plgpu.SMEM((stages, ROWS, d), dtype, transforms=tiles),
+        plgpu.SMEM((stages, ROWS, dv), dtype, transforms=tiles),
+        ivec((stages, ROWS), positions),
+        ivec((stages, ROWS), segments),
+        plgpu.Barrier(num_arrivals=4 + extra),
+        plgpu.Barrier(num_arrivals=2 + extra, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=WGS, num_barriers=stages),
+        plgpu.SMEM((ROWS, ROWS), dtype, transforms=tiles),  # ds [64 queries, 64 keys]
+        plgpu.Barrier(num_arrivals=WGS),
+        plgpu.Barrier(num_arrivals=WGS),
+    ]
 
 
-def smem_bytes(dtype, stages: int, positions: bool = True, segments: bool = True, d: int = D,
-               dv: int = D) -> int:
+def smem_bytes(
+    dtype, stages: int, positions: bool = True, segments: bool = True, d: int = D, dv: int = D
+) -> int:
     """Shared memory of the buffers above (barriers and alignment excluded); d, dv: the padded
     head dims of q/k and v."""
     tile = ROWS * (d + dv) * jnp.dtype(dtype).itemsize  # a [64, d] and a [64, dv] tile
     vecs = 4 * ROWS * (2 + positions + segments)  # per stage: lse2, delta (+ positions, ids)
-    return (tile + 4 * ROWS * (positions + segments) + stages * (tile + vecs)
-            + 2 * ROWS * ROWS * jnp.dtype(dtype).itemsize)
+    return (
+        tile
+        + 4 * ROWS * (positions + segments)
+        + stages * (tile + vecs)
+        + 2 * ROWS * ROWS * jnp.dtype(dtype).itemsize
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -345,51 +455,89 @@ def _run_two(q_bounds, k_bounds, last, q, k, v, do, lse2, delta, *extra, cfg: hb
     sk, K, d_v = k.shape[1], k.shape[2], v.shape[3]
     args = (q, k, v, do, lse2, delta, *extra)
     dq_cfg = dataclasses.replace(cfg, n_cta=sq // ROWS)
-    dq = hm.launch(functools.partial(dq_kernel, cfg=dq_cfg), jax.ShapeDtypeStruct((B, H, sq, d), F32),
-                   _dq_scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments, d, d_v),
-                   grid=(H, sq // ROWS, B), interpret=cfg.interpret)(*q_bounds[:3], *args,
-                                                                        *q_bounds[3:], *last)
+    dq = hm.launch(
+        functools.partial(dq_kernel, cfg=dq_cfg),
+        jax.ShapeDtypeStruct((B, H, sq, d), F32),
+        _dq_scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments, d, d_v),
+        grid=(H, sq // ROWS, B),
+        interpret=cfg.interpret,
+    )(*q_bounds[:3], *args, *q_bounds[3:], *last)
     out = jax.ShapeDtypeStruct((B, K, sk, d), F32)
     out_v = out if d_v == d else jax.ShapeDtypeStruct((B, K, sk, d_v), F32)
-    dk, dv = hm.launch(functools.partial(split_kernel, cfg=cfg), (out, out_v),
-                       _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments, d, d_v),
-                       grid=(K, sk // ROWS, B), interpret=cfg.interpret)(*k_bounds[:3], *args,
-                                                                        *k_bounds[3:], *last)
+    dk, dv = hm.launch(
+        functools.partial(split_kernel, cfg=cfg),
+        (out, out_v),
+        _scratch(q.dtype, cfg.stages, cfg.positions, cfg.segments, d, d_v),
+        grid=(K, sk // ROWS, B),
+        interpret=cfg.interpret,
+    )(*k_bounds[:3], *args, *k_bounds[3:], *last)
     return dq, dk, dv
 
 
-def backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, bs, causal: bool,
-             softmax_scale: float, interpret: bool, window: int | None = None,
-             softcap: float | None = None, prefix=None, bidirectional: bool = False):
+def backward(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    *,
+    bs,
+    causal: bool,
+    softmax_scale: float,
+    interpret: bool,
+    window: int | None = None,
+    softcap: float | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """float32 dq [B, Sq, H, Dh], dk [B, Sk, K, Dh], dv [B, Sk, K, Dv] where the larger head dim is
     129-256 (``padded_dims``; contract in ``implementations.py``, optional features as
     ``backward.backward``'s): ``dq_kernel`` and ``split_kernel``."""
     B, Sq, H, Dh = q.shape
     Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     if not (128 < max(Dh, Dv) <= D and min(Dh, Dv) >= 1):
-        raise ValueError(f"split_bwd: head dims {Dh}, {Dv} ({q.shape=} {v.shape=}): the "
-                         f"larger must be in (128, {D}]")
+        raise ValueError(
+            f"split_bwd: head dims {Dh}, {Dv} ({q.shape=} {v.shape=}): the larger must be in (128, {D}]"
+        )
     d, d_v = padded_dims(Dh, Dv)
     positions = causal or window is not None
     smem = smem_bytes(q.dtype, bs.bwd_stages, positions, q_seg is not None, d, d_v)  # >= dq's
     if smem > hb.SMEM_LIMIT - 4096:
-        raise ValueError(f"pallas_hopper backward={bs.backward!r}: head dims {Dh}, {Dv} (padded {d}, "
-                         f"{d_v}) with bwd_stages={bs.bwd_stages} need {smem} bytes of shared memory "
-                         f"(limit {hb.SMEM_LIMIT}); use bwd_stages=2 or backward='triton'")
+        raise ValueError(
+            f"pallas_hopper backward={bs.backward!r}: head dims {Dh}, {Dv} (padded {d}, "
+            f"{d_v}) with bwd_stages={bs.bwd_stages} need {smem} bytes of shared memory "
+            f"(limit {hb.SMEM_LIMIT}); use bwd_stages=2 or backward='triton'"
+        )
     up = lambda x: -(-x // ROWS) * ROWS  # noqa: E731
     geo = common.Geometry(Sq, Sk, Dh, ROWS, ROWS, up(Sq), up(Sk), d, 0 if d_v == d else d_v)
-    q, k, v, q_pos, k_pos, q_seg, k_seg, do = common.pad_inputs(geo, q, k, v, q_pos, k_pos,
-                                                                q_seg, k_seg, do)
+    q, k, v, q_pos, k_pos, q_seg, k_seg, do = common.pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do)
     lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse) * hm.LOG2E  # [B, H, Sq] log2 units
     lse2, delta = (common.pad_to(x, 2, geo.sq_pad) for x in (lse2, delta))
     segments = q_seg is not None
     extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
-    cfg = hbk.BwdConfig(rows=ROWS, block=ROWS, stages=bs.bwd_stages, registers=bs.registers,
-                        causal=causal, segments=segments, groups=H // K, n_cta=geo.sk_pad // ROWS,
-                        qk_scale=softmax_scale * hm.LOG2E, scale=softmax_scale, interpret=interpret,
-                        window=window, **hb.features(softcap, prefix, bidirectional))
-    table = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, ROWS, ROWS, window, prefix=prefix,
-                              bidirectional=bidirectional)
+    cfg = hbk.BwdConfig(
+        rows=ROWS,
+        block=ROWS,
+        stages=bs.bwd_stages,
+        registers=bs.registers,
+        causal=causal,
+        segments=segments,
+        groups=H // K,
+        n_cta=geo.sk_pad // ROWS,
+        qk_scale=softmax_scale * hm.LOG2E,
+        scale=softmax_scale,
+        interpret=interpret,
+        window=window,
+        **hb.features(softcap, prefix, bidirectional),
+    )
+    table = masks.block_table(
+        q_pos, k_pos, q_seg, k_seg, causal, ROWS, ROWS, window, prefix=prefix, bidirectional=bidirectional
+    )
     bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
     q_bounds = common.bounds(table, B) if window is None else common.edge_bounds(table, B)  # key blocks
     last = () if prefix is None else (hb.keep_above_min(prefix),)

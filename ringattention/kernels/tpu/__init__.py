@@ -16,8 +16,13 @@ Files:
 
 from ringattention.implementations import Implementation, register
 
-register(Implementation(
-    "pallas_tpu", "ringattention.kernels.tpu.pallas_tpu", platforms=("tpu",),
-    # TPU tiles: sequence blocks are multiples of 128 lanes (blocks.LANES)
-    takes_shard=lambda shard: shard % 128 == 0,
-    features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))
+register(
+    Implementation(
+        "pallas_tpu",
+        "ringattention.kernels.tpu.pallas_tpu",
+        platforms=("tpu",),
+        # TPU tiles: sequence blocks are multiples of 128 lanes (blocks.LANES)
+        takes_shard=lambda shard: shard % 128 == 0,
+        features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"}),
+    )
+)

@@ -39,8 +39,7 @@ class BlockSizes:
         for f in dataclasses.fields(self):
             val = getattr(self, f.name)
             if not isinstance(val, int) or val < LANES or val % LANES:
-                raise ValueError(f"BlockSizes.{f.name}={val!r} must be a positive multiple of "
-                                 f"{LANES}")
+                raise ValueError(f"BlockSizes.{f.name}={val!r} must be a positive multiple of {LANES}")
 
     @classmethod
     def for_chip(cls, device_kind: str | None = None) -> BlockSizes:
@@ -78,8 +77,10 @@ def pick_block(length: int, request: int, name: str, explicit: bool) -> int:
     Defaults (``explicit=False``) shrink to the largest multiple of 128 that divides the shard.
     """
     if length % LANES:
-        raise ValueError(f"pallas_tpu needs shard lengths that are multiples of {LANES}; got "
-                         f"{length=} (use implementation='xla' for such shards)")
+        raise ValueError(
+            f"pallas_tpu needs shard lengths that are multiples of {LANES}; got "
+            f"{length=} (use implementation='xla' for such shards)"
+        )
     block = min(request, length)
     if not explicit:
         while length % block:
@@ -95,40 +96,55 @@ def resolve_blocks(block_sizes, sq: int, sk: int, backward: bool) -> tuple[int, 
     explicit = block_sizes is not None
     bs = block_sizes if explicit else BlockSizes.for_chip()
     nq, nk = ("block_q_bwd", "block_kv_bwd") if backward else ("block_q", "block_kv")
-    return (pick_block(sq, getattr(bs, nq), nq, explicit),
-            pick_block(sk, getattr(bs, nk), nk, explicit))
+    return (pick_block(sq, getattr(bs, nq), nq, explicit), pick_block(sk, getattr(bs, nk), nk, explicit))
 
 
 def check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg) -> None:
     """Raises ValueError/TypeError for inputs that break the ring-step contract."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"expected q [B, Sq, H, D], k [B, Sk, K, D], v [B, Sk, K, Dv]; got "
-                         f"{q.shape=} {k.shape=} {v.shape=}")
+        raise ValueError(
+            f"expected q [B, Sq, H, D], k [B, Sk, K, D], v [B, Sk, K, Dv]; got "
+            f"{q.shape=} {k.shape=} {v.shape=}"
+        )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype; got {q.dtype=} {k.dtype=} {v.dtype=}")
     (b, sq, h, d), (bk, sk, kh, dk) = q.shape, k.shape
     if b != bk or d != dk or kh == 0 or h % kh:
-        raise ValueError(f"q and k must agree in batch and head_dim, with heads a multiple of kv "
-                         f"heads; got {q.shape=} {k.shape=}")
+        raise ValueError(
+            f"q and k must agree in batch and head_dim, with heads a multiple of kv "
+            f"heads; got {q.shape=} {k.shape=}"
+        )
     if q_pos.shape != (sq,) or k_pos.shape != (sk,):
-        raise ValueError(f"positions must be [Sq], [Sk]; got {q_pos.shape=} {k_pos.shape=} for "
-                         f"{q.shape=} {k.shape=}")
+        raise ValueError(
+            f"positions must be [Sq], [Sk]; got {q_pos.shape=} {k_pos.shape=} for {q.shape=} {k.shape=}"
+        )
     if (q_seg is None) != (k_seg is None):
         raise ValueError("q_seg and k_seg must both be given or both be None")
     if q_seg is not None and (q_seg.shape != (b, sq) or k_seg.shape != (b, sk)):
         raise ValueError(f"segment ids must be [B, Sq], [B, Sk]; got {q_seg.shape=} {k_seg.shape=}")
 
 
-def tables(q_pos, k_pos, q_seg, k_seg, causal: bool, bq: int, bk: int, window: int | None = None,
-           prefix=None, bidirectional: bool = False):
+def tables(
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    causal: bool,
+    bq: int,
+    bk: int,
+    window: int | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """Block kinds and the block to hold at each grid step, both int32 [Bt, nq, nk] (Bt = B or 1).
     ``window``, ``prefix``, ``bidirectional``: as in ``masks.block_table``.
 
     ``fetch[.., i, j]`` is ``j`` for computed blocks and the last computed block before ``j`` (else
     the next one) for SKIP blocks, so the pipeline re-uses the buffer and issues no DMA for them.
     """
-    kind = masks.block_table(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window, prefix=prefix,
-                             bidirectional=bidirectional)  # [Bt, nq, nk]
+    kind = masks.block_table(
+        q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window, prefix=prefix, bidirectional=bidirectional
+    )  # [Bt, nq, nk]
     return kind, fetch_index(kind)
 
 

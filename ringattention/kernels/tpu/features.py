@@ -87,8 +87,7 @@ def cap_grad(ds, s, cfg):
 def prefix_aux(prefix):
     """Spec and arg of the prefix block: int32 [B, 8, 128] (the row's prefix everywhere), read at
     block (b, 0, 0) where b = the first grid index in every kernel."""
-    arg = jnp.broadcast_to(prefix.astype(jnp.int32)[:, None, None],
-                           (prefix.shape[0], SUBLANES, LANES))
+    arg = jnp.broadcast_to(prefix.astype(jnp.int32)[:, None, None], (prefix.shape[0], SUBLANES, LANES))
     return pl.BlockSpec((None, SUBLANES, LANES), lambda b, *rest: (b, 0, 0)), arg
 
 
@@ -96,5 +95,8 @@ def feature_cfg(causal: bool, q_seg, batch: int, softcap, prefix, bidirectional:
     """Checks the optional features and returns their ``_Cfg`` fields (static: the prefix values
     are data, only whether there is one is part of the kernel)."""
     check_features(causal, q_seg, batch, softcap, prefix, bidirectional)
-    return dict(softcap=None if softcap is None else float(softcap), prefix=prefix is not None,
-                bidirectional=bool(bidirectional))
+    return dict(
+        softcap=None if softcap is None else float(softcap),
+        prefix=prefix is not None,
+        bidirectional=bool(bidirectional),
+    )

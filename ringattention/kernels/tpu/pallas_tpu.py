@@ -183,10 +183,24 @@ def _fwd_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
         lse_ref[...] = lse.T[:1, :]  # lane-dense row [1, bq]
 
 
-def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
-                 block_sizes: BlockSizes | None = None, interpret: bool = False,
-                 window: int | None = None, softcap: float | None = None, prefix=None,
-                 bidirectional: bool = False):
+def forward_step(
+    q,
+    k,
+    v,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    *,
+    causal,
+    softmax_scale,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
     check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg)
     feats = feature_cfg(causal, q_seg, q.shape[0], softcap, prefix, bidirectional)
@@ -195,36 +209,70 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
     G = H // K
     bq, bk = resolve_blocks(block_sizes, Sq, Sk, backward=False)
     nq, nk = Sq // bq, Sk // bk
-    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window, prefix,
-                         bidirectional)  # [Bt, nq, nk]
-    cfg = _Cfg(bool(causal), float(softmax_scale), q_seg is not None, kind.shape[0] > 1, nq, nk, G,
-               q.dtype == jnp.float32, window, blocked_kinds=interpret is True, **feats)
+    kind, fetch = tables(
+        q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window, prefix, bidirectional
+    )  # [Bt, nq, nk]
+    cfg = _Cfg(
+        bool(causal),
+        float(softmax_scale),
+        q_seg is not None,
+        kind.shape[0] > 1,
+        nq,
+        nk,
+        G,
+        q.dtype == jnp.float32,
+        window,
+        blocked_kinds=interpret is True,
+        **feats,
+    )
     hv, hv_v = HeadView.for_dim(D), HeadView.for_dim(Dv)
     kv_blk = lambda b, h, i, j, kr, fr: cfg.fetched(fr, b, i, j)  # noqa: E731
     q_idx = lambda b, h, i, j, kr, fr: (b, i, h)  # noqa: E731
-    kv_idx = lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr),  # noqa: E731
-                                         lax.div(h, G))  # GQA: kv head h // G
+    kv_idx = lambda b, h, i, j, kr, fr: (
+        b,
+        kv_blk(b, h, i, j, kr, fr),  # noqa: E731
+        lax.div(h, G),
+    )  # GQA: kv head h // G
     in_specs = [hv.spec(bq, q_idx), hv.spec(bk, kv_idx), hv_v.spec(bk, kv_idx)]
     args = [hv.view(q), hv.view(k), hv_v.view(v)]
-    aux_specs, aux_args = _aux(cfg, q_pos, k_pos, q_seg, k_seg, prefix, bq, bk,
-                               lambda b, h, i, j, kr, fr: (b, i),
-                               lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr)), True)
+    aux_specs, aux_args = _aux(
+        cfg,
+        q_pos,
+        k_pos,
+        q_seg,
+        k_seg,
+        prefix,
+        bq,
+        bk,
+        lambda b, h, i, j, kr, fr: (b, i),
+        lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr)),
+        True,
+    )
     kind_specs, kind_args = cfg.kind_blocks(kind, lambda b, h, i, j, kr, fr: (b, i, j))
     in_specs, args = in_specs + aux_specs + kind_specs, args + aux_args + kind_args
-    out_specs = [hv_v.spec(bq, q_idx),
-                 pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, kr, fr: (b, h, 0, i))]
+    out_specs = [
+        hv_v.spec(bq, q_idx),
+        pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, kr, fr: (b, h, 0, i)),
+    ]
     # outputs vary over the manual axes the inputs vary over (shard_map's check_vma)
     out_shape = [struct(hv_v.shape(B, Sq, H), F32, *args), struct((B, H, 1, Sq), F32, *args)]
-    scratch = [pltpu.VMEM((bq, LANES), F32), pltpu.VMEM((bq, LANES), F32),
-               pltpu.VMEM((bq, Dv), F32)]
-    grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=(B, H, nq, nk),
-                                             in_specs=in_specs, out_specs=out_specs,
-                                             scratch_shapes=scratch)
+    scratch = [pltpu.VMEM((bq, LANES), F32), pltpu.VMEM((bq, LANES), F32), pltpu.VMEM((bq, Dv), F32)]
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(B, H, nq, nk),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        scratch_shapes=scratch,
+    )
     o, lse = pl.pallas_call(
-        functools.partial(_fwd_kernel, cfg=cfg), grid_spec=grid_spec, out_shape=out_shape,
+        functools.partial(_fwd_kernel, cfg=cfg),
+        grid_spec=grid_spec,
+        out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
-        interpret=_interpret(interpret), name="ring_flash_fwd",
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+        ),
+        interpret=_interpret(interpret),
+        name="ring_flash_fwd",
     )(kind.reshape(-1), fetch.reshape(-1), *args)
     return hv_v.unview(o, H), lse.reshape(B, H, Sq)
 
@@ -291,21 +339,45 @@ def _dkv_kernel(kind_ref, fetch_ref, *refs, cfg: _Cfg):
         dv_ref[...] = dv_sc[...]
 
 
-def _bwd_common(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, causal, block_sizes,
-                window=None, prefix=None, bidirectional=False):
+def _bwd_common(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    causal,
+    block_sizes,
+    window=None,
+    prefix=None,
+    bidirectional=False,
+):
     check_inputs(q, k, v, q_pos, k_pos, q_seg, k_seg)
     B, Sq, H, D = q.shape
     Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     if do.shape != (B, Sq, H, Dv) or lse.shape != delta.shape or lse.shape != (B, H, Sq):
-        raise ValueError(f"expected do [B, Sq, H, Dv] and lse/delta [B, H, Sq]; got {do.shape=} "
-                         f"{q.shape=} {v.shape=} {lse.shape=} {delta.shape=}")
+        raise ValueError(
+            f"expected do [B, Sq, H, Dv] and lse/delta [B, H, Sq]; got {do.shape=} "
+            f"{q.shape=} {v.shape=} {lse.shape=} {delta.shape=}"
+        )
     bq, bk = resolve_blocks(block_sizes, Sq, Sk, backward=True)
-    kind, fetch = tables(q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window, prefix,
-                         bidirectional)  # [Bt, nq, nk]
+    kind, fetch = tables(
+        q_pos, k_pos, q_seg, k_seg, causal, bq, bk, window, prefix, bidirectional
+    )  # [Bt, nq, nk]
     hvs = HeadView.for_dim(D), HeadView.for_dim(Dv)  # q/k/dq/dk; v/do/dv
     lse_safe = jnp.where(jnp.isneginf(lse), 0.0, lse).astype(F32)
-    rows = (hvs[0].view(q), hvs[0].view(k), hvs[1].view(v), hvs[1].view(do.astype(q.dtype)),
-            lse_safe.reshape(B, H, 1, Sq), delta.astype(F32).reshape(B, H, 1, Sq))
+    rows = (
+        hvs[0].view(q),
+        hvs[0].view(k),
+        hvs[1].view(v),
+        hvs[1].view(do.astype(q.dtype)),
+        lse_safe.reshape(B, H, 1, Sq),
+        delta.astype(F32).reshape(B, H, 1, Sq),
+    )
     return (B, Sq, H, D, Sk, K, bq, bk), kind, fetch, hvs, rows
 
 
@@ -324,8 +396,7 @@ def _aux_spec(block: int, col: bool, batched: bool, index):
     return pl.BlockSpec(((None,) if batched else ()) + shape, idx)
 
 
-def _aux(cfg: _Cfg, q_pos, k_pos, q_seg, k_seg, prefix, bq: int, bk: int, q_index, k_index,
-         q_rows: bool):
+def _aux(cfg: _Cfg, q_pos, k_pos, q_seg, k_seg, prefix, bq: int, bk: int, q_index, k_index, q_rows: bool):
     """Specs and args of positions / segment ids / the prefix block; ``q_rows``: queries index the
     score rows."""
     specs, args = [], []
@@ -346,27 +417,42 @@ def _dq_call(cfg, dims, kind, fetch, hvs, rows, aux, interpret):
     G, (hv, hv_v) = cfg.groups, hvs
     kv_blk = lambda b, h, i, j, kr, fr: cfg.fetched(fr, b, i, j)  # noqa: E731
     q_idx = lambda b, h, i, j, kr, fr: (b, i, h)  # noqa: E731
-    kv_idx = lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr),  # noqa: E731
-                                         lax.div(h, G))  # GQA: kv head h // G
+    kv_idx = lambda b, h, i, j, kr, fr: (
+        b,
+        kv_blk(b, h, i, j, kr, fr),  # noqa: E731
+        lax.div(h, G),
+    )  # GQA: kv head h // G
     q_spec, kv_spec = hv.spec(bq, q_idx), hv.spec(bk, kv_idx)
     row_spec = pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, kr, fr: (b, h, 0, i))
-    aux_specs, aux_args = aux(lambda b, h, i, j, kr, fr: (b, i),
-                              lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr)), True)
+    aux_specs, aux_args = aux(
+        lambda b, h, i, j, kr, fr: (b, i), lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr)), True
+    )
     kind_specs, kind_args = cfg.kind_blocks(kind, lambda b, h, i, j, kr, fr: (b, i, j))
     aux_specs, aux_args = aux_specs + kind_specs, aux_args + kind_args
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2, grid=(B, H, Sq // bq, Sk // bk),
-        in_specs=[q_spec, kv_spec, hv_v.spec(bk, kv_idx), hv_v.spec(bq, q_idx), row_spec, row_spec,
-                  *aux_specs],
+        num_scalar_prefetch=2,
+        grid=(B, H, Sq // bq, Sk // bk),
+        in_specs=[
+            q_spec,
+            kv_spec,
+            hv_v.spec(bk, kv_idx),
+            hv_v.spec(bq, q_idx),
+            row_spec,
+            row_spec,
+            *aux_specs,
+        ],
         out_specs=q_spec,
-        scratch_shapes=[pltpu.VMEM((bq, D), F32), pltpu.VMEM((bq, LANES), F32),
-                        pltpu.VMEM((bq, LANES), F32)])
+        scratch_shapes=[pltpu.VMEM((bq, D), F32), pltpu.VMEM((bq, LANES), F32), pltpu.VMEM((bq, LANES), F32)],
+    )
     return pl.pallas_call(
-        functools.partial(_dq_kernel, cfg=cfg), grid_spec=grid_spec,
+        functools.partial(_dq_kernel, cfg=cfg),
+        grid_spec=grid_spec,
         out_shape=struct(hv.shape(B, Sq, H), F32, *rows, *aux_args),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
-        interpret=_interpret(interpret), name="ring_flash_dq",
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+        ),
+        interpret=_interpret(interpret),
+        name="ring_flash_dq",
     )(kind.reshape(-1), fetch.reshape(-1), *rows, *aux_args)
 
 
@@ -374,44 +460,95 @@ def _dkv_call(cfg, dims, kind, fetch, hvs, rows, aux, interpret):
     B, Sq, H, D, Sk, K, bq, bk = dims
     G, (hv, hv_v) = cfg.groups, hvs
     q_blk = lambda b, kh, j, g, i, kr, fr: cfg.fetched(fr, b, j, i)  # noqa: E731
-    q_idx = lambda b, kh, j, g, i, kr, fr: (b, q_blk(b, kh, j, g, i, kr, fr),  # noqa: E731
-                                            kh * G + g)
+    q_idx = lambda b, kh, j, g, i, kr, fr: (
+        b,
+        q_blk(b, kh, j, g, i, kr, fr),  # noqa: E731
+        kh * G + g,
+    )
     kv_idx = lambda b, kh, j, g, i, kr, fr: (b, j, kh)  # noqa: E731
     q_spec, k_spec, v_spec = hv.spec(bq, q_idx), hv.spec(bk, kv_idx), hv_v.spec(bk, kv_idx)
-    row_spec = pl.BlockSpec((None, None, 1, bq), lambda b, kh, j, g, i, kr, fr: (
-        b, kh * G + g, 0, q_blk(b, kh, j, g, i, kr, fr)))
-    aux_specs, aux_args = aux(lambda b, kh, j, g, i, kr, fr: (b, q_blk(b, kh, j, g, i, kr, fr)),
-                              lambda b, kh, j, g, i, kr, fr: (b, j), False)
+    row_spec = pl.BlockSpec(
+        (None, None, 1, bq), lambda b, kh, j, g, i, kr, fr: (b, kh * G + g, 0, q_blk(b, kh, j, g, i, kr, fr))
+    )
+    aux_specs, aux_args = aux(
+        lambda b, kh, j, g, i, kr, fr: (b, q_blk(b, kh, j, g, i, kr, fr)),
+        lambda b, kh, j, g, i, kr, fr: (b, j),
+        False,
+    )
     kind_specs, kind_args = cfg.kind_blocks(kind, lambda b, kh, j, g, i, kr, fr: (b, j, i))
     aux_specs, aux_args = aux_specs + kind_specs, aux_args + kind_args
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2, grid=(B, K, Sk // bk, G, Sq // bq),
+        num_scalar_prefetch=2,
+        grid=(B, K, Sk // bk, G, Sq // bq),
         in_specs=[q_spec, k_spec, v_spec, hv_v.spec(bq, q_idx), row_spec, row_spec, *aux_specs],
         out_specs=[k_spec, v_spec],
-        scratch_shapes=[pltpu.VMEM((bk, D), F32), pltpu.VMEM((bk, hv_v.head_dim), F32)])
+        scratch_shapes=[pltpu.VMEM((bk, D), F32), pltpu.VMEM((bk, hv_v.head_dim), F32)],
+    )
     return pl.pallas_call(
-        functools.partial(_dkv_kernel, cfg=cfg), grid_spec=grid_spec,
+        functools.partial(_dkv_kernel, cfg=cfg),
+        grid_spec=grid_spec,
         out_shape=[struct(x.shape(B, Sk, K), F32, *rows, *aux_args) for x in hvs],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary")),
-        interpret=_interpret(interpret), name="ring_flash_dkv",
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary")
+        ),
+        interpret=_interpret(interpret),
+        name="ring_flash_dkv",
     )(kind.reshape(-1), fetch.reshape(-1), *rows, *aux_args)
 
 
-def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal, softmax_scale,
-                  block_sizes: BlockSizes | None = None, interpret: bool = False,
-                  window: int | None = None, softcap: float | None = None, prefix=None,
-                  bidirectional: bool = False):
+def backward_step(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    *,
+    causal,
+    softmax_scale,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv."""
     feats = feature_cfg(causal, q_seg, q.shape[0], softcap, prefix, bidirectional)
-    dims, kind, fetch, hvs, rows = _bwd_common(q, k, v, do, lse, delta, q_pos, k_pos, q_seg,
-                                               k_seg, causal, block_sizes, window, prefix,
-                                               bidirectional)
+    dims, kind, fetch, hvs, rows = _bwd_common(
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        q_pos,
+        k_pos,
+        q_seg,
+        k_seg,
+        causal,
+        block_sizes,
+        window,
+        prefix,
+        bidirectional,
+    )
     B, Sq, H, D, Sk, K, bq, bk = dims
     nq, nk = Sq // bq, Sk // bk
-    base = dict(causal=bool(causal), scale=float(softmax_scale), has_seg=q_seg is not None,
-                batch_table=kind.shape[0] > 1, groups=H // K, f32_inputs=q.dtype == jnp.float32,
-                window=window, blocked_kinds=interpret is True, **feats)
+    base = dict(
+        causal=bool(causal),
+        scale=float(softmax_scale),
+        has_seg=q_seg is not None,
+        batch_table=kind.shape[0] > 1,
+        groups=H // K,
+        f32_inputs=q.dtype == jnp.float32,
+        window=window,
+        blocked_kinds=interpret is True,
+        **feats,
+    )
     cfg_q = _Cfg(n_outer=nq, n_inner=nk, **base)
     aux = functools.partial(_aux, cfg_q, q_pos, k_pos, q_seg, k_seg, prefix, bq, bk)
     dq = _dq_call(cfg_q, dims, kind, fetch, hvs, rows, aux, interpret)

@@ -25,8 +25,10 @@ from ringattention.implementations import Implementation, register
 
 def _cuda_mesh(mesh=None) -> bool:
     """True where the mesh's devices are NVIDIA GPUs (Triton and Mosaic GPU kernels)."""
-    return (implementations.platform(mesh) == "gpu"  # looked up at call time: tests patch them
-            and "nvidia" in str(implementations.mesh_device(mesh).device_kind).lower())
+    return (
+        implementations.platform(mesh) == "gpu"  # looked up at call time: tests patch them
+        and "nvidia" in str(implementations.mesh_device(mesh).device_kind).lower()
+    )
 
 
 def _available(mesh=None) -> bool:
@@ -41,6 +43,12 @@ def _available(mesh=None) -> bool:
         return False
 
 
-register(Implementation("pallas_gpu", "ringattention.kernels.triton.pallas_gpu", platforms=("gpu",),
-                        available=_available,
-                        features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"})))
+register(
+    Implementation(
+        "pallas_gpu",
+        "ringattention.kernels.triton.pallas_gpu",
+        platforms=("gpu",),
+        available=_available,
+        features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"}),
+    )
+)

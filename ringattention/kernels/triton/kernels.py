@@ -34,18 +34,25 @@ LN2 = math.log(2.0)
 
 def _dot_nt(a, b, precision):
     # a [m, k], b [n, k] -> float32 [m, n]
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=precision,
-                           preferred_element_type=F32)
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=F32)
 
 
 def _dot_nn(a, b, precision):
     # a [m, k], b [k, n] -> float32 [m, n]
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision,
-                           preferred_element_type=F32)
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision, preferred_element_type=F32)
 
 
-def _visible(q_pos, k_pos, q_seg, k_seg, keys_first: bool = False, causal: bool = True,
-             window: int | None = None, prefix=None, bidirectional: bool = False):
+def _visible(
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    keys_first: bool = False,
+    causal: bool = True,
+    window: int | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """bool [bq, bk] ([bk, bq] if ``keys_first``); each argument a loaded vector or None. Positions
     (when given) mask causally unless ``causal`` is False, and by ``|q - k| < window``. As
     ``masks.visible``: ``prefix`` (a loaded scalar or None) makes keys before it visible, and
@@ -101,10 +108,30 @@ def _loops(bounds, body, carry, masked: bool):
     return lax.fori_loop(mid, hi, functools.partial(body, masked=masked), carry)
 
 
-def fwd_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, qp_ref, kp_ref, qs_ref,
-               ks_ref, pf_ref, o_ref, lse_ref, *, qk_scale: float, block_k: int, precision,
-               causal: bool = True, window: int | None = None, softcap: float | None = None,
-               bidirectional: bool = False):
+def fwd_kernel(
+    lo_ref,
+    mid_ref,
+    hi_ref,
+    edge_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    qp_ref,
+    kp_ref,
+    qs_ref,
+    ks_ref,
+    pf_ref,
+    o_ref,
+    lse_ref,
+    *,
+    qk_scale: float,
+    block_k: int,
+    precision,
+    causal: bool = True,
+    window: int | None = None,
+    softcap: float | None = None,
+    bidirectional: bool = False,
+):
     """One (query block, batch, head): o and lse over the key blocks of this ring step.
 
     lo/mid/hi/edge_ref: scalar block bounds (edge: None without a window); q_ref [bq, D]; k_ref
@@ -140,10 +167,33 @@ def fwd_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, qp_ref, k
     lse_ref[...] = jnp.where(seen, (m + jnp.log2(l_safe)) * LN2, -jnp.inf)
 
 
-def dq_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
-              qp_ref, kp_ref, qs_ref, ks_ref, pf_ref, dq_ref, *, qk_scale: float, scale: float,
-              block_k: int, precision, causal: bool = True, window: int | None = None,
-              softcap: float | None = None, bidirectional: bool = False):
+def dq_kernel(
+    lo_ref,
+    mid_ref,
+    hi_ref,
+    edge_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    qp_ref,
+    kp_ref,
+    qs_ref,
+    ks_ref,
+    pf_ref,
+    dq_ref,
+    *,
+    qk_scale: float,
+    scale: float,
+    block_k: int,
+    precision,
+    causal: bool = True,
+    window: int | None = None,
+    softcap: float | None = None,
+    bidirectional: bool = False,
+):
     """One (query block, batch, head): dq over the key blocks of this ring step.
 
     q_ref [bq, D]; do_ref [bq, Dv]; k_ref [Sk, D]; v_ref [Sk, Dv]; lse_ref [bq] global lse in log2
@@ -173,11 +223,36 @@ def dq_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, do_ref, ls
     dq_ref[...] = dq * scale
 
 
-def dkv_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
-                qp_ref, kp_ref, qs_ref, ks_ref, pf_ref, dk_ref, dv_ref, *, qk_scale: float,
-               scale: float, block_q: int, groups: int, precision, causal: bool = True,
-               window: int | None = None, softcap: float | None = None,
-               bidirectional: bool = False, unrolled_groups: bool = False):
+def dkv_kernel(
+    lo_ref,
+    mid_ref,
+    hi_ref,
+    edge_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    qp_ref,
+    kp_ref,
+    qs_ref,
+    ks_ref,
+    pf_ref,
+    dk_ref,
+    dv_ref,
+    *,
+    qk_scale: float,
+    scale: float,
+    block_q: int,
+    groups: int,
+    precision,
+    causal: bool = True,
+    window: int | None = None,
+    softcap: float | None = None,
+    bidirectional: bool = False,
+    unrolled_groups: bool = False,
+):
     """One (key block, batch, kv head): dk, dv summed over the group's query heads and blocks.
 
     k_ref [bk, D]; v_ref [bk, Dv]; q_ref [Sq, G, D]; do_ref [Sq, G, Dv]; lse_ref, delta_ref [G, Sq];
@@ -197,8 +272,7 @@ def dkv_kernel(lo_ref, mid_ref, hi_ref, edge_ref, q_ref, k_ref, v_ref, do_ref, l
         s_t, t_t = _logits(k, q, qk_scale, precision, softcap)  # [bk, bq]
         p_t = jnp.exp2(s_t - lse[None, :])  # [bk, bq]
         if masked:
-            vis_t = _visible(_load(qp_ref, qb), k_pos, _load(qs_ref, qb), k_seg, keys_first=True,
-                             **mask)
+            vis_t = _visible(_load(qp_ref, qb), k_pos, _load(qs_ref, qb), k_seg, keys_first=True, **mask)
             p_t = jnp.where(vis_t, p_t, 0.0)
         dv = dv + _dot_nn(p_t.astype(do.dtype), do, precision)
         dp_t = _dot_nt(v, do, precision)  # [bk, bq]

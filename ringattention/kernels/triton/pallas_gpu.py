@@ -77,11 +77,31 @@ class BlockSizes:
 
 _DEFAULTS = {  # H200 sweeps, bf16: benchmarks/results/pallas_gpu_h200_notes.md (D=64 forward block:
     # pallas_gpu_sweep_h200.md's d64_gqa section, 32K tokens, H=32/K=8, the 1B model's shape)
-    64: BlockSizes(block_q=128, block_k=128, fwd_warps=4, fwd_stages=3, block_q_dq=64,
-                   block_k_dq=64, block_q_dkv=64, block_k_dkv=64, bwd_warps=4, bwd_stages=3),
+    64: BlockSizes(
+        block_q=128,
+        block_k=128,
+        fwd_warps=4,
+        fwd_stages=3,
+        block_q_dq=64,
+        block_k_dq=64,
+        block_q_dkv=64,
+        block_k_dkv=64,
+        bwd_warps=4,
+        bwd_stages=3,
+    ),
     128: BlockSizes(),
-    256: BlockSizes(block_q=64, block_k=32, fwd_warps=4, fwd_stages=2, block_q_dq=64,  # untuned
-                    block_k_dq=32, block_q_dkv=32, block_k_dkv=64, bwd_warps=4, bwd_stages=1),
+    256: BlockSizes(
+        block_q=64,
+        block_k=32,
+        fwd_warps=4,
+        fwd_stages=2,
+        block_q_dq=64,  # untuned
+        block_k_dq=32,
+        block_q_dkv=32,
+        block_k_dkv=64,
+        bwd_warps=4,
+        bwd_stages=1,
+    ),
 }
 
 
@@ -116,8 +136,17 @@ def _geometry(q, k, bq_req: int, bk_req: int, v=None) -> common.Geometry:
     sq, sk, d = q.shape[1], k.shape[1], q.shape[3]
     bq, bk = _block(sq, bq_req), _block(sk, bk_req)
     dv = d if v is None else v.shape[3]
-    return common.Geometry(sq, sk, d, bq, bk, -(-sq // bq) * bq, -(-sk // bk) * bk,
-                     max(MIN_BLOCK, _next_pow2(d)), 0 if dv == d else max(MIN_BLOCK, _next_pow2(dv)))
+    return common.Geometry(
+        sq,
+        sk,
+        d,
+        bq,
+        bk,
+        -(-sq // bq) * bq,
+        -(-sk // bk) * bk,
+        max(MIN_BLOCK, _next_pow2(d)),
+        0 if dv == d else max(MIN_BLOCK, _next_pow2(dv)),
+    )
 
 
 def _precision(dtype):
@@ -144,14 +173,38 @@ class _Mask:
 
     def table(self, q_pos, k_pos, q_seg, k_seg, bq: int, bk: int, prefix):
         """``masks.block_table`` of the padded step: int32 [B|1, nq, nk]."""
-        return masks.block_table(q_pos, k_pos, q_seg, k_seg, self.causal, bq, bk, self.window,
-                                 prefix=prefix, bidirectional=self.bidirectional)
+        return masks.block_table(
+            q_pos,
+            k_pos,
+            q_seg,
+            k_seg,
+            self.causal,
+            bq,
+            bk,
+            self.window,
+            prefix=prefix,
+            bidirectional=self.bidirectional,
+        )
 
 
-def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_scale: float,
-                 block_sizes: BlockSizes | None = None, interpret: bool = False,
-                 window: int | None = None, softcap: float | None = None, prefix=None,
-                 bidirectional: bool = False):
+def forward_step(
+    q,
+    k,
+    v,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """One ring step forward (contract in ``implementations.py``, with the optional features
     softcap, prefix, bidirectional and v_head_dim). Returns (o f32, lse f32)."""
     common.check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True)
@@ -161,17 +214,28 @@ def forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, *, causal: bool, softmax_s
     B, Sq, H, D = q.shape
     Dv = v.shape[3]
     geo = _geometry(q, k, bs.block_q, bs.block_k, v)
-    q, k, v, q_pos, k_pos, q_seg, k_seg = common.pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg,
-                                                            k_seg)
+    q, k, v, q_pos, k_pos, q_seg, k_seg = common.pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
     table = mask.table(q_pos, k_pos, q_seg, k_seg, geo.bq, geo.bk, prefix)  # [B|1, nq, nk]
-    o, lse = _fwd_call(common.block_bounds(table, B, window), q, k, v,
-                       q_pos if mask.pos else None, k_pos if mask.pos else None, q_seg, k_seg,
-                       prefix, geo=geo, scale=softmax_scale, bs=bs, interpret=interpret, mask=mask)
+    o, lse = _fwd_call(
+        common.block_bounds(table, B, window),
+        q,
+        k,
+        v,
+        q_pos if mask.pos else None,
+        k_pos if mask.pos else None,
+        q_seg,
+        k_seg,
+        prefix,
+        geo=geo,
+        scale=softmax_scale,
+        bs=bs,
+        interpret=interpret,
+        mask=mask,
+    )
     return o[:, :Sq, :, :Dv], lse[:, :, :Sq]
 
 
-def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, prefix, *, geo, scale, bs, interpret,
-              mask: _Mask):
+def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, prefix, *, geo, scale, bs, interpret, mask: _Mask):
     B, Sq, H, D = q.shape  # padded: [batch, q_shard, heads, head_dim]
     Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]  # k [B, Sk, K, D], v [B, Sk, K, Dv]
     G, nq, bq = H // K, Sq // geo.bq, geo.bq
@@ -179,32 +243,65 @@ def _fwd_call(bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, prefix, *, geo, scale
     scalar = pl.BlockSpec((SQ, SQ), lambda i, b, h: (b, qi(i)))
     kv_spec = lambda d: pl.BlockSpec((SQ, Sk, SQ, d), lambda i, b, h: (b, 0, h // G, 0))  # noqa: E731
     in_specs = [
-        scalar, scalar, scalar, None if mask.window is None else scalar,
+        scalar,
+        scalar,
+        scalar,
+        None if mask.window is None else scalar,
         pl.BlockSpec((SQ, bq, SQ, D), lambda i, b, h: (b, qi(i), h, 0)),
-        kv_spec(D), kv_spec(Dv),
+        kv_spec(D),
+        kv_spec(Dv),
         None if q_pos is None else pl.BlockSpec((bq,), lambda i, b, h: (qi(i),)),
         None if k_pos is None else pl.BlockSpec((Sk,), lambda i, b, h: (0,)),
         None if q_seg is None else pl.BlockSpec((SQ, bq), lambda i, b, h: (b, qi(i))),
         None if k_seg is None else pl.BlockSpec((SQ, Sk), lambda i, b, h: (b, 0)),
         None if prefix is None else pl.BlockSpec((SQ,), lambda i, b, h: (b,)),
     ]
-    out_specs = [pl.BlockSpec((SQ, bq, SQ, Dv), lambda i, b, h: (b, qi(i), h, 0)),
-                 pl.BlockSpec((SQ, SQ, bq), lambda i, b, h: (b, h, qi(i)))]
+    out_specs = [
+        pl.BlockSpec((SQ, bq, SQ, Dv), lambda i, b, h: (b, qi(i), h, 0)),
+        pl.BlockSpec((SQ, SQ, bq), lambda i, b, h: (b, h, qi(i))),
+    ]
     like = (q, k, v, q_seg, k_seg, prefix)  # outputs vary like the inputs (shard_map's check_vma)
     out_shape = [struct((B, Sq, H, Dv), F32, *like), struct((B, H, Sq), F32, *like)]
-    kernel = functools.partial(kern.fwd_kernel, qk_scale=scale * kern.LOG2E, block_k=geo.bk,
-                               precision=_precision(q.dtype), **dataclasses.asdict(mask))
+    kernel = functools.partial(
+        kern.fwd_kernel,
+        qk_scale=scale * kern.LOG2E,
+        block_k=geo.bk,
+        precision=_precision(q.dtype),
+        **dataclasses.asdict(mask),
+    )
     return pl.pallas_call(
-        kernel, grid=(nq, B, H), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-        compiler_params=_params(bs.fwd_warps, bs.fwd_stages), interpret=interpret,
+        kernel,
+        grid=(nq, B, H),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        compiler_params=_params(bs.fwd_warps, bs.fwd_stages),
+        interpret=interpret,
         name="ring_step_fwd",
     )(*bounds, q, k, v, q_pos, k_pos, q_seg, k_seg, prefix)
 
 
-def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal: bool,
-                  softmax_scale: float, block_sizes: BlockSizes | None = None,
-                  interpret: bool = False, window: int | None = None,
-                  softcap: float | None = None, prefix=None, bidirectional: bool = False):
+def backward_step(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    prefix=None,
+    bidirectional: bool = False,
+):
     """One ring step backward (contract in ``implementations.py``, optional features as in
     :func:`forward_step`). Returns float32 dq, dk, dv."""
     common.check(q, k, v, q_pos, k_pos, q_seg, k_seg, own_v_dim=True)
@@ -227,8 +324,25 @@ def backward_step(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, *, causal
     return dq[:, :Sq, :, :D], dk[:, :Sk, :, :D], dv[:, :Sk, :, :Dv]
 
 
-def _dq_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, scale, bs, interpret,
-             mask: _Mask, prefix=None):
+def _dq_call(
+    geo,
+    q,
+    k,
+    v,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    do,
+    lse2,
+    delta,
+    *,
+    scale,
+    bs,
+    interpret,
+    mask: _Mask,
+    prefix=None,
+):
     B, Sq, H, D = q.shape  # padded
     Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     G, nq, bq = H // K, Sq // geo.bq, geo.bq
@@ -239,40 +353,96 @@ def _dq_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, scale
     kv_spec = lambda d: pl.BlockSpec((SQ, Sk, SQ, d), lambda i, b, h: (b, 0, h // G, 0))  # noqa: E731
     row_spec = pl.BlockSpec((SQ, SQ, bq), lambda i, b, h: (b, h, qi(i)))
     in_specs = [
-        scalar, scalar, scalar, None if mask.window is None else scalar, q_spec(D), kv_spec(D),
-        kv_spec(Dv), q_spec(Dv), row_spec, row_spec,
+        scalar,
+        scalar,
+        scalar,
+        None if mask.window is None else scalar,
+        q_spec(D),
+        kv_spec(D),
+        kv_spec(Dv),
+        q_spec(Dv),
+        row_spec,
+        row_spec,
         pl.BlockSpec((bq,), lambda i, b, h: (qi(i),)) if mask.pos else None,
         pl.BlockSpec((Sk,), lambda i, b, h: (0,)) if mask.pos else None,
         None if q_seg is None else pl.BlockSpec((SQ, bq), lambda i, b, h: (b, qi(i))),
         None if k_seg is None else pl.BlockSpec((SQ, Sk), lambda i, b, h: (b, 0)),
         None if prefix is None else pl.BlockSpec((SQ,), lambda i, b, h: (b,)),
     ]
-    kernel = functools.partial(kern.dq_kernel, qk_scale=scale * kern.LOG2E, scale=scale,
-                               block_k=geo.bk, precision=_precision(q.dtype),
-                               **dataclasses.asdict(mask))
+    kernel = functools.partial(
+        kern.dq_kernel,
+        qk_scale=scale * kern.LOG2E,
+        scale=scale,
+        block_k=geo.bk,
+        precision=_precision(q.dtype),
+        **dataclasses.asdict(mask),
+    )
     return pl.pallas_call(
-        kernel, grid=(nq, B, H), in_specs=in_specs, out_specs=q_spec(D),
+        kernel,
+        grid=(nq, B, H),
+        in_specs=in_specs,
+        out_specs=q_spec(D),
         out_shape=struct((B, Sq, H, D), F32, q, k, v, do, q_seg, k_seg, prefix),
-        compiler_params=_params(bs.bwd_warps, bs.bwd_stages), interpret=interpret,
+        compiler_params=_params(bs.bwd_warps, bs.bwd_stages),
+        interpret=interpret,
         name="ring_step_dq",
-    )(*common.block_bounds(table, B, mask.window), q, k, v, do, lse2, delta,
-      q_pos if mask.pos else None, k_pos if mask.pos else None, q_seg, k_seg, prefix)
+    )(
+        *common.block_bounds(table, B, mask.window),
+        q,
+        k,
+        v,
+        do,
+        lse2,
+        delta,
+        q_pos if mask.pos else None,
+        k_pos if mask.pos else None,
+        q_seg,
+        k_seg,
+        prefix,
+    )
 
 
-def _dkv_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, scale, bs, interpret,
-              mask: _Mask, prefix=None):
+def _dkv_call(
+    geo,
+    q,
+    k,
+    v,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    do,
+    lse2,
+    delta,
+    *,
+    scale,
+    bs,
+    interpret,
+    mask: _Mask,
+    prefix=None,
+):
     B, Sq, H, D = q.shape  # padded
     Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     G, nk, bk = H // K, Sk // geo.bk, geo.bk
     table_t = jnp.swapaxes(mask.table(q_pos, k_pos, q_seg, k_seg, geo.bq, bk, prefix), 1, 2)
     scalar = pl.BlockSpec((SQ, SQ), lambda j, b, h: (b, j))  # table_t: [B|1, nk, nq]
     kv_spec = lambda d: pl.BlockSpec((SQ, bk, SQ, d), lambda j, b, h: (b, j, h, 0))  # noqa: E731
-    group_spec = lambda d: pl.BlockSpec((SQ, Sq, SQ, G, d),  # noqa: E731
-                                        lambda j, b, h: (b, 0, h, 0, 0))
+    group_spec = lambda d: pl.BlockSpec(
+        (SQ, Sq, SQ, G, d),  # noqa: E731
+        lambda j, b, h: (b, 0, h, 0, 0),
+    )
     rows_spec = pl.BlockSpec((SQ, SQ, G, Sq), lambda j, b, h: (b, h, 0, 0))
     in_specs = [
-        scalar, scalar, scalar, None if mask.window is None else scalar, group_spec(D),
-        kv_spec(D), kv_spec(Dv), group_spec(Dv), rows_spec, rows_spec,
+        scalar,
+        scalar,
+        scalar,
+        None if mask.window is None else scalar,
+        group_spec(D),
+        kv_spec(D),
+        kv_spec(Dv),
+        group_spec(Dv),
+        rows_spec,
+        rows_spec,
         pl.BlockSpec((Sq,), lambda j, b, h: (0,)) if mask.pos else None,
         pl.BlockSpec((bk,), lambda j, b, h: (j,)) if mask.pos else None,
         None if q_seg is None else pl.BlockSpec((SQ, Sq), lambda j, b, h: (b, 0)),
@@ -281,17 +451,40 @@ def _dkv_call(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do, lse2, delta, *, scal
     ]
     group = lambda x: x.reshape(B, Sq, K, G, x.shape[3])  # noqa: E731  free reshape, no copy of kv
     rows = lambda x: x.reshape(B, K, G, Sq)  # noqa: E731
-    kernel = functools.partial(kern.dkv_kernel, qk_scale=scale * kern.LOG2E, scale=scale,
-                               block_q=geo.bq, groups=G, precision=_precision(q.dtype),
-                               **dataclasses.asdict(mask),
-                               # Pallas' interpreter evaluates a scan over the group with its
-                               # body's carry types, which drop shard_map's varying axes: unrolled
-                               unrolled_groups=bool(interpret))
+    kernel = functools.partial(
+        kern.dkv_kernel,
+        qk_scale=scale * kern.LOG2E,
+        scale=scale,
+        block_q=geo.bq,
+        groups=G,
+        precision=_precision(q.dtype),
+        **dataclasses.asdict(mask),
+        # Pallas' interpreter evaluates a scan over the group with its
+        # body's carry types, which drop shard_map's varying axes: unrolled
+        unrolled_groups=bool(interpret),
+    )
     like = (q, k, v, do, q_seg, k_seg, prefix)
     out_shape = [struct((B, Sk, K, D), F32, *like), struct((B, Sk, K, Dv), F32, *like)]
     return pl.pallas_call(
-        kernel, grid=(nk, B, K), in_specs=in_specs, out_specs=[kv_spec(D), kv_spec(Dv)],
-        out_shape=out_shape, compiler_params=_params(bs.bwd_warps, bs.bwd_stages),
-        interpret=interpret, name="ring_step_dkv",
-    )(*common.block_bounds(table_t, B, mask.window), group(q), k, v, group(do), rows(lse2),
-      rows(delta), q_pos if mask.pos else None, k_pos if mask.pos else None, q_seg, k_seg, prefix)
+        kernel,
+        grid=(nk, B, K),
+        in_specs=in_specs,
+        out_specs=[kv_spec(D), kv_spec(Dv)],
+        out_shape=out_shape,
+        compiler_params=_params(bs.bwd_warps, bs.bwd_stages),
+        interpret=interpret,
+        name="ring_step_dkv",
+    )(
+        *common.block_bounds(table_t, B, mask.window),
+        group(q),
+        k,
+        v,
+        group(do),
+        rows(lse2),
+        rows(delta),
+        q_pos if mask.pos else None,
+        k_pos if mask.pos else None,
+        q_seg,
+        k_seg,
+        prefix,
+    )
