@@ -37,6 +37,7 @@ demo-ring: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check $(SRC)
+	$(VENV)/bin/ruff format --check $(SRC)
 	$(PY) -m pytest -q -rs -n $(JOBS) --durations=15 tests
 	$(MAKE) --no-print-directory test-matrix
 
