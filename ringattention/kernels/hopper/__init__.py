@@ -9,10 +9,13 @@ imported when "auto" asks whether it is available on a GPU mesh or a ring first 
 Files:
 
 * ``pallas_hopper.py``: the step (``forward_step``, ``backward_step``,
-  ``deterministic_block_sizes``; contract in ``ringattention/implementations.py``): ``BlockSizes``,
-  tuned defaults, padding, the forward's launch and which backward runs. Float32 inputs and
-  ``BlockSizes(backward="triton")`` run the Triton step (``triton/pallas_gpu.py``), imported only
-  then (float32 falls back to the XLA step where this jax has no Pallas Triton).
+  ``deterministic_block_sizes``; contract in ``ringattention/implementations.py``): padding, the
+  forward's launch and which backward runs; it re-exports ``block_sizes.py``'s public names
+  (``pallas_hopper.BlockSizes``). Float32 inputs and ``BlockSizes(backward="triton")`` run the
+  Triton step (``triton/pallas_gpu.py``), imported only then (float32 falls back to the XLA step
+  where this jax has no Pallas Triton).
+* ``block_sizes.py``: ``BlockSizes``, the tuned defaults per head dim (each beside its reason),
+  ``default_block_sizes`` and ``deterministic_block_sizes``.
 * ``mosaic.py``: what every kernel here shares: the launch of two compute warpgroups and a
   producer, the register split, wgmma ``Ops`` (plain ``jnp`` in interpret mode), ``FwdConfig``.
 * ``fwd_kernel.py``: the forward kernel body (producer and compute warpgroups, masks).

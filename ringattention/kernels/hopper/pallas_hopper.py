@@ -5,7 +5,8 @@ of FlashAttention-3 (Shah et al. 2024): warp specialisation (two compute warpgro
 warpgroup), wgmma from swizzled shared memory, a multi-stage TMA pipeline for keys and values, and
 ping-pong scheduling of the two compute warpgroups, or (head dim 128 without a causal mask) the
 overlap of each block's softmax with the previous block's P·V inside a warpgroup. Kernel body:
-``fwd_kernel.py`` and ``fwd_loops.py`` (the package's files: ``kernels/hopper/__init__.py``).
+``fwd_kernel.py`` and ``fwd_loops.py``; ``BlockSizes`` and the tuned defaults: ``block_sizes.py``,
+re-exported here (the package's files: ``kernels/hopper/__init__.py``).
 
 Masks and padding are those of the Triton step, shared through ``kernels/common.py`` (which needs
 no Pallas backend), not re-implemented: global positions (any layout) and segment ids are padded
@@ -52,7 +53,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -65,191 +65,22 @@ from ringattention.kernels.hopper import cta_dq_bwd as hcb
 from ringattention.kernels.hopper import fwd_kernel as hk
 from ringattention.kernels.hopper import mosaic as hm
 from ringattention.kernels.hopper import split_bwd as hsb
-
-if TYPE_CHECKING:  # imported where used (_triton_step): nothing here needs Pallas Triton
-    from ringattention.kernels.triton import pallas_gpu
+from ringattention.kernels.hopper.block_sizes import (  # noqa: F401  (the step's names: ph.BlockSizes, ...)
+    BACKWARDS,
+    BLOCK_Q,
+    REGISTERS,
+    ROWS,
+    SCHEDULES,
+    SMEM_LIMIT,
+    BlockSizes,
+    _pad64,
+    _triton_step,
+    default_block_sizes,
+    deterministic_block_sizes,
+)
 
 F32 = jnp.float32
-ROWS = 64  # wgmma's M per warpgroup
-BLOCK_Q = ROWS  # query rows per compute warpgroup: one wgmma tile (a CTA holds two)
-SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-BACKWARDS = ("triton", "mosaic", "fused")  # BlockSizes.backward: the Triton step's kernels, or our own
-REGISTERS = hm.REGISTER_CHOICES  # BlockSizes.registers: per compute-warpgroup thread
-# BlockSizes.schedule of the forward's two compute warpgroups: "pingpong" (they alternate on the
-# tensor cores) or "overlap" (each overlaps block j's softmax with block j-1's P.V, FA3's
-# intra-warpgroup pipelining); docs/kernels.md gives the A/B behind each default.
-SCHEDULES = ("pingpong", "overlap")
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockSizes:
-    """Tiles of the Mosaic GPU forward; ``triton`` configures the delegated Triton kernels.
-
-    ``block_k``: keys per pipeline stage (a CTA holds two compute warpgroups of ``BLOCK_Q`` query
-    rows); ``stages``: shared-memory slots for keys/values; ``schedule``: "pingpong" (the compute
-    warpgroups alternate on the tensor cores) or "overlap" (the forward overlaps block j's softmax
-    with block j-1's P·V inside each warpgroup, FlashAttention-3's intra-warpgroup pipelining,
-    ``fwd_loops.overlap_loops``; the head-dim-128 default without a causal mask).
-    ``backward``: "mosaic" (``bwd_kernels``: a dq and a dk/dv
-    kernel, 64-row tiles, ``bwd_stages`` slots, the dq kernel streaming ``bwd_block_k`` keys per
-    block; deterministic; above 128 ``split_bwd``'s
-    deterministic dq and dk/dv kernels, which split the head dim: the default for head dim 256),
-    "fused" (head dims <= 128: one kernel, ``cta_dq_bwd``, whose two compute warpgroups
-    reduce-add dq into a float32 buffer in a run-dependent order, sharing one dq tile, each adding
-    half its columns, or at head dims <= 64 taking turns; the default for head dims 64 and 128;
-    above 128 a ValueError: "mosaic" is the backward there) or "triton" (``pallas_gpu``'s kernels,
-    any head dim).
-    ``registers``: per thread of a compute warpgroup in every Mosaic kernel (232 or 240; the
-    producer keeps the rest of the launch allocation: 40 or 24). ``split_group`` (the fused
-    backward with GQA; the other backwards ignore it): True runs one key CTA per *query* head
-    instead of per kv head (k and v repeated over the group, dk/dv per query head summed over
-    the group afterwards), so that the CTAs running side by side reduce-add into one query head's
-    dq instead of the whole group's (on an H200 the group's float32 dq outgrows the L2 at long
-    lengths: docs/kernels.md); it costs k, v per query head (16-bit) and dk, dv per query head
-    (float32) of memory (``fused_bwd.split_group_extra_bytes``). None (the default) decides
-    per call from the shapes (``fused_bwd.use_split_group``: split where the group's dq is
-    >= 32 MiB per batch row, not causal at head dim 128, at most 8 GiB extra); False never splits.
-    Defaults: :func:`default_block_sizes`.
-    """
-
-    block_k: int = 128
-    stages: int = 2
-    schedule: str = "pingpong"
-    backward: str = "mosaic"
-    bwd_stages: int = 2
-    bwd_block_k: int = 64
-    registers: int = 232
-    triton: pallas_gpu.BlockSizes | None = None
-    split_group: bool | None = None
-
-    def __post_init__(self):
-        if not isinstance(self.block_k, int) or self.block_k < 64 or self.block_k % 64:
-            raise ValueError(f"BlockSizes.block_k={self.block_k!r} must be a positive multiple of 64")
-        for name in ("stages", "bwd_stages"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 2:
-                raise ValueError(f"BlockSizes.{name}={getattr(self, name)!r} must be an int >= 2")
-        if self.bwd_block_k not in (64, 128):
-            raise ValueError(f"BlockSizes.bwd_block_k={self.bwd_block_k!r} must be 64 or 128")
-        if self.registers not in REGISTERS:
-            raise ValueError(f"BlockSizes.registers={self.registers!r} must be one of {REGISTERS}")
-        if self.backward not in BACKWARDS:
-            raise ValueError(f"BlockSizes.backward={self.backward!r} must be one of {BACKWARDS}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"BlockSizes.schedule={self.schedule!r} must be one of {SCHEDULES}")
-        if self.split_group is not None and not isinstance(self.split_group, bool):
-            raise TypeError(f"BlockSizes.split_group={self.split_group!r} must be a bool or None")
-        if self.backward == "triton" and _triton_step() is None:
-            raise ValueError(
-                "BlockSizes.backward='triton' runs pallas_gpu's Triton kernels, but this "
-                "jax has no Pallas Triton backend (jax.experimental.pallas.triton does "
-                "not import); use backward='mosaic' or 'fused'"
-            )
-        if self.triton is not None and not isinstance(self.triton, _triton_step().BlockSizes):
-            raise TypeError(f"BlockSizes.triton={self.triton!r} must be a pallas_gpu.BlockSizes")
-
-
-_DEFAULTS = {  # H200, docs/kernels.md
-    # D=64: 256-key forward blocks (16K-128K forward 1.02-1.16x cuDNN against 0.93-1.04x for 128
-    # keys in 3 stages, docs/kernels.md); the fused backward with one dq tile per CTA (the
-    # warpgroups take turns; 0.89-1.01x against 0.86-1.01x with one tile per warpgroup, 0.88-0.95x
-    # for the two-kernel one, 2026-12-01) through 3 stages and, causal, 240 registers
-    # (_FULL_DEFAULTS: 232 without a causal mask).
-    64: BlockSizes(block_k=256, stages=2, backward="fused", bwd_stages=3, registers=240),
-    # D=128: the fused backward with one dq tile per CTA and 240 registers per compute thread
-    # (64K fwd+bwd 0.95-0.99x cuDNN against 0.91-0.94x for one dq tile per warpgroup, 2026-12-01).
-    128: BlockSizes(block_k=128, stages=2, backward="fused", registers=240),
-    # D=256: the deterministic head-dim-split pair (split_bwd, no atomics): 64K fwd+bwd
-    # 0.92-0.93x cuDNN; a fused split kernel adding dq by per-element float32 atomics ran
-    # 0.37-0.43x (deleted: docs/kernels.md).
-    256: BlockSizes(block_k=64, stages=2, backward="mosaic", registers=240),
-}
-
-
-# Without a causal mask the head-dim-128 forward overlaps each block's softmax with the previous
-# block's P.V inside a warpgroup (FA3), with no ping-pong: 16K-128K forward 1.00-1.03x cuDNN against
-# 0.97-1.00x (2026-12-01, docs/kernels.md). Causal it loses (0.97-1.07x against 1.01-1.10x), as
-# does head dim 64 (0.89-0.96x against 0.97-1.02x). Head dim 64 without a causal mask keeps 232
-# registers: with 240 its forward+backward ran 2-6% slower there (docs/kernels.md); with a causal
-# mask 240 and 3 stages ran 1.02-1.05x cuDNN against 0.97-1.01x.
-_FULL_DEFAULTS = {
-    128: dataclasses.replace(_DEFAULTS[128], schedule="overlap"),
-    64: dataclasses.replace(_DEFAULTS[64], registers=232),
-}
-
-# The two-kernel ("mosaic") backward of deterministic=True keeps its own tiles where the fused
-# default's lost on it: head dim 64, 64K causal 0.95x cuDNN against 0.91x (docs/kernels.md); its dq
-# kernel streams 128 keys per block there (64K, kv heads 8 and 32: 0.96x causal, 0.92-0.93x full,
-# against 0.95x and 0.90-0.92x with 64; at head dim 128 a wash, 0.91-0.94x both; docs/kernels.md).
-_DETERMINISTIC_TILES = {64: dict(bwd_stages=2, registers=232, bwd_block_k=128)}
-
-
-def default_block_sizes(head_dim: int, causal: bool = True, v_head_dim: int | None = None) -> BlockSizes:
-    """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above.
-    ``causal``: whether the step has a causal mask (without one, head dim 128 runs the forward with
-    ``schedule="overlap"`` and head dim 64 its kernels with 232 registers per compute thread, not 240).
-    ``v_head_dim``: v's own head dim where it differs: the row of the larger of the two, with MLA's
-    forward tiles (:data:`_MLA_FORWARD`) where they pad to 192 and 128."""
-    if v_head_dim is not None and v_head_dim != head_dim:
-        bs = default_block_sizes(max(head_dim, v_head_dim), causal)
-        if (_pad64(head_dim), _pad64(v_head_dim)) == (192, 128):
-            return dataclasses.replace(bs, **_MLA_FORWARD, schedule=default_block_sizes(128, causal).schedule)
-        return bs
-    d = _tuned_dim(head_dim)
-    return _DEFAULTS[d] if causal else _FULL_DEFAULTS.get(d, _DEFAULTS[d])
-
-
-# MLA (q/k head dim 192, v 128; DeepSeek-V2), untuned: the forward's registers are those of head
-# dim 128 (a [64, 128] accumulator and [64, 128] logits per warpgroup, the q/k width only lengthens
-# the QK^T wgmma in shared memory), so it takes head dim 128's tiles and schedule: 128-key blocks in
-# 2 stages (208 KiB of shared memory; 3 do not fit), 240 registers. The backward's fields are those
-# of head dim 256 (the larger head dim).
-_MLA_FORWARD = dict(block_k=128, stages=2, registers=240)
-
-
-def _pad64(d: int) -> int:
-    return -(-d // 64) * 64
-
-
-def _tuned_dim(head_dim: int) -> int:
-    """The head dim whose defaults ``head_dim`` takes: the smallest tuned one (64, 128, 256) that
-    holds it."""
-    return min((d for d in _DEFAULTS if d >= head_dim), default=256)
-
-
-def deterministic_block_sizes(
-    block_sizes: BlockSizes | None, head_dim: int, causal: bool = True
-) -> BlockSizes:
-    """The block sizes of ``ring_attention(..., deterministic=True)`` (``implementations.py``): the
-    defaults for ``head_dim`` and ``causal``, with the fused backward replaced by the two-kernel
-    "mosaic" one (with ``_DETERMINISTIC_TILES``' fields: at head dim 64 2 stages, 232 registers and
-    128-key dq blocks).
-
-    The fused backward's dq arrives by TMA reduce-adds from every key CTA, in the order the CTAs
-    happen to run. The "mosaic" backward (``bwd_kernels``) has no cross-CTA sum: in the dq
-    kernel each warpgroup owns 64 query rows, adds ``ds @ k`` over the key blocks in loop order
-    (``lo`` .. ``hi``) in registers and writes its rows once; in the dk/dv kernel each warpgroup owns
-    64 keys and adds over the group's query heads and the query blocks in an order fixed by the
-    CTA's index (``visit``), then writes once. The forward is ordered the same way (each CTA owns
-    its query rows), and so are the Triton backward (float32) and, above head dim 128, the "mosaic"
-    pair of ``split_bwd``.
-    """
-    if block_sizes is None:
-        bs = default_block_sizes(head_dim, causal)
-        if bs.backward != "fused":
-            return bs
-        return dataclasses.replace(
-            bs, backward="mosaic", **_DETERMINISTIC_TILES.get(_tuned_dim(head_dim), {})
-        )
-    if not isinstance(block_sizes, BlockSizes):
-        raise TypeError(f"pallas_hopper: block_sizes={block_sizes!r} must be a pallas_hopper.BlockSizes")
-    if block_sizes.backward == "fused":
-        raise ValueError(
-            "deterministic=True with pallas_hopper BlockSizes(backward='fused'): the fused "
-            "backward reduce-adds dq in a run-dependent order; use backward='mosaic' "
-            "or 'triton', or block_sizes=None"
-        )
-    return block_sizes
 
 
 def available(mesh=None) -> bool:
@@ -262,17 +93,6 @@ def available(mesh=None) -> bool:
 
 
 interpret_params = hm.interpret_params
-
-
-def _triton_step():
-    """The Triton step (``kernels/triton/pallas_gpu.py``), imported on first use (float32 inputs,
-    ``BlockSizes(backward="triton")``); None where this jax has no Pallas Triton backend
-    (deprecated since jax 0.11): nothing else of this step needs it."""
-    try:
-        from ringattention.kernels.triton import pallas_gpu
-    except ImportError:
-        return None
-    return pallas_gpu
 
 
 def _triton_or_xla_step():

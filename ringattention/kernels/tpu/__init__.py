@@ -9,6 +9,10 @@ Files:
 
 * ``pallas_tpu.py``: the step (``forward_step``, ``backward_step``; contract in
   ``ringattention/implementations.py``): the forward, dq and dk/dv kernels and their calls.
+* ``frame.py``: what those kernels share: their static configuration (``_Cfg``: switches, block
+  kinds and fetched blocks from the prefetched tables), the float32-accumulating dot, the split of
+  a kernel's refs, the masked / unmasked / skipped dispatch, and the specs of positions, segment
+  ids and the prefix block.
 * ``blocks.py``: ``BlockSizes`` (per TPU generation), input checks, block tables and head views.
 * ``features.py``: the elementwise mask and the optional step features (soft cap, prefix,
   bidirectional segments, v's own head dim).

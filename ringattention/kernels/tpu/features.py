@@ -46,7 +46,7 @@ def _sides(refs, rows_are_queries: bool):
 def visible(pos_refs, seg_refs, prefix_ref, cfg, rows_are_queries: bool):
     """bool [rows, cols] (queries x keys, or keys x queries): ``masks.visible`` on a block.
 
-    ``cfg``: the kernel's ``_Cfg`` (causal, window, has_seg, prefix, bidirectional)."""
+    ``cfg``: the kernel's ``frame._Cfg`` (causal, window, has_seg, prefix, bidirectional)."""
     vis = None
     qs, ks = _sides(seg_refs, rows_are_queries) if cfg.has_seg else (None, None)
     if cfg.positions:
