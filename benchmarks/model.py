@@ -339,14 +339,16 @@ def longest_fit(config, args, mesh, record) -> dict:
 
 
 def _use_hopper_backward(name: str) -> None:
-    from ringattention.kernels.hopper import pallas_hopper
+    """Every default ``pallas_hopper`` block size (the step's and the deterministic hook's) runs the
+    backward ``name``."""
+    from ringattention.kernels.hopper import block_sizes, pallas_hopper
 
-    default = pallas_hopper.default_block_sizes
+    default = block_sizes.default_block_sizes
 
-    def patched(head_dim: int, causal: bool = True):
-        return dataclasses.replace(default(head_dim, causal), backward=name)
+    def patched(*args, **kwargs):
+        return dataclasses.replace(default(*args, **kwargs), backward=name)
 
-    pallas_hopper.default_block_sizes = patched
+    pallas_hopper.default_block_sizes = block_sizes.default_block_sizes = patched
 
 
 def main(argv=None) -> dict:

@@ -136,6 +136,20 @@ def test_attention_block_spec_keeps_pallas_hopper_defaults(bench):
     assert got.registers == 240
 
 
+def test_model_hopper_backward_flag_reaches_every_default(bench, monkeypatch):
+    """``model.py --hopper_backward triton``: the step's defaults (called with ``v_head_dim``) and
+    the deterministic hook's take that backward, every other field the head dim's default."""
+    from ringattention.kernels.hopper import block_sizes, pallas_hopper
+
+    plain = block_sizes.default_block_sizes
+    for module in (block_sizes, pallas_hopper):
+        monkeypatch.setattr(module, "default_block_sizes", module.default_block_sizes)
+    bench("model")._use_hopper_backward("triton")
+    got = pallas_hopper.default_block_sizes(192, True, v_head_dim=128)
+    assert got == dataclasses.replace(plain(192, True, v_head_dim=128), backward="triton")
+    assert pallas_hopper.deterministic_block_sizes(None, 128, True).backward == "triton"
+
+
 @pytest.mark.slow
 def test_determinism_script_smoke(bench, tmp_path):
     """``benchmarks/determinism.py --cpu``: four ``python -m train`` processes (two runs, a stop
