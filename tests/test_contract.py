@@ -312,6 +312,7 @@ def test_debug_model_training_step_compiles_for_tpu_with_auto_attention():
     assert lowered.compile().memory_analysis().temp_size_in_bytes > 0
 
 
+@pytest.mark.once  # the script's table; the TPU compiles it runs are the other tests' on every jax
 def test_tpu_compile_benchmark_writes_its_table(tmp_path):
     """benchmarks/tpu_compile.py's smallest run: two ring rows and the debug step on v5e:2x2."""
     tpu_devices()
