@@ -29,54 +29,54 @@ def bench():
 
 def test_hopper_check_variants_become_block_sizes(bench):
     """``hopper_check.py --backwards`` entries: a backward name (or "default") plus BlockSizes fields."""
-    hc = bench("hopper_check")
+    hr = bench("hopper_run")
     from ringattention.kernels.hopper import pallas_hopper as ph
 
-    assert hc.block_sizes("default", 128) == ph.default_block_sizes(128)
-    got = hc.block_sizes("fused/bwd_block_k=128/registers=240", 64)
+    assert hr.block_sizes("default", 128) == ph.default_block_sizes(128)
+    got = hr.block_sizes("fused/bwd_block_k=128/registers=240", 64)
     want = dataclasses.replace(ph.default_block_sizes(64), backward="fused", bwd_block_k=128, registers=240)
     assert got == want and got.block_k == 256  # the head-dim-64 defaults underneath
-    assert hc.block_sizes("default/split_group=false", 128).split_group is False  # not the string
-    full = hc.block_sizes("default", 128, causal=False)  # the forward schedule follows the mask
+    assert hr.block_sizes("default/split_group=false", 128).split_group is False  # not the string
+    full = hr.block_sizes("default", 128, causal=False)  # the forward schedule follows the mask
     assert full == ph.default_block_sizes(128, causal=False) and full.schedule == "overlap"
-    assert hc.block_sizes("default/schedule=pingpong", 128, causal=False) == hc.block_sizes("default", 128)
+    assert hr.block_sizes("default/schedule=pingpong", 128, causal=False) == hr.block_sizes("default", 128)
     for d, causal in ((64, True), (64, False), (128, True), (128, False), (256, True)):
-        assert hc.block_sizes("deterministic", d, causal) == ph.deterministic_block_sizes(
+        assert hr.block_sizes("deterministic", d, causal) == ph.deterministic_block_sizes(
             None, d, causal
         )  # what deterministic=True runs
-    got = hc.block_sizes("deterministic/bwd_stages=3", 128, causal=False)
+    got = hr.block_sizes("deterministic/bwd_stages=3", 128, causal=False)
     assert (got.backward, got.bwd_stages, got.schedule) == ("mosaic", 3, "overlap")
-    assert hc.block_sizes("deterministic", 64).bwd_block_k == 128  # its own dq tiles at 64
+    assert hr.block_sizes("deterministic", 64).bwd_block_k == 128  # its own dq tiles at 64
     with pytest.raises(ValueError, match="backward"):
-        hc.block_sizes("cuda", 128)
+        hr.block_sizes("cuda", 128)
     with pytest.raises(ValueError, match="registers"):
-        hc.block_sizes("fused/registers=250", 128)
+        hr.block_sizes("fused/registers=250", 128)
 
 
 def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
     """``--backwards default,mosaic,fused``: at head dims 64 and 128 "default" is "fused", at 256
     "mosaic" (each timed once); "fused" applies at head dims <= 128 only: each skip is a note
     line."""
-    hc = bench("hopper_check")
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused"])
-    monkeypatch.setattr(hc, "write_out", lambda: None)
-    assert [name for name, _ in hc.distinct_backwards(64)] == ["default", "mosaic"]
-    assert [name for name, _ in hc.distinct_backwards(128)] == ["default", "mosaic"]
-    assert [(name, bs.backward) for name, bs in hc.distinct_backwards(256)] == [("default", "mosaic")]
-    assert any("is backward=default" in line for line in hc.LINES)
-    assert any("applies at head dims <= 128 only" in line for line in hc.LINES)
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "default/schedule=overlap"])
-    assert [n for n, _ in hc.distinct_backwards(128)] == hc.BACKWARDS  # causal: two forwards
-    assert [n for n, _ in hc.distinct_backwards(128, causal=False)] == ["default"]  # the same
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "fused", "fused/bwd_stages=3", "mosaic/bwd_stages=3"])
-    assert [n for n, _ in hc.distinct_backwards(128)] == [
+    hr, hb, hc = (bench(n) for n in ("hopper_run", "hopper_bench", "hopper_check"))
+    monkeypatch.setattr(hr, "BACKWARDS", ["default", "mosaic", "fused"])
+    monkeypatch.setattr(hr, "write_out", lambda: None)
+    assert [name for name, _ in hr.distinct_backwards(64)] == ["default", "mosaic"]
+    assert [name for name, _ in hr.distinct_backwards(128)] == ["default", "mosaic"]
+    assert [(name, bs.backward) for name, bs in hr.distinct_backwards(256)] == [("default", "mosaic")]
+    assert any("is backward=default" in line for line in hr.LINES)
+    assert any("applies at head dims <= 128 only" in line for line in hr.LINES)
+    monkeypatch.setattr(hr, "BACKWARDS", ["default", "default/schedule=overlap"])
+    assert [n for n, _ in hr.distinct_backwards(128)] == hr.BACKWARDS  # causal: two forwards
+    assert [n for n, _ in hr.distinct_backwards(128, causal=False)] == ["default"]  # the same
+    monkeypatch.setattr(hr, "BACKWARDS", ["default", "fused", "fused/bwd_stages=3", "mosaic/bwd_stages=3"])
+    assert [n for n, _ in hr.distinct_backwards(128)] == [
         "default",
         "fused/bwd_stages=3",
         "mosaic/bwd_stages=3",
     ]
-    assert [n for n, _ in hc.distinct_backwards(256)] == ["default", "mosaic/bwd_stages=3"]
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "default/split_group=true"])
-    fns = hc.timed_variants(128, False)  # split_group is the backward's: one forward timed
+    assert [n for n, _ in hr.distinct_backwards(256)] == ["default", "mosaic/bwd_stages=3"]
+    monkeypatch.setattr(hr, "BACKWARDS", ["default", "default/split_group=true"])
+    fns = hb.timed_variants(128, False)  # split_group is the backward's: one forward timed
     assert [fwd is None for fwd, _ in fns.values()] == [False, True]
     assert hc.parse_shapes("32:8:128@65536,16:16:256", [1, 2]) == [
         (32, 8, 128, [65536]),
@@ -90,7 +90,7 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
     import jax
     import jax.numpy as jnp
 
-    hc = bench("hopper_check")
+    hr, hb = bench("hopper_run"), bench("hopper_bench")
 
     def xla_fns(*_, **__):
         fwd = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))
@@ -98,15 +98,15 @@ def test_hopper_check_bench_times_gqa_shapes(bench, monkeypatch):
             lambda q, k, v, do: jax.grad(lambda q: jnp.sum(fwd(q, k, v).astype(jnp.float32) * do))(q)
         )
 
-    monkeypatch.setattr(hc, "cudnn_fns", xla_fns)
-    monkeypatch.setattr(hc, "step_fns", xla_fns)
+    monkeypatch.setattr(hb, "cudnn_fns", xla_fns)
+    monkeypatch.setattr(hb, "step_fns", xla_fns)
     # at 256 "mosaic" is "default" and "fused" does not apply
-    monkeypatch.setattr(hc, "BACKWARDS", ["default", "mosaic", "fused", "mosaic/bwd_stages=3"])
-    monkeypatch.setattr(hc, "REPS", {"n": 1, "min_ms": 0.0})
-    monkeypatch.setattr(hc, "RECORDS", [])
-    monkeypatch.setattr(hc, "write_out", lambda: None)
-    hc.bench(64, True, 4, 2, 256)
-    times = [r for r in hc.RECORDS if r["kind"] == "time"]
+    monkeypatch.setattr(hr, "BACKWARDS", ["default", "mosaic", "fused", "mosaic/bwd_stages=3"])
+    monkeypatch.setattr(hb, "REPS", {"n": 1, "min_ms": 0.0})
+    monkeypatch.setattr(hr, "RECORDS", [])
+    monkeypatch.setattr(hr, "write_out", lambda: None)
+    hb.bench(64, True, 4, 2, 256)
+    times = [r for r in hr.RECORDS if r["kind"] == "time"]
     assert [(r["name"], r["mode"]) for r in times] == [
         ("cudnn", "fwd"),
         ("cudnn", "fwdbwd"),
@@ -123,7 +123,7 @@ def test_hopper_check_rounds_interleave_and_pair_the_ratios(bench, monkeypatch):
     the time is the median over passes and the ratio the median of each pass's own ratio. Fake
     clocks: the variant takes 2, 3, 5 s while cuDNN takes 1, 3, 4 s (per-pass ratios 0.5, 1.0,
     0.8; the ratio of the medians would be 1.0)."""
-    hc = bench("hopper_check")
+    hr, hb = bench("hopper_run"), bench("hopper_bench")
     seconds = {"cudnn": iter([1.0, 3.0, 4.0]), "v": iter([2.0, 3.0, 5.0])}
     calls = []
 
@@ -131,14 +131,14 @@ def test_hopper_check_rounds_interleave_and_pair_the_ratios(bench, monkeypatch):
         calls.append((fn, compiled))
         return next(seconds[fn])
 
-    monkeypatch.setattr(hc, "cudnn_fns", lambda causal: (None, "cudnn"))
-    monkeypatch.setattr(hc, "timed_variants", lambda d, causal: {"v": (None, "v")})
-    monkeypatch.setattr(hc, "BACKWARDS", ["default"])  # no Triton step next to them
-    monkeypatch.setattr(hc, "time_fn", fake_time_fn)
-    monkeypatch.setattr(hc, "ROUNDS", {"n": 3})
-    monkeypatch.setattr(hc, "RECORDS", [])
-    monkeypatch.setattr(hc, "write_out", lambda: None)
-    hc.bench(16, True, 2, 1, 64)
+    monkeypatch.setattr(hb, "cudnn_fns", lambda causal: (None, "cudnn"))
+    monkeypatch.setattr(hb, "timed_variants", lambda d, causal: {"v": (None, "v")})
+    monkeypatch.setattr(hr, "BACKWARDS", ["default"])  # no Triton step next to them
+    monkeypatch.setattr(hb, "time_fn", fake_time_fn)
+    monkeypatch.setattr(hb, "ROUNDS", {"n": 3})
+    monkeypatch.setattr(hr, "RECORDS", [])
+    monkeypatch.setattr(hr, "write_out", lambda: None)
+    hb.bench(16, True, 2, 1, 64)
     assert calls == [
         ("cudnn", False),
         ("v", False),
@@ -147,12 +147,12 @@ def test_hopper_check_rounds_interleave_and_pair_the_ratios(bench, monkeypatch):
         ("cudnn", True),
         ("v", True),
     ]
-    assert [r["kind"] for r in hc.RECORDS] == ["time_round"] * 3 + ["time"] * 2
-    cudnn, v = hc.RECORDS[3:]
+    assert [r["kind"] for r in hr.RECORDS] == ["time_round"] * 3 + ["time"] * 2
+    cudnn, v = hr.RECORDS[3:]
     assert (cudnn["name"], cudnn["ms"], cudnn["vs_cudnn"], cudnn["rounds"]) == ("cudnn", 3000.0, 1.0, 3)
     assert (v["name"], v["ms"], v["vs_cudnn"], v["rounds"]) == ("v", 3000.0, 0.8, 3)
     assert v["vs_cudnn_passes"] == [0.5, 1.0, 0.8]  # each pass's own, for hopper_table --spread
-    assert v["tflops"] == pytest.approx(hc.flops(2, 16, 64, True, "fwdbwd") / 3.0 / 1e12)
+    assert v["tflops"] == pytest.approx(hb.flops(2, 16, 64, True, "fwdbwd") / 3.0 / 1e12)
 
 
 def test_hopper_check_repeat_counts_distinct_results(bench, monkeypatch):
@@ -162,7 +162,7 @@ def test_hopper_check_repeat_counts_distinct_results(bench, monkeypatch):
     CPU: one returns the same arrays every call, the other a different dq on its second call."""
     import numpy as np
 
-    hc = bench("hopper_check")
+    hr, hb = bench("hopper_run"), bench("hopper_bench")
     calls = {"n": 0, "flaky": False}
 
     def step_fns(mod, causal, bs):
@@ -174,17 +174,17 @@ def test_hopper_check_repeat_counts_distinct_results(bench, monkeypatch):
 
         return None, fwdbwd
 
-    monkeypatch.setattr(hc, "step_fns", step_fns)
-    monkeypatch.setattr(hc, "BACKWARDS", ["mosaic", "fused"])
-    monkeypatch.setattr(hc, "RECORDS", [])
-    monkeypatch.setattr(hc, "write_out", lambda: None)
+    monkeypatch.setattr(hb, "step_fns", step_fns)
+    monkeypatch.setattr(hr, "BACKWARDS", ["mosaic", "fused"])
+    monkeypatch.setattr(hr, "RECORDS", [])
+    monkeypatch.setattr(hr, "write_out", lambda: None)
     for flaky in (False, True):
         calls.update(n=0, flaky=flaky)
-        hc.repeat(64, True, 2, 1, 64)
-    got = [(r["backward"], r["distinct"], r["passed"]) for r in hc.RECORDS if r["kind"] == "repeat"]
+        hb.repeat(64, True, 2, 1, 64)
+    got = [(r["backward"], r["distinct"], r["passed"]) for r in hr.RECORDS if r["kind"] == "repeat"]
     assert got == [("mosaic", 1, True), ("fused", 2, None), ("mosaic", 2, False), ("fused", 2, None)]
-    assert hc.fixed_order(hc.block_sizes("deterministic", 128))
-    assert not hc.fixed_order(hc.block_sizes("default", 128))
+    assert hb.fixed_order(hr.block_sizes("deterministic", 128))
+    assert not hb.fixed_order(hr.block_sizes("default", 128))
 
 
 def test_hopper_check_repeats_cudnn_both_ways(bench, monkeypatch):
@@ -193,7 +193,7 @@ def test_hopper_check_repeats_cudnn_both_ways(bench, monkeypatch):
     former is reported. Fakes on CPU: the default cuDNN one wobbles, the deterministic one not."""
     import numpy as np
 
-    hc = bench("hopper_check")
+    hr, hb = bench("hopper_run"), bench("hopper_bench")
     calls = {"n": 0}
 
     def grad(wobbly):
@@ -204,15 +204,54 @@ def test_hopper_check_repeats_cudnn_both_ways(bench, monkeypatch):
 
         return fn
 
-    monkeypatch.setattr(hc, "cudnn_fns", lambda causal: (None, grad(True)))
-    monkeypatch.setattr(hc, "cudnn_deterministic_grad", lambda causal, args: grad(False))
-    monkeypatch.setattr(hc, "BACKWARDS", [])
-    monkeypatch.setattr(hc, "CUDNN_DET", {"on": True})
-    monkeypatch.setattr(hc, "RECORDS", [])
-    monkeypatch.setattr(hc, "write_out", lambda: None)
-    hc.repeat(64, True, 2, 1, 64)
-    got = [(r["backward"], r["distinct"], r["passed"]) for r in hc.RECORDS if r["kind"] == "repeat"]
+    monkeypatch.setattr(hb, "cudnn_fns", lambda causal: (None, grad(True)))
+    monkeypatch.setattr(hb, "cudnn_deterministic_grad", lambda causal, args: grad(False))
+    monkeypatch.setattr(hr, "BACKWARDS", [])
+    monkeypatch.setattr(hb, "CUDNN_DET", {"on": True})
+    monkeypatch.setattr(hr, "RECORDS", [])
+    monkeypatch.setattr(hr, "write_out", lambda: None)
+    hb.repeat(64, True, 2, 1, 64)
+    got = [(r["backward"], r["distinct"], r["passed"]) for r in hr.RECORDS if r["kind"] == "repeat"]
     assert got == [("cudnn", 2, None), ("cudnn deterministic", 1, True)]
+
+
+def test_hopper_check_command_line_reaches_the_timing(bench, monkeypatch, tmp_path):
+    """``hopper_check.py``'s options set the one copy of the state that ``hopper_bench`` and
+    ``hopper_run`` read: --reps, --min-ms, --rounds, --cudnn-deterministic, --backwards, --out and
+    --hard-limit (the time budget) as a fake ``bench`` sees them, and the output file written."""
+    hr, hb, hc = (bench(n) for n in ("hopper_run", "hopper_bench", "hopper_check"))
+    fresh = {"BACKWARDS": [], "OUT": {"prefix": "unset"}, "LINES": [], "RECORDS": [], "BUDGET_S": 250.0}
+    for name, value in fresh.items():
+        monkeypatch.setattr(hr, name, value)
+    for name, value in (
+        ("REPS", {"n": 5, "min_ms": 0.0}),
+        ("ROUNDS", {"n": 1}),
+        ("CUDNN_DET", {"on": False}),
+    ):
+        monkeypatch.setattr(hb, name, value)
+    monkeypatch.setattr(hc, "INTERPRET", {"on": False})
+    seen = []
+
+    def fake_bench(*args):
+        seen.append((args, hb.REPS, hb.ROUNDS, hb.CUDNN_DET, hr.BACKWARDS, hr.BUDGET_S))
+
+    monkeypatch.setattr(hb, "bench", fake_bench)
+    out = tmp_path / "run"
+    argv = "--parts bench --shapes 4:2:64@256 --reps 3 --min-ms 50 --rounds 2 --cudnn-deterministic"
+    argv += f" --backwards default,mosaic/bwd_stages=3 --out {out} --hard-limit 100000"
+    monkeypatch.setattr(sys, "argv", ["hopper_check.py", *argv.split()])
+    hc.main()
+    assert seen == [
+        (
+            (256, True, 4, 2, 64),
+            {"n": 3, "min_ms": 50.0},
+            {"n": 2},
+            {"on": True},
+            ["default", "mosaic/bwd_stages=3"],
+            100000 - (hr.HARD_LIMIT_S - 250.0),
+        )
+    ]
+    assert json.loads(out.with_suffix(".json").read_text())["lines"][-1].startswith("SUMMARY pass=0")
 
 
 def test_hopper_table_rows_per_problem_later_files_win(bench, tmp_path):
@@ -509,10 +548,10 @@ def test_hopper_check_min_ms_times_short_problems_longer(bench, monkeypatch):
     call of the function advances it by ``step`` seconds."""
     import jax.numpy as jnp
 
-    hc = bench("hopper_check")
+    hb = bench("hopper_bench")
     clock = {"t": 0.0}
-    monkeypatch.setattr(hc.time, "perf_counter", lambda: clock["t"])
-    monkeypatch.setattr(hc, "REPS", {"n": 3, "min_ms": 200.0})
+    monkeypatch.setattr(hb.time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(hb, "REPS", {"n": 3, "min_ms": 200.0})
 
     def count(step):
         calls = []
@@ -522,13 +561,13 @@ def test_hopper_check_min_ms_times_short_problems_longer(bench, monkeypatch):
             clock["t"] += step
             return jnp.zeros(())
 
-        assert hc.time_fn(fn, (), compiled=True) == pytest.approx(step)
+        assert hb.time_fn(fn, (), compiled=True) == pytest.approx(step)
         return len(calls) - 1  # less the warm-up
 
     assert count(0.004) == 50
     assert count(0.150) == 3
-    assert count(1e-5) == hc.MAX_REPS
-    monkeypatch.setattr(hc, "REPS", {"n": 3, "min_ms": 0.0})
+    assert count(1e-5) == hb.MAX_REPS
+    monkeypatch.setattr(hb, "REPS", {"n": 3, "min_ms": 0.0})
     assert count(0.004) == 3  # the default: --reps calls
 
 

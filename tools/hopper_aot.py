@@ -87,7 +87,7 @@ def h200_device():
 
 def compile_step(args, device) -> None:
     """Compiles the forward or backward step of ``args`` for ``device`` (outputs nothing)."""
-    import hopper_check
+    import hopper_run
     import jax
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
@@ -96,7 +96,7 @@ def compile_step(args, device) -> None:
 
     h, kvh, d = (int(x) for x in args.shape.split(":"))
     causal = bool(args.causal)
-    bs = hopper_check.block_sizes(args.backward, d, causal)
+    bs = hopper_run.block_sizes(args.backward, d, causal)
     sh = SingleDeviceSharding(device)
     spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sh)  # noqa: E731
     q, k = spec((1, args.seq, h, d), jnp.bfloat16), spec((1, args.seq, kvh, d), jnp.bfloat16)

@@ -40,22 +40,22 @@ warpgroup threads can starve each other and hang).
 
 writes ``<out>.json`` and ``<out>.txt``. FLOPs as in ``benchmarks/attention.py``: forward
 4*B*H*L*L*D (halved when causal), forward + backward 3.5x that.
+
+This file holds the command line and the checks (parts 1 and 2); the timing and the repeats (parts
+3 to 5) are ``hopper_bench.py``'s; what all parts share (the output lines and records, the time
+budget and watchdog, the ``--backwards`` entries) is ``hopper_run.py``'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import json
-import math
-import os
-import statistics
 import sys
 import threading
 import time
-import traceback
 
+import hopper_bench  # beside this script
+import hopper_run
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,76 +70,7 @@ from ringattention.kernels.triton import pallas_gpu as pg
 # Relative Frobenius-norm error bounds against the float32 reference (inputs rounded alike).
 RTOL = {"bfloat16": 2e-2, "float16": 1e-2}
 LSE_ATOL = 1e-3  # natural-log units, finite rows
-BUDGET_S = 250.0  # start no new work after this many seconds
-HARD_LIMIT_S = 290.0  # a watchdog writes what there is and exits (e.g. a kernel that hangs)
-T0 = time.perf_counter()
-LINES: list[str] = []
-RECORDS: list[dict] = []
-OUT = {"prefix": "hopper_check"}
-# --reps: timed calls per measurement (after a compile call and a warm-up call); --min-ms: more
-# calls where they would span less than that (short problems, whose passes spread most)
-REPS = {"n": 5, "min_ms": 0.0}
-MAX_REPS = 100
-ROUNDS = {"n": 1}  # --rounds: passes over all timed functions, interleaved (cuDNN, A, B, cuDNN, ...)
-BACKWARDS = list(ph.BACKWARDS)  # --backwards: the variants to check and time
-CUDNN_DET = {"on": False}  # --cudnn-deterministic: also cuDNN's deterministic backward
-
-
-def _field_value(text: str):
-    """A --backwards field's value: an int, a bool ("true" / "false"), None ("none"), else the
-    string."""
-    if text.lstrip("-").isdigit():
-        return int(text)
-    return {"true": True, "false": False, "none": None}.get(text, text)
-
-
-def block_sizes(spec: str, d: int, causal: bool = True) -> ph.BlockSizes:
-    """A --backwards entry, "name[/field=value...]" (e.g. "mosaic/bwd_block_k=128",
-    "default/schedule=overlap"), as BlockSizes: the defaults for head dim ``d`` and ``causal`` with
-    that backward ("default": the default's; "deterministic": what ``ring_attention(...,
-    deterministic=True)`` runs there, ``pallas_hopper.deterministic_block_sizes``) and those
-    fields."""
-    name, *fields = spec.split("/")
-    over = {k: _field_value(v) for k, v in (f.split("=") for f in fields)}
-    if name == "deterministic":
-        return dataclasses.replace(ph.deterministic_block_sizes(None, d, causal), **over)
-    if name != "default":
-        over["backward"] = name
-    return dataclasses.replace(ph.default_block_sizes(d, causal), **over)
-
-
 INTERPRET = {"on": False}  # --interpret: a CPU dry run of the checks in Mosaic GPU interpret mode
-
-
-def write_out():
-    with open(OUT["prefix"] + ".json", "w") as fh:
-        json.dump(dict(lines=LINES, records=RECORDS), fh, indent=1)
-    with open(OUT["prefix"] + ".txt", "w") as fh:
-        fh.write("\n".join(LINES) + "\n")
-
-
-def log(line: str, **record):
-    print(line, flush=True)
-    LINES.append(line)
-    if record:
-        RECORDS.append(record)
-    write_out()
-
-
-def watchdog(limit: float):
-    time.sleep(limit)
-    log(
-        f"WATCHDOG: still running after {limit:.0f}s (a hung kernel?); the last RUN line "
-        "names the case; exiting",
-        kind="watchdog",
-    )
-    os._exit(3)
-
-
-def short_exc(e: BaseException) -> str:
-    tb = traceback.format_exception(type(e), e, e.__traceback__)
-    text = "".join(tb[-3:])
-    return text[-1500:]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,12 +164,14 @@ def run_case(c: Case):
         kw["window"] = c.window
     ro, rlse = jax.jit(lambda *a: pg.reference_forward_step(*a, **kw))(q, k, v, q_pos, k_pos, q_seg, k_seg)
     tol = RTOL[c.dtype]
-    guarded(f"step-fwd {c.name}", check_forward, c, kw, tol, (q, k, v, q_pos, k_pos, q_seg, k_seg), ro, rlse)
+    hopper_run.guarded(
+        f"step-fwd {c.name}", check_forward, c, kw, tol, (q, k, v, q_pos, k_pos, q_seg, k_seg), ro, rlse
+    )
     delta = jnp.einsum("bshd,bshd->bhs", ro, do.astype(jnp.float32))
     args = (q, k, v, do, rlse, delta, q_pos, k_pos, q_seg, k_seg)
     want = jax.jit(lambda *a: pg.reference_backward_step(*a, **kw))(*args)
-    for backward, _ in distinct_backwards(c.dim, f"{c.name} ", c.causal):
-        guarded(f"step-bwd[{backward}] {c.name}", check_backward, c, kw, tol, args, want, backward)
+    for backward, _ in hopper_run.distinct_backwards(c.dim, f"{c.name} ", c.causal):
+        hopper_run.guarded(f"step-bwd[{backward}] {c.name}", check_backward, c, kw, tol, args, want, backward)
 
 
 def err_or_zero(got, want) -> float:
@@ -256,7 +189,7 @@ def check_forward(c: Case, kw, tol, args, ro, rlse):
     lse_err = float(np.abs(lse[fin] - rlse[fin]).max()) if fin.any() else 0.0
     o_err = err_or_zero(o, ro)
     ok = inf_ok and lse_err <= LSE_ATOL and o_err <= tol
-    log(
+    hopper_run.log(
         f"{'PASS' if ok else 'FAIL'} step-fwd {c.name}: o={o_err:.2e} lse_maxabs={lse_err:.2e} "
         f"neg_inf_rows_match={inf_ok} (rtol={tol}, lse_atol={LSE_ATOL})",
         kind="step_fwd",
@@ -269,12 +202,12 @@ def check_forward(c: Case, kw, tol, args, ro, rlse):
 
 
 def check_backward(c: Case, kw, tol, args, want, backward: str):
-    bs = block_sizes(backward, c.dim)
+    bs = hopper_run.block_sizes(backward, c.dim)
     got = jax.jit(lambda *a: ph.backward_step(*a, block_sizes=bs, interpret=INTERPRET["on"], **kw))(*args)
     errs = {n: err_or_zero(g, w) for n, g, w in zip(("dq", "dk", "dv"), got, want, strict=True)}
     ok = all(e <= tol for e in errs.values())
     detail = " ".join(f"{n}={e:.2e}" for n, e in errs.items())
-    log(
+    hopper_run.log(
         f"{'PASS' if ok else 'FAIL'} step-bwd[{backward}] {c.name}: {detail} (rtol={tol})",
         kind="step_bwd",
         backward=backward,
@@ -286,7 +219,7 @@ def check_backward(c: Case, kw, tol, args, want, backward: str):
 
 def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, backward: str, D: int = 128):
     name = f"ring N=1 causal={causal} seg={segments} {dtype} H=4 K={kv_heads} L=640 D={D} backward={backward}"
-    bs = block_sizes(backward, D, causal)
+    bs = hopper_run.block_sizes(backward, D, causal)
     rng = np.random.default_rng(7)
     B, L, H = 1, 640, 4
     f = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)  # noqa: E731
@@ -328,265 +261,13 @@ def run_ring_check(causal: bool, segments: bool, dtype: str, kv_heads: int, back
     errs = {n: rel(g, w) for n, g, w in zip(("o", "dq", "dk", "dv"), got, want, strict=True)}
     ok = all(e <= RTOL[dtype] for e in errs.values())
     detail = " ".join(f"{n}={e:.2e}" for n, e in errs.items())
-    log(
+    hopper_run.log(
         f"{'PASS' if ok else 'FAIL'} {name}: {detail} (rtol={RTOL[dtype]})",
         kind="ring",
         name=name,
         passed=ok,
         **errs,
     )
-
-
-def timed_calls(warm_s: float) -> int:
-    """Calls per measurement for a function whose warm-up call took ``warm_s``: --reps, or as many
-    as span --min-ms (at most MAX_REPS)."""
-    min_ms = REPS["min_ms"]
-    want = math.ceil(min_ms / max(warm_s * 1e3, 1e-3)) if min_ms > 0 else 0
-    return max(REPS["n"], min(want, MAX_REPS))
-
-
-def time_fn(fn, args, compiled: bool = False):
-    """Median seconds of ``timed_calls`` calls of ``fn(*args)``, after a warm-up call (and a compile
-    call unless ``compiled``)."""
-    if not compiled:
-        jax.block_until_ready(fn(*args))  # compile
-    t = time.perf_counter()
-    jax.block_until_ready(fn(*args))  # warm-up
-    warm = time.perf_counter() - t
-    ts = []
-    for _ in range(timed_calls(warm)):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
-def flops(h, length, d, causal, mode):
-    f = 4.0 * h * length * length * d * (0.5 if causal else 1.0)
-    return f * (3.5 if mode == "fwdbwd" else 1.0)
-
-
-def step_fns(mod, causal, block_sizes=None):
-    kw = dict(causal=causal, block_sizes=block_sizes)
-
-    def fwd(q, k, v):
-        pos = jnp.arange(q.shape[1], dtype=jnp.int32)
-        return mod.forward_step(q, k, v, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5, **kw)
-
-    def fwdbwd(q, k, v, do):
-        pos = jnp.arange(q.shape[1], dtype=jnp.int32)
-        o, lse = fwd(q, k, v)
-        delta = jnp.einsum("bshd,bshd->bhs", o, do.astype(jnp.float32))
-        return mod.backward_step(
-            q, k, v, do, lse, delta, pos, pos, None, None, softmax_scale=q.shape[-1] ** -0.5, **kw
-        )
-
-    return jax.jit(lambda q, k, v: fwd(q, k, v)[0].astype(q.dtype)), jax.jit(fwdbwd)
-
-
-def cudnn_fns(causal):
-    def fwd(q, k, v):
-        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
-
-    def loss(q, k, v, do):
-        return jnp.sum(fwd(q, k, v).astype(jnp.float32) * do.astype(jnp.float32))
-
-    return jax.jit(fwd), jax.jit(jax.grad(loss, (0, 1, 2)))
-
-
-def cudnn_deterministic_grad(causal, args):
-    """cuDNN's forward+backward compiled with XLA's ``xla_gpu_deterministic_ops``, under which XLA
-    asks cuDNN for its deterministic backward (the same-run bar of ``deterministic=True``)."""
-    return cudnn_fns(causal)[1].lower(*args).compile(compiler_options={"xla_gpu_deterministic_ops": True})
-
-
-def distinct_backwards(d: int, label: str = "", causal: bool = True) -> list[tuple[str, ph.BlockSizes]]:
-    """The --backwards entries at head dim ``d`` (``causal`` or not) as (entry, BlockSizes); an
-    entry that resolves to the BlockSizes of an earlier one, or that does not apply at this head
-    dim ("fused" above head dim 128), is left out with a line saying so."""
-    out, seen = [], {}
-    for backward in BACKWARDS:
-        bs = block_sizes(backward, d, causal)
-        if bs in seen:
-            log(f"note {label}D={d}: backward={backward} is backward={seen[bs]} (same BlockSizes)")
-        elif bs.backward == "fused" and d > 128:
-            log(
-                f"note {label}D={d}: backward={backward}: the fused backward applies at head dims "
-                "<= 128 only (above, 'mosaic')"
-            )
-        else:
-            seen[bs] = backward
-            out.append((backward, bs))
-    return out
-
-
-def timed_variants(d: int, causal: bool) -> dict:
-    """{name: (forward fn or None, forward+backward fn)} of ``distinct_backwards(d)``."""
-    fns, timed_fwd = {}, set()
-    for backward, bs in distinct_backwards(d, "bench ", causal):
-        f, fb = step_fns(ph, causal, bs)
-        fwd_key = dataclasses.replace(bs, backward="mosaic", bwd_stages=2, bwd_block_k=64, split_group=False)
-        fns[f"pallas_hopper backward={backward}"] = (None if fwd_key in timed_fwd else f, fb)
-        timed_fwd.add(fwd_key)  # a forward is timed once per distinct forward configuration
-    return fns
-
-
-def problem(length: int, h: int, kvh: int, d: int, seed: int):
-    """Random bf16 q, k, v, do at B=1: q, do [1, length, h, d], k, v [1, length, kvh, d]."""
-    rng = jax.random.split(jax.random.PRNGKey(seed), 4)
-    q, do = (jax.random.normal(r, (1, length, h, d), jnp.bfloat16) for r in rng[:2])
-    k, v = (jax.random.normal(r, (1, length, kvh, d), jnp.bfloat16) for r in rng[2:])
-    return q, k, v, do
-
-
-def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128, sweep: bool = False):
-    q, k, v, do = problem(length, h, kvh, d, seed=length)
-    mosaic_bwd = dataclasses.replace(ph.default_block_sizes(d), backward="mosaic")
-    fns = {"cudnn": cudnn_fns(causal)}
-    if CUDNN_DET["on"] and not sweep:
-        fns["cudnn deterministic"] = (None, cudnn_deterministic_grad(causal, (q, k, v, do)))
-    if not sweep:
-        fns.update(timed_variants(d, causal))
-        if "triton" in BACKWARDS:
-            fns["pallas_gpu"] = step_fns(pg, causal)
-    else:
-        for bk, st, sched in (
-            (128, 2, "overlap"),
-            (64, 2, "pingpong"),
-            (64, 3, "pingpong"),
-            (64, 4, "pingpong"),
-        ):
-            bs = ph.BlockSizes(block_k=bk, stages=st, schedule=sched)
-            fns[f"pallas_hopper bk={bk} stages={st} schedule={sched}"] = (step_fns(ph, causal, bs)[0], None)
-        for st in (3, 4):
-            bs = dataclasses.replace(mosaic_bwd, bwd_stages=st)
-            fns[f"pallas_hopper backward=mosaic bwd_stages={st}"] = step_fns(ph, causal, bs)
-    shape = f"{h}:{kvh}:{d}"
-    todo = [
-        (name, mode, g, args)
-        for name, (f, fb) in fns.items()
-        for mode, g, args in (("fwd", f, (q, k, v)), ("fwdbwd", fb, (q, k, v, do)))
-        if g is not None
-    ]
-    rounds = []  # one {(name, mode): seconds} per pass; passes interleave the functions
-    for r in range(ROUNDS["n"]):
-        rounds.append(time_round(todo, f"L={length} {shape}", compiled=r > 0))
-    meta = dict(seq=length, heads=h, kv_heads=kvh, head_dim=d, causal=causal)
-    for name, mode, _, _ in todo:
-        ts = [t[(name, mode)] for t in rounds if (name, mode) in t]
-        if not ts:
-            continue
-        sec = statistics.median(ts)
-        # the ratio: the median over passes of each pass's own ratio to cuDNN
-        ratios = [
-            t[("cudnn", mode)] / t[(name, mode)] for t in rounds if (name, mode) in t and ("cudnn", mode) in t
-        ]
-        ratio = statistics.median(ratios) if ratios else float("nan")
-        det = [
-            t[("cudnn deterministic", mode)] / t[(name, mode)]
-            for t in rounds
-            if (name, mode) in t and ("cudnn deterministic", mode) in t
-        ]
-        det_ratio = statistics.median(det) if det else None
-        tf = flops(h, length, d, causal, mode) / sec / 1e12
-        log(
-            f"time L={length} {shape} causal={causal} {mode:6s} {name}: {sec * 1e3:8.2f} ms "
-            f"{tf:6.1f} TFLOP/s  x{ratio:.2f} of cuDNN"
-            + (f", x{det_ratio:.2f} of cuDNN deterministic" if det_ratio is not None else "")
-            + (f" ({len(ts)} rounds)" if ROUNDS["n"] > 1 else ""),
-            kind="time",
-            name=name,
-            mode=mode,
-            ms=sec * 1e3,
-            tflops=tf,
-            vs_cudnn=ratio,
-            vs_cudnn_passes=ratios,
-            vs_cudnn_deterministic=det_ratio,
-            rounds=len(ts),
-            **meta,
-        )
-
-
-def time_round(todo: list, label: str, compiled: bool) -> dict:
-    """One pass of ``time_fn`` over ``todo`` [(name, mode, fn, args)]: {(name, mode): seconds}. A
-    function that fails is reported and dropped from ``todo``; no new timing past the budget."""
-    out = {}
-    for item in list(todo):
-        name, mode, g, args = item
-        if time.perf_counter() - T0 > BUDGET_S:
-            break
-        try:
-            out[(name, mode)] = time_fn(g, args, compiled=compiled)
-        except Exception as e:  # noqa: BLE001 - report and go on
-            log(
-                f"ERROR time {name} {mode} {label}: {short_exc(e)}",
-                kind="time_error",
-                name=name,
-                mode=mode,
-                label=label,
-                error=short_exc(e),
-            )
-            todo.remove(item)
-    if ROUNDS["n"] > 1:  # each pass on record too, in case the watchdog ends the run
-        log(
-            f"round {label}: " + ", ".join(f"{n} {m} {t * 1e3:.2f} ms" for (n, m), t in out.items()),
-            kind="time_round",
-            label=label,
-            ms={f"{n} {m}": t * 1e3 for (n, m), t in out.items()},
-        )
-    return out
-
-
-def fixed_order(bs: ph.BlockSizes) -> bool:
-    """Whether a backward claims a fixed order of its sums: all but the fused one, whose dq arrives
-    by reduce-adds in the order the key CTAs run."""
-    return bs.backward != "fused"
-
-
-def repeat(length: int, causal: bool, h: int, kvh: int, d: int, n: int = 5) -> None:
-    """Bitwise reproducibility: each backward's forward + backward ``n`` times on the same inputs,
-    counting distinct results (dq, dk, dv bytes). The backwards that claim a fixed order of their
-    sums (``fixed_order``) PASS with one and FAIL with more; the others are reported (INFO)."""
-    q, k, v, do = problem(length, h, kvh, d, seed=length + 1)
-    todo = [
-        (backward, fixed_order(bs), step_fns(ph, causal, bs)[1])
-        for backward, bs in distinct_backwards(d, "repeat ", causal)
-    ]
-    if CUDNN_DET["on"]:  # cuDNN's two backwards: a fixed order claimed by the deterministic one
-        todo += [
-            ("cudnn", False, cudnn_fns(causal)[1]),
-            ("cudnn deterministic", True, cudnn_deterministic_grad(causal, (q, k, v, do))),
-        ]
-    for backward, fixed, fb in todo:
-        digests = set()
-        for _ in range(n):
-            got = jax.device_get(fb(q, k, v, do))
-            digests.add(hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in got)).hexdigest())
-        verdict = ("PASS" if len(digests) == 1 else "FAIL") if fixed else "INFO"
-        log(
-            f"{verdict} repeat[{backward}] L={length} {h}:{kvh}:{d} causal={causal}: "
-            f"{len(digests)} distinct of {n} (order fixed: {fixed})",
-            kind="repeat",
-            backward=backward,
-            seq=length,
-            shape=f"{h}:{kvh}:{d}",
-            causal=causal,
-            n=n,
-            distinct=len(digests),
-            passed=(len(digests) == 1) if fixed else None,
-        )
-
-
-def guarded(label, fn, *args):
-    if time.perf_counter() - T0 > BUDGET_S:
-        log(f"SKIP {label}: time budget spent", kind="skip", name=label)
-        return
-    print(f"RUN {label}", flush=True)
-    LINES.append(f"RUN {label} (t={time.perf_counter() - T0:.0f}s)")
-    try:
-        fn(*args)
-    except Exception as e:  # noqa: BLE001 - one failure must not hide the rest
-        log(f"ERROR {label}: {short_exc(e)}", kind="error", name=label, error=short_exc(e))
 
 
 def parse_shapes(spec: str, seqs: list[int]) -> list[tuple[int, int, int, list[int]]]:
@@ -608,26 +289,34 @@ def run_parts(args, parts: set[str]) -> None:
             if wanted and not any(w in c.name for w in wanted):
                 continue
             if not (args.interpret and c.sq * c.sk > 300 * 300):
-                guarded(f"step {c.name}", run_case, c)
+                hopper_run.guarded(f"step {c.name}", run_case, c)
     if "ring" in parts:
         for d in (int(x) for x in args.ring_dims.split(",")):
             for ring_args in ((True, True, "bfloat16", 2), (False, False, "float16", 4)):
-                for backward, _ in distinct_backwards(d, "ring ", ring_args[0]):
-                    guarded(f"ring {ring_args} D={d} {backward}", run_ring_check, *ring_args, backward, d)
+                for backward, _ in hopper_run.distinct_backwards(d, "ring ", ring_args[0]):
+                    hopper_run.guarded(
+                        f"ring {ring_args} D={d} {backward}", run_ring_check, *ring_args, backward, d
+                    )
     seqs = [int(s) for s in args.seqs.split(",")]
     if "bench" in parts and not args.interpret:
         for h, kvh, d, shape_seqs in parse_shapes(args.shapes, seqs):
             for length in shape_seqs:
                 for causal in [c == "1" for c in args.causal.split(",")]:
-                    guarded(
-                        f"bench L={length} {h}:{kvh}:{d} causal={causal}", bench, length, causal, h, kvh, d
+                    hopper_run.guarded(
+                        f"bench L={length} {h}:{kvh}:{d} causal={causal}",
+                        hopper_bench.bench,
+                        length,
+                        causal,
+                        h,
+                        kvh,
+                        d,
                     )
     if "repeat" in parts and not args.interpret:
         for h, kvh, d, shape_seqs in parse_shapes(args.shapes, seqs):
             for causal in [c == "1" for c in args.causal.split(",")]:
-                guarded(
+                hopper_run.guarded(
                     f"repeat L={shape_seqs[0]} {h}:{kvh}:{d} causal={causal}",
-                    repeat,
+                    hopper_bench.repeat,
                     shape_seqs[0],
                     causal,
                     h,
@@ -635,7 +324,7 @@ def run_parts(args, parts: set[str]) -> None:
                     d,
                 )
     if "sweep" in parts and not args.interpret:
-        guarded("sweep", bench, seqs[0], True, 32, 32, 128, True)
+        hopper_run.guarded("sweep", hopper_bench.bench, seqs[0], True, 32, 32, 128, True)
 
 
 def main():
@@ -673,7 +362,7 @@ def main():
         type=float,
         default=0.0,
         help=f"bench: more calls than --reps where they would span less than this many "
-        f"ms (at most {MAX_REPS})",
+        f"ms (at most {hopper_bench.MAX_REPS})",
     )
     ap.add_argument(
         "--rounds",
@@ -695,33 +384,34 @@ def main():
     ap.add_argument(
         "--hard-limit",
         type=float,
-        default=HARD_LIMIT_S,
+        default=hopper_run.HARD_LIMIT_S,
         help="seconds after which the watchdog writes the output and exits",
     )
     args = ap.parse_args()
-    global BUDGET_S
-    BUDGET_S = args.hard_limit - (HARD_LIMIT_S - BUDGET_S)  # start nothing new near the limit
+    hopper_run.BUDGET_S = args.hard_limit - (
+        hopper_run.HARD_LIMIT_S - hopper_run.BUDGET_S
+    )  # start nothing new near the limit
     parts = set(args.parts.split(","))
-    BACKWARDS[:] = [b for b in args.backwards.split(",") if b]
-    for spec in BACKWARDS:
+    hopper_run.BACKWARDS[:] = [b for b in args.backwards.split(",") if b]
+    for spec in hopper_run.BACKWARDS:
         try:
-            block_sizes(spec, 128)
+            hopper_run.block_sizes(spec, 128)
         except (ValueError, TypeError) as e:
             ap.error(f"--backwards entry {spec!r}: {e} (names: {ph.BACKWARDS})")
-    OUT["prefix"] = args.out
+    hopper_run.OUT["prefix"] = args.out
     args.shapes = args.shapes or f"32:32:{args.dim}"
-    REPS["n"], REPS["min_ms"] = args.reps, args.min_ms
-    ROUNDS["n"] = args.rounds
-    CUDNN_DET["on"] = args.cudnn_deterministic
+    hopper_bench.REPS["n"], hopper_bench.REPS["min_ms"] = args.reps, args.min_ms
+    hopper_bench.ROUNDS["n"] = args.rounds
+    hopper_bench.CUDNN_DET["on"] = args.cudnn_deterministic
     INTERPRET["on"] = args.interpret
-    threading.Thread(target=watchdog, args=(args.hard_limit,), daemon=True).start()
+    threading.Thread(target=hopper_run.watchdog, args=(args.hard_limit,), daemon=True).start()
     if args.interpret and jax.device_count() < 2:
-        log(
+        hopper_run.log(
             "WARNING: --interpret with one CPU device may hang; set "
             "XLA_FLAGS=--xla_force_host_platform_device_count=8"
         )
     dev = jax.devices()[0]
-    log(
+    hopper_run.log(
         f"jax {jax.__version__}, {dev.device_kind}, compute capability "
         f"{getattr(dev, 'compute_capability', '?')}, pallas_hopper available: {ph.available()}, "
         f"auto -> {implementations.resolve('auto').name}, python {sys.version.split()[0]}"
@@ -729,10 +419,11 @@ def main():
     try:
         run_parts(args, parts)
     finally:
-        n_pass = sum(1 for r in RECORDS if r.get("passed") is True)
-        n_fail = sum(1 for r in RECORDS if r.get("passed") is False)
-        n_err = sum(1 for r in RECORDS if r.get("kind") in ("error", "time_error"))
-        log(f"SUMMARY pass={n_pass} fail={n_fail} errors={n_err} elapsed={time.perf_counter() - T0:.0f}s")
+        n_pass = sum(1 for r in hopper_run.RECORDS if r.get("passed") is True)
+        n_fail = sum(1 for r in hopper_run.RECORDS if r.get("passed") is False)
+        n_err = sum(1 for r in hopper_run.RECORDS if r.get("kind") in ("error", "time_error"))
+        elapsed = time.perf_counter() - hopper_run.T0
+        hopper_run.log(f"SUMMARY pass={n_pass} fail={n_fail} errors={n_err} elapsed={elapsed:.0f}s")
 
 
 if __name__ == "__main__":

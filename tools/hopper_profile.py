@@ -49,7 +49,7 @@ import gzip
 import re
 import sys
 
-import hopper_check  # beside this script
+import hopper_run  # beside this script: hopper_check.py's --backwards entries
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -117,7 +117,7 @@ def block_sizes(head_dim: int, backward: str, causal: bool = True) -> ph.BlockSi
             f"--backward {backward!r}: must start with 'default', 'deterministic' or "
             f"one of {ph.BACKWARDS}, then optional /field=value entries"
         )
-    return hopper_check.block_sizes(backward, head_dim, causal)
+    return hopper_run.block_sizes(backward, head_dim, causal)
 
 
 def _open_text(path: str, **kw):
