@@ -1082,59 +1082,23 @@ def test_bad_inputs_are_rejected_before_tracing():
 def test_shared_memory_budget_is_checked():
     q = jnp.zeros((1, 128, 2, 256), jnp.bfloat16)
     pos = jnp.arange(128, dtype=jnp.int32)
+    lse = jnp.zeros((1, 2, 128), jnp.float32)
     kw = dict(causal=True, softmax_scale=1.0)
+
+    def refused(match, fn, x, kw=kw, **more):
+        """``fn`` on q = k = v = do = ``x`` (lse and delta zero) raises ``match``."""
+        with pytest.raises(ValueError, match=match):
+            fn(x, x, x, x, lse, lse, pos, pos, None, None, **kw, **more)
+
     with pytest.raises(ValueError, match="shared memory"):
         ph.forward_step(q, q, q, pos, pos, None, None, block_sizes=ph.BlockSizes(block_k=128, stages=3), **kw)
-    lse = jnp.zeros((1, 2, 128), jnp.float32)
-    with pytest.raises(ValueError, match="shared memory"):  # the head-dim-split pair: 2 stages at most
-        ph.backward_step(
-            q,
-            q,
-            q,
-            q,
-            lse,
-            lse,
-            pos,
-            pos,
-            None,
-            None,
-            block_sizes=ph.BlockSizes(backward="mosaic", bwd_stages=3),
-            **kw,
-        )
-    q = q[..., :128]
-    with pytest.raises(ValueError, match="shared memory"):  # the fused backward: 3 stages fit
-        ph.backward_step(
-            q,
-            q,
-            q,
-            q,
-            lse,
-            lse,
-            pos,
-            pos,
-            None,
-            None,
-            block_sizes=ph.BlockSizes(backward="fused", bwd_stages=4),
-            **kw,
-        )
+    # the head-dim-split pair: 2 stages at most
+    refused("shared memory", ph.backward_step, q, block_sizes=ph.BlockSizes(backward="mosaic", bwd_stages=3))
+    q = q[..., :128]  # the fused backward: 3 stages fit
+    refused("shared memory", ph.backward_step, q, block_sizes=ph.BlockSizes(backward="fused", bwd_stages=4))
     wide = jnp.zeros(q.shape[:3] + (192,), q.dtype)
-    with pytest.raises(ValueError, match="must pad to 64 or 128"):
-        hcb.backward(
-            wide,
-            wide,
-            wide,
-            wide,
-            lse,
-            lse,
-            pos,
-            pos,
-            None,
-            None,
-            interpret=True,
-            bs=ph.BlockSizes(backward="fused"),
-            causal=True,
-            softmax_scale=0.1,
-        )
+    fused = dict(interpret=True, bs=ph.BlockSizes(backward="fused"))
+    refused("must pad to 64 or 128", hcb.backward, wide, kw=dict(causal=True, softmax_scale=0.1), **fused)
 
 
 def test_registered_and_not_picked_on_cpu():
