@@ -47,11 +47,14 @@ def set_registers(registers: int, compute: bool, interpret: bool) -> None:
         plgpu.set_max_registers(producer, action="decrease")
 
 
-_LOAD_TAKES_INDEX = "idx" in inspect.signature(plgpu.load).parameters  # jax < 0.12
+_IDX = inspect.signature(plgpu.load).parameters.get("idx")
+# jax 0.10 requires the index; 0.11 deprecates it (a warning per call) and 0.12 removed it
+_LOAD_TAKES_INDEX = _IDX is not None and _IDX.default is inspect.Parameter.empty
 
 
 def _load(ref, layout):
-    """SMEM -> registers in ``layout`` (``plgpu.load`` lost its index argument in jax 0.12)."""
+    """SMEM -> registers in ``layout`` (``plgpu.load``'s index argument: required in jax 0.10,
+    deprecated in 0.11, gone in 0.12)."""
     if _LOAD_TAKES_INDEX:
         return plgpu.load(ref, (), layout=layout)
     return plgpu.load(ref, layout=layout)
