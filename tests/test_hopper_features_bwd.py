@@ -1,14 +1,14 @@
 """The optional step features in the Pallas Mosaic GPU (Hopper) backwards: softcap, prefix,
 bidirectional segments and v's own head dim (``implementations.py``), for every backward.
 
-Each Mosaic GPU backward (the fused one at head dims 64 and 128, the two-kernel "mosaic" one that
-``deterministic=True`` runs, the head-dim-split pair above 128: Gemma 2's 256 with a soft cap and
-MLA's 192 / 128) runs in Mosaic GPU's interpret mode on CPU against the float32 step reference
-``pallas_gpu.reference_backward_step``, the forward's lse and delta taken from the reference
-forward; every kernel is also lowered for CUDA under both lowering semantics (jax 0.10's lane and
-jax >= 0.11's warpgroup). Interpret mode is slow: the default run checks each backward with every
-feature at once (and a window, segment ids, GQA, a ragged shard); the slow marker has each feature
-alone.
+Each Mosaic GPU backward (the fused one at head dims 64 and 128 and MLA's 192 / 128, the two-kernel
+"mosaic" one that ``deterministic=True`` runs, the head-dim-split pair above 128: Gemma 2's 256 with
+a soft cap and MLA's 192 / 128) runs in Mosaic GPU's interpret mode on CPU against the float32 step
+reference ``pallas_gpu.reference_backward_step``, the forward's lse and delta taken from the
+reference forward; every kernel is also lowered for CUDA under both lowering semantics (jax 0.10's
+lane and jax >= 0.11's warpgroup). Interpret mode is slow: the default run checks each backward with
+every feature at once (and a window, segment ids, GQA, a ragged shard); the slow marker has each
+feature alone.
 """
 
 import functools
@@ -41,8 +41,15 @@ BACKWARDS = {
     "fused128": (128, 64, ph.BlockSizes(backward="fused", registers=240)),
     "mosaic": (64, 128, ph.deterministic_block_sizes(None, 64)),  # 128-key dq blocks
     "split256": (256, 128, None),  # Gemma 2's head dim: the default, the head-dim-split pair
-    "mla": (192, 128, None),  # MLA: q/k 192 (not padded to 256), v 128
+    "mla": (192, 128, None),  # MLA, q/k 192 (not padded), v 128: the default, fused (3 dq tiles)
+    "split_mla": (192, 128, ph.BlockSizes(backward="mosaic")),  # MLA's head-dim-split pair
 }
+
+
+def _kernels(name: str, dim: int, v_dim: int) -> int:
+    """Mosaic GPU kernels the backward ``name`` runs at these head dims: 1 fused, 2 as a pair."""
+    bs = BACKWARDS[name][2] or ph.default_block_sizes(dim, True, v_head_dim=v_dim)
+    return 1 if bs.backward == "fused" else 2
 
 
 # Documents of the two batch rows (ids by global position): row 0 starts documents at 120 and
@@ -239,7 +246,8 @@ def test_features_lower_for_cuda(name, feature, semantics, monkeypatch):
         )
 
     text = jax.jit(bwd).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("stablehlo.custom_call @mosaic_gpu") == (1 if name.startswith("fused") else 2)
+    want = _kernels(name, dim, v_dim if own_v else dim)
+    assert text.count("stablehlo.custom_call @mosaic_gpu") == want
 
 
 def test_softcap_tanh_is_approximate():
@@ -375,7 +383,7 @@ def test_deterministic_picks_an_ordered_backward_with_features(dim, v_dim, want,
     """``deterministic=True``'s block sizes (``deterministic_block_sizes``) with every feature
     on run the two-kernel backward or the head-dim-split pair (fixed summation order, no
     reduce-adds), which get the features; the defaults of the same call run the fused backward
-    up to 128 (the larger head dim decides)."""
+    up to 128 and at MLA's 192 / 128 (``fused_takes``)."""
     q = jax.ShapeDtypeStruct((2, 128, 4, dim), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((2, 128, 2, dim), jnp.bfloat16)
     v = jax.ShapeDtypeStruct((2, 128, 2, v_dim), jnp.bfloat16)
@@ -400,7 +408,7 @@ def test_deterministic_picks_an_ordered_backward_with_features(dim, v_dim, want,
         )
     (name, backward, got), (default_name, _, _) = backward_used
     assert (name, backward) == (want, "mosaic")
-    assert default_name == ("split" if max(dim, v_dim) > 128 else "fused")
+    assert default_name == ("fused" if ph.fused_takes(dim, v_dim) else "split")
     assert got["softcap"] == 30.0 and got["bidirectional"] is True and got["window"] == 50
     assert got["prefix"].shape == (2,) and got["prefix"].dtype == jnp.int32
 
@@ -481,7 +489,7 @@ def test_features_lower_inside_shard_map_check_vma(name):
         sd((2,), jnp.int32),
     )
     text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("stablehlo.custom_call @mosaic_gpu") == (1 if name.startswith("fused") else 2)
+    assert text.count("stablehlo.custom_call @mosaic_gpu") == _kernels(name, dim, v_dim)
 
 
 def test_split_pair_pads_each_head_dim():

@@ -30,6 +30,7 @@ from ringcheck import BF16_RTOL, Problem, check_ring, rel_err
 
 import ringattention as ra
 from ringattention import implementations
+from ringattention.kernels.hopper import cta_dq_bwd as hcb
 from ringattention.kernels.hopper import fwd_loops as hfl
 from ringattention.kernels.hopper import pallas_hopper as ph
 from ringattention.kernels.triton import pallas_gpu as pg
@@ -353,8 +354,9 @@ def test_feature_keywords_are_validated():
 
 
 def test_mla_defaults_fit_shared_memory():
-    """MLA's (192 / 128) forward takes head dim 128's tiles and schedule (untuned), which fit;
-    equal head dims keep their defaults; other pairs take the larger head dim's row."""
+    """MLA's (192 / 128) forward takes head dim 128's tiles and schedule (untuned), which fit, and
+    its backward is the fused kernel in 2 stages (3 do not fit); equal head dims keep their
+    defaults; other pairs take the larger head dim's row."""
     for causal in (True, False):
         bs = ph.default_block_sizes(192, causal, v_head_dim=128)
         base = ph.default_block_sizes(128, causal)
@@ -364,7 +366,9 @@ def test_mla_defaults_fit_shared_memory():
             base.schedule,
             base.registers,
         )
-        assert bs.backward == ph.default_block_sizes(256, causal).backward
+        assert (bs.backward, bs.bwd_stages) == ("fused", 2)  # cta_dq_bwd's three dq tiles
+        assert hcb.smem_bytes(192, jnp.bfloat16, 2, 128) <= ph.SMEM_LIMIT - 4096
+        assert hcb.smem_bytes(192, jnp.bfloat16, 3, 128) > ph.SMEM_LIMIT - 4096  # why 2 stages
         assert ph.default_block_sizes(128, causal, v_head_dim=128) == base
         assert ph.default_block_sizes(64, causal, v_head_dim=200) == ph.default_block_sizes(256, causal)
     geo = ph.geometry(128, 256, 192, bs, 128)

@@ -94,7 +94,8 @@ def compile_step(args, device) -> None:
 
     from ringattention.kernels.hopper import pallas_hopper as ph
 
-    h, kvh, d = (int(x) for x in args.shape.split(":"))
+    h, kvh, d, *rest = (int(x) for x in args.shape.split(":"))
+    dv = rest[0] if rest else d  # v's own head dim (MLA: 32:32:192:128)
     causal = bool(args.causal)
     bs = hopper_run.block_sizes(args.backward, d, causal)
     sh = SingleDeviceSharding(device)
@@ -109,7 +110,8 @@ def compile_step(args, device) -> None:
     def bwd(q, k, v, do, lse, delta, p):
         return ph.backward_step(q, k, v, do, lse, delta, p, p, None, None, **kw)
 
-    fn, inputs = (fwd, (q, k, k, pos)) if args.part == "fwd" else (bwd, (q, k, k, q, lse, lse, pos))
+    v, do = spec((1, args.seq, kvh, dv), jnp.bfloat16), spec((1, args.seq, h, dv), jnp.bfloat16)
+    fn, inputs = (fwd, (q, k, v, pos)) if args.part == "fwd" else (bwd, (q, k, v, do, lse, lse, pos))
     jax.jit(fn).trace(*inputs).lower().compile()
 
 
@@ -167,7 +169,7 @@ def analyze(ptx_path: str, ptxas: str, nvdisasm: str) -> dict:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--shape", default="32:32:128", help="heads:kv_heads:head_dim")
+    ap.add_argument("--shape", default="32:32:128", help="heads:kv_heads:head_dim[:v_head_dim]")
     ap.add_argument("--seq", type=int, default=4096, help="tokens (the kernels do not depend on it)")
     ap.add_argument("--causal", type=int, choices=(0, 1), default=1)
     ap.add_argument("--part", choices=("fwd", "bwd"), default="bwd")

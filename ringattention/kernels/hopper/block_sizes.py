@@ -5,7 +5,7 @@ loop of Ring Attention (Liu, Zaharia & Abbeel 2023) on H100/H200: the frozen ``B
 dataclass and what it may hold (``BACKWARDS``, ``REGISTERS``, ``SCHEDULES``; the fixed
 ``BLOCK_Q`` rows of a compute warpgroup, the ``SMEM_LIMIT`` its tiles must fit), the defaults per
 padded head dim (:func:`default_block_sizes`: ``_DEFAULTS``, ``_FULL_DEFAULTS`` without a causal
-mask, ``_MLA_FORWARD`` for q/k 192 with v 128) and those of ``deterministic=True``
+mask, ``_MLA`` for q/k 192 with v 128) and those of ``deterministic=True``
 (:func:`deterministic_block_sizes`, ``_DETERMINISTIC_TILES``). As in FlashAttention-3's
 ``hopper/tile_size.h``, each tuned default sits beside its one-line reason (the A/B runs behind them:
 docs/kernels.md). ``pallas_hopper.py`` re-exports the public names (``pallas_hopper.BlockSizes``;
@@ -57,10 +57,11 @@ class BlockSizes:
     kernel, 64-row tiles, ``bwd_stages`` slots, the dq kernel streaming ``bwd_block_k`` keys per
     block; deterministic; above 128 ``split_bwd``'s
     deterministic dq and dk/dv kernels, which split the head dim: the default for head dim 256),
-    "fused" (head dims <= 128: one kernel, ``cta_dq_bwd``, whose two compute warpgroups
-    reduce-add dq into a float32 buffer in a run-dependent order, sharing one dq tile, each adding
-    half its columns, or at head dims <= 64 taking turns; the default for head dims 64 and 128;
-    above 128 a ValueError: "mosaic" is the backward there) or "triton" (``pallas_gpu``'s kernels,
+    "fused" (head dims <= 128 and MLA's q/k 192 with v <= 128: one kernel, ``cta_dq_bwd``, whose
+    two compute warpgroups reduce-add dq into a float32 buffer in a run-dependent order, sharing
+    one dq tile, each adding half its columns (at 192 three 64-column tiles, two and one), or at
+    head dims <= 64 taking turns; the default for head dims 64, 128 and MLA's 192 / 128; other
+    head dims above 128 a ValueError: "mosaic" is the backward there) or "triton" (``pallas_gpu``'s kernels,
     any head dim).
     ``registers``: per thread of a compute warpgroup in every Mosaic kernel (232 or 240; the
     producer keeps the rest of the launch allocation: 40 or 24). ``split_group`` (the fused
@@ -151,22 +152,23 @@ def default_block_sizes(head_dim: int, causal: bool = True, v_head_dim: int | No
     ``causal``: whether the step has a causal mask (without one, head dim 128 runs the forward with
     ``schedule="overlap"`` and head dim 64 its kernels with 232 registers per compute thread, not 240).
     ``v_head_dim``: v's own head dim where it differs: the row of the larger of the two, with MLA's
-    forward tiles (:data:`_MLA_FORWARD`) where they pad to 192 and 128."""
+    tiles (:data:`_MLA`) where they pad to 192 and 128."""
     if v_head_dim is not None and v_head_dim != head_dim:
         bs = default_block_sizes(max(head_dim, v_head_dim), causal)
         if (_pad64(head_dim), _pad64(v_head_dim)) == (192, 128):
-            return dataclasses.replace(bs, **_MLA_FORWARD, schedule=default_block_sizes(128, causal).schedule)
+            return dataclasses.replace(bs, **_MLA, schedule=default_block_sizes(128, causal).schedule)
         return bs
     d = _tuned_dim(head_dim)
     return _DEFAULTS[d] if causal else _FULL_DEFAULTS.get(d, _DEFAULTS[d])
 
 
-# MLA (q/k head dim 192, v 128; DeepSeek-V2), untuned: the forward's registers are those of head
+# MLA (q/k head dim 192, v 128; DeepSeek-V2). Forward, untuned: its registers are those of head
 # dim 128 (a [64, 128] accumulator and [64, 128] logits per warpgroup, the q/k width only lengthens
 # the QK^T wgmma in shared memory), so it takes head dim 128's tiles and schedule: 128-key blocks in
-# 2 stages (208 KiB of shared memory; 3 do not fit), 240 registers. The backward's fields are those
-# of head dim 256 (the larger head dim).
-_MLA_FORWARD = dict(block_k=128, stages=2, registers=240)
+# 2 stages (208 KiB of shared memory; 3 do not fit), 240 registers. Backward: the fused kernel
+# (cta_dq_bwd's three dq tiles, 2 stages: 3 need 248 KiB), 32K causal fwd+bwd 1.09-1.10x the
+# head-dim-split pair's speed on an H100 (docs/kernels.md).
+_MLA = dict(block_k=128, stages=2, registers=240, backward="fused", bwd_stages=2)
 
 
 def _pad64(d: int) -> int:

@@ -412,7 +412,12 @@ def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool, column
     c = 64). ``columns_first`` loads them before the two wgmmas are issued instead of after they
     land: the dk/dv kernel's choice (its backward step 4-8% faster on an H200), not the fused
     kernels', which carry a dq tile as well and lost 4-28% with it
-    (docs/kernels.md)."""
+    (docs/kernels.md).
+
+    Where dk and dv outgrow 256 columns (MLA's 192 + 128: 160 float32 registers per thread), s^T
+    and dp^T run one after the other, dp^T's accumulator starting at -delta: both in flight made
+    ptxas serialize every wgmma of the fused kernel (C7512, 780 / 984 bytes of spills), one at a
+    time it does not (444 / 648; docs/kernels.md)."""
     k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s = smem
     shape = (cfg.rows, cfg.block)
     col = lambda ref: ops.cols(ref.at[slot])  # noqa: E731
@@ -427,7 +432,14 @@ def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool, column
             p_t = jnp.where(_vis(cfg, ops, s_t.shape, own, at(qp_s), at(qs_s), False), p_t, 0.0)
         return p_t if t is None else (p_t.astype(k_s.dtype), capped(p_t, t))
 
-    # s^T = k q^T and dp^T = v do^T issued together; p^T is computed while dp^T is in flight.
+    delta = lambda: wide(early[1] if columns_first else col(dl_s))  # noqa: E731
+    if k_s.shape[2] + v_s.shape[2] > 2 * 128:  # MLA: dk, dv hold 160 registers per thread
+        # s^T, then dp^T - delta (its accumulator starts at -delta): one accumulator at a time
+        p_t = probs(ops.qk(k_s.at[wg], q_s.at[slot], shape))
+        p_t, g_t = (p_t, p_t) if cfg.softcap is None else p_t
+        (dp_t,) = ops.mma((-delta(), Smem(v_s.at[wg]), Smem(do_s.at[slot], transposed=True)))
+        return p_t, g_t * dp_t
+    # s^T = k q^T and dp^T = v do^T issued together; p^T is computed while dp^T is in flight
     p_t, dp_t = ops.pair(
         (Smem(k_s.at[wg]), Smem(q_s.at[slot], transposed=True)),
         (Smem(v_s.at[wg]), Smem(do_s.at[slot], transposed=True)),
@@ -435,8 +447,7 @@ def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool, column
         probs,
     )
     p_t, g_t = (p_t, p_t) if cfg.softcap is None else p_t
-    ds_t = g_t * (dp_t - wide(early[1] if columns_first else col(dl_s)))
-    return p_t, ds_t
+    return p_t, g_t * (dp_t - delta())
 
 
 def kv_update(ops: Ops, carry, p_t, ds_t, q_smem, do_smem):

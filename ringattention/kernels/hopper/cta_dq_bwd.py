@@ -1,4 +1,4 @@
-"""Fused Pallas Mosaic GPU (Hopper) ring-step backward with one dq tile per CTA (head dims <= 128).
+"""Fused Pallas Mosaic GPU (Hopper) ring-step backward with one dq tile per CTA (head dims <= 128, MLA).
 
 The kernel of ``pallas_hopper.BlockSizes(backward="fused")`` (FlashAttention-3 backward, Shah et
 al. 2024, for one step of Ring Attention, Liu, Zaharia & Abbeel 2023; the default at head dims 64
@@ -24,6 +24,12 @@ layout there (0.3-2% faster than head-major at 128K tokens):
   ``dq = ds_0 @ k_0 + ds_1 @ k_1`` (two wgmmas into one [64, D/2] accumulator, 32 registers per
   thread at D = 128 instead of 64) and reduce-adds that half tile; the price is a barrier between
   the two warpgroups per pair (ds^T of both written) and one before ds^T is overwritten;
+* MLA's q/k head dim 192 with v <= 128 (``_three_tiles``): dq's 192 columns are three
+  64-column tiles (a half, 96 columns, would cut a 128-byte swizzle tile); in pair t the
+  warpgroup with t + w even adds tiles 0 and 2, the other tile 1, one [64, 64] accumulator at a
+  time. dk [64, 192] and dv [64, 128] hold 160 float32 registers per thread, so s^T and dp^T run
+  one after the other (``hbk.kv_probs``: dp^T's accumulator starts at -delta) instead of in
+  flight together, which made ptxas serialize every wgmma. 2 stages (208 KB; 3 need 248 KB);
 * head dims <= 64 (``alternating_kernel``; half of 64 columns is not a whole swizzle tile): the
   warpgroups take turns, warpgroup t % 2 computing and adding pair t's whole tile, with ds^T
   double-buffered by the pair's parity so that the other one runs on.
@@ -61,6 +67,7 @@ F32 = jnp.float32
 WGS = hm.COMPUTE_WGS
 ROWS = hb.ROWS  # own key rows per compute warpgroup and streamed query block length
 CTA = hb.CTA
+TILE = 64  # columns of a 16-bit 128-byte swizzle tile: the unit the dq columns are split in
 
 
 def _kv_update(c: hfb.KeyCta, carry, p_t, ds_t, ds_smem, slot):
@@ -96,11 +103,11 @@ def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
 
 
 def _split_columns(c: hfb.KeyCta):
-    cfg, ops, wg = c.cfg, c.ops, c.wg
+    ops, wg = c.ops, c.wg
     k_s = c.smem[0]
     ds_s, dq_s, ds_ready, ds_free = c.scratch[:4]  # (an A/B may append buffers)
     lo, d = c.bounds[0], k_s.shape[2]
-    dw = pl.ds(wg * (d // WGS), d // WGS)
+    add_dq = _three_tiles if d == 3 * TILE else _halves
 
     def body(j, carry, g, masked: bool):
         t = g * c.n + j - lo
@@ -111,15 +118,45 @@ def _split_columns(c: hfb.KeyCta):
         carry = _kv_update(c, carry, p_t, ds_t, ds_s.at[wg], slot)
         plgpu.barrier_arrive(c.free.at[slot])
         plgpu.barrier_wait(ds_ready)  # ds^T of both warpgroups written
-        dq = _dq_half(ops, ds_s, k_s, dw, (cfg.block, d // WGS))  # [c, D/2]
-        plgpu.barrier_arrive(ds_free)
         h, rows_q = c.dq_rows(j, g)
-        ops.reduce_add(dq_s.at[wg], dq, c.outs[0].at[c.b, rows_q, h, dw])
+        add_dq(c, t, ds_s, dq_s, ds_free, lambda cols: c.outs[0].at[c.b, rows_q, h, cols])
         return carry
 
     c.loop(body)
     pl.when(c.n > 0)(lambda: plgpu.barrier_wait(ds_free))  # observe the last phase
     ops.flush()
+
+
+def _halves(c: hfb.KeyCta, t, ds_s, dq_s, ds_free, dq_at):
+    """Head dims 65-128: warpgroup w adds columns [w D/2, (w + 1) D/2) of the pair's dq tile."""
+    d = c.smem[0].shape[2]
+    dw = pl.ds(c.wg * (d // WGS), d // WGS)
+    dq = _dq_half(c.ops, ds_s, c.smem[0], dw, (c.cfg.block, d // WGS))  # [c, D/2]
+    plgpu.barrier_arrive(ds_free)
+    c.ops.reduce_add(dq_s.at[c.wg], dq, dq_at(dw))
+
+
+def _three_tiles(c: hfb.KeyCta, t, ds_s, dq_s, ds_free, dq_at):
+    """Head dim 192 (MLA's q/k): the pair's dq tile is three 64-column tiles (96 columns would cut
+    a 128-byte swizzle tile); the warpgroup with (t + w) even adds tiles 0 and 2, the other tile
+    1, so the two alternate the heavier share pair by pair. One [64, 64] float32 accumulator at a
+    time (32 registers per thread beside dk [64, 192] and dv [64, 128]: 160)."""
+    tile = lambda x: _dq_half(c.ops, ds_s, c.smem[0], pl.ds(x * TILE, TILE), (c.cfg.block, TILE))  # noqa: E731
+    add = lambda x, dq: c.ops.reduce_add(dq_s.at[c.wg], dq, dq_at(pl.ds(x * TILE, TILE)))  # noqa: E731
+    two = lax.rem(t + c.wg, jnp.int32(2)) == 0
+
+    @pl.when(two)
+    def _():
+        add(0, tile(0))
+        dq = tile(2)
+        plgpu.barrier_arrive(ds_free)
+        add(2, dq)
+
+    @pl.when(jnp.logical_not(two))
+    def _():
+        dq = tile(1)
+        plgpu.barrier_arrive(ds_free)
+        add(1, dq)
 
 
 def alternating_kernel(*refs, cfg: hbk.BwdConfig):
@@ -183,7 +220,7 @@ def _scratch(d: int, dtype, stages: int, positions: bool, segments: bool, dv: in
     return [
         *common,
         plgpu.SMEM((WGS, ROWS, ROWS), dtype, transforms=tiles),  # ds^T [r keys, c queries]
-        plgpu.SMEM((WGS, ROWS, d // WGS), F32, transforms=f32_tiles),  # dq half tile
+        plgpu.SMEM((WGS, ROWS, _staged(d)), F32, transforms=f32_tiles),  # dq columns staged
         plgpu.Barrier(num_arrivals=WGS),
         plgpu.Barrier(num_arrivals=WGS),
     ]
@@ -195,7 +232,12 @@ def smem_bytes(d: int, dtype, stages: int, dv: int | None = None) -> int:
     tiles = (WGS + stages) * ROWS * (d + (d if dv is None else dv)) * jnp.dtype(dtype).itemsize
     if d == 64:  # two parities of ds^T, a whole dq tile per warpgroup
         return tiles + WGS * ROWS * (2 * ROWS * jnp.dtype(dtype).itemsize + d * 4)
-    return tiles + WGS * ROWS * (ROWS * jnp.dtype(dtype).itemsize + d // WGS * 4)
+    return tiles + WGS * ROWS * (ROWS * jnp.dtype(dtype).itemsize + _staged(d) * 4)
+
+
+def _staged(d: int) -> int:
+    """Columns of a warpgroup's dq staging tile: half the head dim, one 64-column tile at 192."""
+    return TILE if d == 3 * TILE else d // WGS
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -248,9 +290,9 @@ def backward(
     ``implementations.py``; optional features as ``backward.backward``'s)."""
 
     def check(D: int, d: int, dv: int):
-        if d not in (64, 128):  # 128: halves of whole 64-column tiles; 64: alternating_kernel
+        if d not in (64, 128, 192):  # 128: halves; 192: three tiles; 64: alternating_kernel
             raise ValueError(
-                f"pallas_hopper backward='fused': head dim {D} (padded {d}) must pad to 64 or 128"
+                f"pallas_hopper backward='fused': head dim {D} (padded {d}) must pad to 64, 128 or 192"
             )
         if dv > 128:  # dv [64, Dv] float32 beside dk in registers
             raise ValueError(

@@ -1,17 +1,17 @@
 """The frame of the fused Pallas Mosaic GPU (Hopper) ring-step backward: one kernel for dq, dk, dv.
 
 The FlashAttention-3 backward (Shah et al. 2024) for one step of Ring Attention (Liu, Zaharia &
-Abbeel 2023), ``pallas_hopper.BlockSizes(backward="fused")`` at head dims <= 128 (the default at 64
-and 128). This module holds what its kernel (``cta_dq_bwd.py``, where the two compute
-warpgroups of a CTA share one dq tile) is built in. Where the "mosaic" backward
-(``backward.py``) runs a dq kernel and a dk/dv kernel that both recompute the probabilities
-(7 tile matmuls per query block x key block pair), the fused one runs only a key-CTA kernel (grid:
-kv head, key CTA, batch; ``key_cta_kernel``): each compute warpgroup keeps dk/dv of its 64 keys in
-float32 registers, loops over the G query heads of the kv group and their visible query blocks (the
-same lo/mid/hi bounds and visiting order as the dk/dv kernel, ``bwd_kernels.visit``) and dq
-contributions ``ds @ k`` (float32) go to global memory by TMA reduce-adds
-(``FusedOps.reduce_add``): 5 tile matmuls per pair. The reduce-adds arrive in a run-dependent
-order, so dq is not bitwise reproducible.
+Abbeel 2023), ``pallas_hopper.BlockSizes(backward="fused")`` at head dims <= 128 and MLA's 192 / 128
+(the default at 64, 128 and 192 / 128). This module holds what its kernel (``cta_dq_bwd.py``, where
+the two compute warpgroups of a CTA share one dq tile) is built in. Where the "mosaic" backward
+(``backward.py``) runs a dq kernel and a dk/dv kernel that both recompute the probabilities (7 tile
+matmuls per query block x key block pair), the fused one runs only a key-CTA kernel (grid: kv head,
+key CTA, batch; ``key_cta_kernel``): each compute warpgroup keeps dk/dv of its 64 keys in float32
+registers, loops over the G query heads of the kv group and their visible query blocks (the same
+lo/mid/hi bounds and visiting order as the dk/dv kernel, ``bwd_kernels.visit``) and dq contributions
+``ds @ k`` (float32) go to global memory by TMA reduce-adds (``FusedOps.reduce_add``): 5 tile
+matmuls per pair. The reduce-adds arrive in a run-dependent order, so dq is not bitwise
+reproducible.
 
 dq accumulates in a zero-initialised float32 buffer, passed to the kernel as a JAX ``Ref`` (read
 and written in place, i.e. aliased in and out; ``_launch``). dk and dv are in the step's layout at

@@ -24,17 +24,17 @@ What runs where (stated plainly):
 * forward, bfloat16/float16: the Mosaic GPU kernel (head dims padded to a multiple of 64, <= 256).
 * forward, float32: delegated to the Triton step (wgmma would compute in tf32); where this jax has
   no Pallas Triton backend (deprecated since jax 0.11), to the XLA step (``ringattention.blockwise``).
-* backward, 16-bit, head dims <= 128 (default; ``BlockSizes(backward="fused")``): one
-  FlashAttention-3 style kernel over key CTAs with TMA reduce-adds of dq (``cta_dq_bwd.py``,
-  the two compute warpgroups sharing a dq tile); dq sums in a run-dependent order, so it is not
-  bitwise deterministic.
+* backward, 16-bit, head dims <= 128 and MLA's q/k 192 with v 128 (default;
+  ``BlockSizes(backward="fused")``, :func:`fused_takes`): one FlashAttention-3 style kernel over
+  key CTAs with TMA reduce-adds of dq (``cta_dq_bwd.py``, the two compute warpgroups sharing a dq
+  tile); dq sums in a run-dependent order, so it is not bitwise deterministic.
 * ``BlockSizes(backward="mosaic")``: Mosaic GPU dq and dk/dv kernels (``backward.py``,
   ``bwd_kernels.py``), deterministic; ``ring_attention(..., deterministic=True)`` picks it
   through :func:`deterministic_block_sizes`.
-* backward, 16-bit, head dims 129-256 (default; ``BlockSizes(backward="mosaic")``, the only Mosaic
-  backward there: "fused" is a ValueError): the dq and dk/dv kernels with the head dim split across
-  the two compute warpgroups (``split_bwd.py``; FA3's head-dim-256 scheme, 64 rows per CTA,
-  no atomics).
+* backward, 16-bit, head dims 129-256 but MLA's (default; ``BlockSizes(backward="mosaic")``, the
+  only Mosaic backward there: "fused" is a ValueError): the dq and dk/dv kernels with the head dim
+  split across the two compute warpgroups (``split_bwd.py``; FA3's head-dim-256 scheme, 64 rows per
+  CTA, no atomics; MLA's with ``backward="mosaic"`` or ``deterministic=True``).
   Every Mosaic backward is checked on an H200 against the float32 step reference
   (docs/kernels.md).
 * backward, float32, or ``BlockSizes(backward="triton")``: the Triton step
@@ -348,22 +348,24 @@ def backward_step(
     Runs the Triton step's kernels unless ``block_sizes.backward`` is "mosaic" or "fused" (and q is
     16-bit). Every Mosaic backward takes a sliding window (``window``) and the optional features
     (docs/kernels.md). Head dims are those of q/k (D) and v (Dv); the larger picks the defaults and
-    the kernels: "fused" above 128 is a ValueError (whatever the dtype), "mosaic" is the
-    head-dim-split pair there.
+    the kernels: "fused" above 128 is a ValueError (whatever the dtype) except for q/k up to 192
+    with v up to 128 (MLA's, :func:`fused_takes`), "mosaic" is the head-dim-split pair there.
     """
     _check_backward(q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, softmax_scale)
     _, prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)  # int32 [B] | None
     D, Dv = q.shape[3], v.shape[3]
     head_dim = max(D, Dv)
-    bs = block_sizes or default_block_sizes(head_dim, causal)
+    bs = block_sizes or default_block_sizes(D, causal, v_head_dim=Dv)
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
-    if bs.backward == "fused" and head_dim > 128:
+    fused = fused_takes(D, Dv)
+    if bs.backward == "fused" and not fused:
         dims = f"head dim {D}" if Dv == D else f"head dim {head_dim} (q/k {D}, v {Dv})"
         raise ValueError(
             f"pallas_hopper BlockSizes(backward='fused'): {dims} is above "
-            "128, where the Mosaic backward is 'mosaic' (the head-dim-split dq and dk/dv "
-            "kernels); use backward='mosaic' or 'triton', or block_sizes=None"
+            "128 (other than q/k up to 192 with v up to 128, MLA's), where the Mosaic backward "
+            "is 'mosaic' (the head-dim-split dq and dk/dv kernels); use backward='mosaic' or "
+            "'triton', or block_sizes=None"
         )
     kw = dict(causal=causal, softmax_scale=softmax_scale, interpret=interpret)
     if window is not None:
@@ -378,11 +380,21 @@ def backward_step(
         return _triton_or_xla_step().backward_step(
             q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg, block_sizes=bs.triton, **kw
         )
-    if head_dim > 128:  # "mosaic": the head-dim-split dq and dk/dv kernels, no atomics
+    if bs.backward == "fused":  # fused_takes(D, Dv) checked above
+        mosaic = hcb.backward
+    elif head_dim > 128:  # "mosaic": the head-dim-split dq and dk/dv kernels, no atomics
         mosaic = hsb.backward
     else:
-        mosaic = hcb.backward if bs.backward == "fused" else hb.backward
+        mosaic = hb.backward
     return mosaic(q, k, v, do.astype(q.dtype), lse, delta, q_pos, k_pos, q_seg, k_seg, bs=bs, **kw)
+
+
+def fused_takes(head_dim: int, v_head_dim: int) -> bool:
+    """Whether ``BlockSizes(backward="fused")`` takes these head dims: q/k padded to 64 or 128 with
+    v up to 128, or MLA's q/k 192 with v up to 128 (dk [64, 192] and dv [64, 128] float32 per
+    compute warpgroup: 160 registers per thread, ``cta_dq_bwd._three_tiles``)."""
+    pad = lambda d: -(-d // 64) * 64  # noqa: E731
+    return pad(head_dim) in (64, 128, 192) and pad(v_head_dim) <= 128
 
 
 reference_forward_step = reference.reference_forward_step
