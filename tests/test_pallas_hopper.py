@@ -1096,9 +1096,18 @@ def test_shared_memory_budget_is_checked():
     refused("shared memory", ph.backward_step, q, block_sizes=ph.BlockSizes(backward="mosaic", bwd_stages=3))
     q = q[..., :128]  # the fused backward: 3 stages fit
     refused("shared memory", ph.backward_step, q, block_sizes=ph.BlockSizes(backward="fused", bwd_stages=4))
-    wide = jnp.zeros(q.shape[:3] + (192,), q.dtype)
-    fused = dict(interpret=True, bs=ph.BlockSizes(backward="fused"))
-    refused("must pad to 64 or 128", hcb.backward, wide, kw=dict(causal=True, softmax_scale=0.1), **fused)
+    width = lambda d: jnp.zeros(q.shape[:3] + (d,), q.dtype)  # noqa: E731
+    step = dict(causal=True, softmax_scale=0.1, interpret=True)
+    fused = lambda **bs: dict(bs=ph.BlockSizes(backward="fused", **bs), **step)  # noqa: E731
+    # q/k and v of one head dim: v above 128 does not fit beside dk; q/k 256 not at all
+    refused("must pad to at most 128", hcb.backward, width(192), kw=fused())
+    with pytest.raises(ValueError, match="must pad to 64, 128 or 192"):
+        hcb.backward(width(256), width(256), q, q, lse, lse, pos, pos, None, None, **fused())
+    # MLA's 192 / 128: 2 stages fit, 3 do not
+    mla = (width(192), width(192), q, q, lse, lse, pos, pos, None, None)
+    with pytest.raises(ValueError, match="shared memory"):
+        hcb.backward(*mla, **fused(bwd_stages=3))
+    assert hcb.smem_bytes(192, q.dtype, 2, 128) <= ph.SMEM_LIMIT - 4096
 
 
 def test_registered_and_not_picked_on_cpu():
