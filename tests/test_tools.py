@@ -47,6 +47,8 @@ def test_hopper_check_variants_become_block_sizes(bench):
     got = hr.block_sizes("deterministic/bwd_stages=3", 128, causal=False)
     assert (got.backward, got.bwd_stages, got.schedule) == ("mosaic", 3, "overlap")
     assert hr.block_sizes("deterministic", 64).bwd_block_k == 128  # its own dq tiles at 64
+    mla = hr.block_sizes("default", 192, v_head_dim=128)  # MLA's defaults: the fused backward
+    assert mla == ph.default_block_sizes(192, v_head_dim=128) and mla.backward == "fused"
     with pytest.raises(ValueError, match="backward"):
         hr.block_sizes("cuda", 128)
     with pytest.raises(ValueError, match="registers"):

@@ -97,7 +97,7 @@ def compile_step(args, device) -> None:
     h, kvh, d, *rest = (int(x) for x in args.shape.split(":"))
     dv = rest[0] if rest else d  # v's own head dim (MLA: 32:32:192:128)
     causal = bool(args.causal)
-    bs = hopper_run.block_sizes(args.backward, d, causal)
+    bs = hopper_run.block_sizes(args.backward, d, causal, v_head_dim=dv)
     sh = SingleDeviceSharding(device)
     spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sh)  # noqa: E731
     q, k = spec((1, args.seq, h, d), jnp.bfloat16), spec((1, args.seq, kvh, d), jnp.bfloat16)

@@ -40,19 +40,19 @@ def _field_value(text: str):
     return {"true": True, "false": False, "none": None}.get(text, text)
 
 
-def block_sizes(spec: str, d: int, causal: bool = True) -> ph.BlockSizes:
+def block_sizes(spec: str, d: int, causal: bool = True, v_head_dim: int | None = None) -> ph.BlockSizes:
     """A --backwards entry, "name[/field=value...]" (e.g. "mosaic/bwd_block_k=128",
     "default/schedule=overlap"), as BlockSizes: the defaults for head dim ``d`` and ``causal`` with
     that backward ("default": the default's; "deterministic": what ``ring_attention(...,
     deterministic=True)`` runs there, ``pallas_hopper.deterministic_block_sizes``) and those
-    fields."""
+    fields. ``v_head_dim``: v's own head dim (MLA), as ``default_block_sizes`` takes it."""
     name, *fields = spec.split("/")
     over = {k: _field_value(v) for k, v in (f.split("=") for f in fields)}
     if name == "deterministic":
         return dataclasses.replace(ph.deterministic_block_sizes(None, d, causal), **over)
     if name != "default":
         over["backward"] = name
-    return dataclasses.replace(ph.default_block_sizes(d, causal), **over)
+    return dataclasses.replace(ph.default_block_sizes(d, causal, v_head_dim=v_head_dim), **over)
 
 
 def write_out():
