@@ -103,6 +103,8 @@ def compile_step(args, device) -> None:
     q, k = spec((1, args.seq, h, d), jnp.bfloat16), spec((1, args.seq, kvh, d), jnp.bfloat16)
     pos, lse = spec((args.seq,), jnp.int32), spec((1, h, args.seq), jnp.float32)
     kw = dict(causal=causal, softmax_scale=d**-0.5, block_sizes=bs)
+    if args.softcap:
+        kw["softcap"] = args.softcap
 
     def fwd(q, k, v, p):
         return ph.forward_step(q, k, v, p, p, None, None, **kw)
@@ -173,6 +175,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--seq", type=int, default=4096, help="tokens (the kernels do not depend on it)")
     ap.add_argument("--causal", type=int, choices=(0, 1), default=1)
     ap.add_argument("--part", choices=("fwd", "bwd"), default="bwd")
+    ap.add_argument("--softcap", type=float, default=None, help="logits' soft cap (Gemma 2: 50)")
     ap.add_argument(
         "--backward",
         default="default",
