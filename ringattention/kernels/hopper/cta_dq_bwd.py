@@ -68,6 +68,8 @@ WGS = hm.COMPUTE_WGS
 ROWS = hb.ROWS  # own key rows per compute warpgroup and streamed query block length
 CTA = hb.CTA
 TILE = 64  # columns of a 16-bit 128-byte swizzle tile: the unit the dq columns are split in
+HEAD_DIMS = (64, 128, 192)  # padded q/k head dims: alternating_kernel, _halves, _three_tiles
+MAX_V_HEAD_DIM = 128  # padded: dv [64, Dv] float32 beside dk in registers
 
 
 def _kv_update(c: hfb.KeyCta, carry, p_t, ds_t, ds_smem, slot):
@@ -290,14 +292,14 @@ def backward(
     ``implementations.py``; optional features as ``backward.backward``'s)."""
 
     def check(D: int, d: int, dv: int):
-        if d not in (64, 128, 192):  # 128: halves; 192: three tiles; 64: alternating_kernel
+        if d not in HEAD_DIMS:
             raise ValueError(
                 f"pallas_hopper backward='fused': head dim {D} (padded {d}) must pad to 64, 128 or 192"
             )
-        if dv > 128:  # dv [64, Dv] float32 beside dk in registers
+        if dv > MAX_V_HEAD_DIM:
             raise ValueError(
                 f"pallas_hopper backward='fused': v's head dim {v.shape[3]} (padded "
-                f"{dv}) must pad to at most 128"
+                f"{dv}) must pad to at most {MAX_V_HEAD_DIM}"
             )
         smem = smem_bytes(d, q.dtype, bs.bwd_stages, dv)
         if smem > hb.SMEM_LIMIT - 4096:

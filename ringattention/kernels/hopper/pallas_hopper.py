@@ -358,8 +358,7 @@ def backward_step(
     bs = block_sizes or default_block_sizes(D, causal, v_head_dim=Dv)
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
-    fused = fused_takes(D, Dv)
-    if bs.backward == "fused" and not fused:
+    if bs.backward == "fused" and not fused_takes(D, Dv):
         dims = f"head dim {D}" if Dv == D else f"head dim {head_dim} (q/k {D}, v {Dv})"
         raise ValueError(
             f"pallas_hopper BlockSizes(backward='fused'): {dims} is above "
@@ -392,9 +391,9 @@ def backward_step(
 def fused_takes(head_dim: int, v_head_dim: int) -> bool:
     """Whether ``BlockSizes(backward="fused")`` takes these head dims: q/k padded to 64 or 128 with
     v up to 128, or MLA's q/k 192 with v up to 128 (dk [64, 192] and dv [64, 128] float32 per
-    compute warpgroup: 160 registers per thread, ``cta_dq_bwd._three_tiles``)."""
-    pad = lambda d: -(-d // 64) * 64  # noqa: E731
-    return pad(head_dim) in (64, 128, 192) and pad(v_head_dim) <= 128
+    compute warpgroup: 160 registers per thread, ``cta_dq_bwd._three_tiles``); the rule the
+    kernel's own check applies (``cta_dq_bwd.HEAD_DIMS``, ``MAX_V_HEAD_DIM``)."""
+    return _pad64(head_dim) in hcb.HEAD_DIMS and _pad64(v_head_dim) <= hcb.MAX_V_HEAD_DIM
 
 
 reference_forward_step = reference.reference_forward_step
