@@ -2,20 +2,21 @@
 
 The kernel of ``pallas_hopper.BlockSizes(backward="fused")`` (FlashAttention-3 backward, Shah et
 al. 2024, for one step of Ring Attention, Liu, Zaharia & Abbeel 2023; the default at head dims 64
-and 128), in the key-CTA frame of ``fused_bwd.py``. The two compute warpgroups of a CTA
-(which visit the same query blocks in the same order) share one dq tile per pair rather than each
+and 128), in the key-CTA frame of ``fused_bwd.py``. The two compute warpgroups of a CTA (which
+visit the same query blocks in the same order) share one dq tile per pair rather than each
 reduce-adding its own ``ds_w @ k_w`` ([64 queries, D] float32; that variant, ``dq_tile=
-"warpgroup"``, lost and was deleted: docs/kernels.md), so the reduce-add traffic (what limits the
-fused backward: removing it makes the step 1.22-1.25x faster on an H200) and the float32 dq
-accumulator are half of that variant's, and the accumulator is one [B, Sq, H, D] buffer
-in the step's layout (head-major plus one transpose ran no faster at 16K-128K tokens on an H200:
-docs/kernels.md). The tiles are added unscaled and dq is scaled once
-after the kernel. At head dim 128 dk, dv are written head-major ([B, K, Sk, D], one transpose each
-after the kernel, ``hfb.dkv_head_major``). Scaling every tile before its reduce-add and writing dk,
-dv in the step's layout (92f7d26) made 32:32:128 at 128K without a mask 0.92x cuDNN where this
-runs 0.99x (1,971 against 1,814 ms; with only the scale undone 1,829 ms, with only the layout
-1,855 ms; an L2 hit rate of 88% against 98% at 64K; docs/kernels.md). At head dim 64 an A/B of
-the scale after the kernel (dk's moved out as well) ran the backward 0.5-1.5% faster in 9 of 10
+"warpgroup"``, lost and was deleted: docs/kernels.md), so the reduce-add traffic (what limited that
+variant: removing it made the step 1.22-1.25x faster on an H200; with one tile per CTA, at 32K
+32:8:128 causal, removing it no longer changes the time, and MLA's forward+backward would gain
+1.11x: docs/kernels.md) and the float32 dq accumulator are half of that variant's, and the
+accumulator is one [B, Sq, H, D] buffer in the step's layout (head-major plus one transpose ran no
+faster at 16K-128K tokens on an H200: docs/kernels.md). The tiles are added unscaled and dq is
+scaled once after the kernel. At head dim 128 dk, dv are written head-major ([B, K, Sk, D], one
+transpose each after the kernel, ``hfb.dkv_head_major``). Scaling every tile before its reduce-add
+and writing dk, dv in the step's layout (92f7d26) made 32:32:128 at 128K without a mask 0.92x cuDNN
+where this runs 0.99x (1,971 against 1,814 ms; with only the scale undone 1,829 ms, with only the
+layout 1,855 ms; an L2 hit rate of 88% against 98% at 64K; docs/kernels.md). At head dim 64 an A/B
+of the scale after the kernel (dk's moved out as well) ran the backward 0.5-1.5% faster in 9 of 10
 cells at 16K-128K tokens and 0.3% slower in the tenth (docs/kernels.md); dk, dv stay in the step's
 layout there (0.3-2% faster than head-major at 128K tokens):
 
