@@ -219,6 +219,40 @@ def test_auto_picks_pallas_hopper_on_hopper():
     assert implementations.resolve("auto").name == "pallas_hopper"
 
 
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_forward_rescale_skip_is_bitwise(softcap, monkeypatch):
+    """``warp_rescale`` skips the accumulator's rescale only in warps whose rows all kept their
+    maximum (alpha == 1): the forward's output and lse are bitwise those of the unconditional
+    rescale (causal, 8K tokens, GQA 8:2, random inputs, where the maxima settle after a few
+    blocks)."""
+    _needs_hopper("pallas_hopper")
+    from jax import lax
+
+    from ringattention.kernels.hopper import pallas_hopper as ph
+    from ringattention.kernels.hopper import warp_rescale
+
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(0), 3)
+    q = jax.random.normal(kq, (1, 8192, 8, 128), jnp.bfloat16)  # [batch, seq, heads, dim]
+    k = jax.random.normal(kk, (1, 8192, 2, 128), jnp.bfloat16)
+    v = jax.random.normal(kv, (1, 8192, 2, 128), jnp.bfloat16)
+    pos = jnp.arange(8192, dtype=jnp.int32)
+
+    def forward():
+        jax.clear_caches()
+        step = lambda q, k, v, p: ph.forward_step(  # noqa: E731
+            q, k, v, p, p, None, None, causal=True, softmax_scale=128**-0.5, softcap=softcap
+        )
+        return [np.asarray(x) for x in jax.tree.leaves(jax.jit(step)(q, k, v, pos))]
+
+    def unconditional(acc, alpha, interpret):  # [bq, Dv] * [bq] per row
+        return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+    skipped = forward()
+    monkeypatch.setattr(warp_rescale, "rescale", unconditional)
+    for got, want in zip(skipped, forward(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("check_vma", [True, False], ids=["vma", "novma"])

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ringattention.kernels.hopper import warp_rescale
 from ringattention.kernels.hopper.mosaic import FwdConfig, Ops
 
 
@@ -41,7 +42,7 @@ def online_softmax(cfg: FwdConfig, s, acc, m, l, masked: bool):
     taken of the unscaled logits, so each probability is one FMA and one exp2 (FA3):
     p = 2^(s*c - m). Returns acc, m, l, p."""
     m_new, l, p, alpha = softmax_stats(cfg, s, m, l, masked)
-    return rescale(acc, alpha), m_new, l, p
+    return warp_rescale.rescale(acc, alpha, cfg.interpret), m_new, l, p
 
 
 def softmax_stats(cfg: FwdConfig, s, m, l, masked: bool):
