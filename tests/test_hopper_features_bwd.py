@@ -43,17 +43,13 @@ BACKWARDS = {
     "split256": (256, 128, None),  # Gemma 2's head dim: the default, the head-dim-split pair
     "mla": (192, 128, None),  # MLA, q/k 192 (not padded), v 128: the default, fused (3 dq tiles)
     "split_mla": (192, 128, ph.BlockSizes(backward="mosaic")),  # MLA's head-dim-split pair
-    "mla3": (192, 128, ph.BlockSizes(backward="mla")),  # FA3's head-dim-192 layout (mla_bwd)
 }
-
-
-V_HEAD_DIM_ONLY = {"mla3"}  # backwards that take v's head dim only below q/k's (MLA's 128)
 
 
 def _kernels(name: str, dim: int, v_dim: int) -> int:
     """Mosaic GPU kernels the backward ``name`` runs at these head dims: 1 fused, 2 as a pair."""
     bs = BACKWARDS[name][2] or ph.default_block_sizes(dim, True, v_head_dim=v_dim)
-    return 1 if bs.backward in ("fused", "mla") else 2
+    return 1 if bs.backward == "fused" else 2
 
 
 # Documents of the two batch rows (ids by global position): row 0 starts documents at 120 and
@@ -227,7 +223,7 @@ def test_features_lower_for_cuda(name, feature, semantics, monkeypatch):
     dim, v_dim, bs = BACKWARDS[name]
     features = dict(LOWER_FEATURES[feature])
     with_prefix = features.pop("prefix", False)
-    own_v = features.pop("v_head_dim", False) or name in V_HEAD_DIM_ONLY
+    own_v = features.pop("v_head_dim", False)
     args = _shapes(dim, v_dim if own_v else dim)
 
     def bwd(q, k, v, do, lse, delta, pos, seg, prefix):

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # imported where used (_triton_step): nothing here needs Pall
 ROWS = 64  # wgmma's M per warpgroup
 BLOCK_Q = ROWS  # query rows per compute warpgroup: one wgmma tile (a CTA holds two)
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
-BACKWARDS = ("triton", "mosaic", "fused", "mla")  # BlockSizes.backward: Triton's kernels, or our own
+BACKWARDS = ("triton", "mosaic", "fused")  # BlockSizes.backward: the Triton step's kernels, or our own
 REGISTERS = hm.REGISTER_CHOICES  # BlockSizes.registers: per compute-warpgroup thread
 # BlockSizes.schedule of the forward's two compute warpgroups: "pingpong" (they alternate on the
 # tensor cores) or "overlap" (each overlaps block j's softmax with block j-1's P.V, FA3's
@@ -61,10 +61,8 @@ class BlockSizes:
     two compute warpgroups reduce-add dq into a float32 buffer in a run-dependent order, sharing
     one dq tile, each adding half its columns (at 192 three 64-column tiles, two and one), or at
     head dims <= 64 taking turns; the default for head dims 64, 128 and MLA's 192 / 128; other
-    head dims above 128 a ValueError: "mosaic" is the backward there), "mla" (q/k head dims
-    129-192 with v <= 128: ``mla_bwd``, FlashAttention-3's head-dim-192 layout, 96-key CTAs of
-    three compute warpgroups; dq reduce-added as "fused"'s; ``registers`` does not apply, it runs
-    160) or "triton" (``pallas_gpu``'s kernels, any head dim).
+    head dims above 128 a ValueError: "mosaic" is the backward there) or "triton" (``pallas_gpu``'s kernels,
+    any head dim).
     ``registers``: per thread of a compute warpgroup in every Mosaic kernel (232 or 240; the
     producer keeps the rest of the launch allocation: 40 or 24). ``split_group`` (the fused
     backward with GQA; the other backwards ignore it): True runs one key CTA per *query* head
@@ -209,10 +207,10 @@ def deterministic_block_sizes(
         )
     if not isinstance(block_sizes, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={block_sizes!r} must be a pallas_hopper.BlockSizes")
-    if block_sizes.backward in ("fused", "mla"):
+    if block_sizes.backward == "fused":
         raise ValueError(
-            f"deterministic=True with pallas_hopper BlockSizes(backward={block_sizes.backward!r}): "
-            "that backward reduce-adds dq in a run-dependent order; use backward='mosaic' "
+            "deterministic=True with pallas_hopper BlockSizes(backward='fused'): the fused "
+            "backward reduce-adds dq in a run-dependent order; use backward='mosaic' "
             "or 'triton', or block_sizes=None"
         )
     return block_sizes

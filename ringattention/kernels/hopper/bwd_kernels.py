@@ -74,7 +74,6 @@ class BwdConfig:
     softcap: float | None = None  # logits C * tanh(scale * q.k / C) (Gemma 2)
     prefix: bool = False  # a bidirectional prefix per batch row (int32 [B], the last input)
     bidirectional: bool = False  # queries of negative segments see their whole segment
-    compute_wgs: int = COMPUTE_WGS  # compute warpgroups per CTA (``mla_bwd``: 3)
 
     @property
     def widened(self) -> bool:
@@ -118,7 +117,7 @@ def _cta(cfg: BwdConfig, bounds, reverse: bool):
 
 def _stream(cfg: BwdConfig, n, issue, loaded, free):
     """Producer: for t in [0, n) wait for slot t % stages to be free and ``issue(t, slot, barrier)``."""
-    set_registers(cfg.registers, compute=False, interpret=cfg.interpret, wgs=cfg.compute_wgs)
+    set_registers(cfg.registers, compute=False, interpret=cfg.interpret)
 
     def load(t, carry):
         slot = lax.rem(t, jnp.int32(cfg.stages))
@@ -160,36 +159,33 @@ def causal_rows(cfg: BwdConfig, pos, seg, prefix, queries: bool):
     return pos if prefix is None else jnp.where(pos < prefix, INT_MIN, pos)
 
 
-def _vis(cfg, ops, shape, own, pos_ref, seg_ref, own_is_query: bool, own_cols: bool = False):
+def _vis(cfg, ops, shape, own, pos_ref, seg_ref, own_is_query: bool):
     """bool [r, c] visibility (own rows x streamed columns), or None when nothing masks. own: the
-    own rows' (positions, ids, ``causal_rows``). ``own_cols``: the tile is the other way round,
-    [streamed rows, own columns] (``mla_bwd``'s s = q k^T); ``row`` / ``col`` below then broadcast
-    along the own / streamed axis all the same."""
+    own rows' (positions, ids, ``causal_rows``)."""
     own_pos, own_seg, own_causal = own
-    col = lambda x: lax.broadcast_in_dim(x, shape, [0 if own_cols else 1])  # noqa: E731
-    row = lambda x: lax.broadcast_in_dim(x, shape, [1 if own_cols else 0])  # noqa: E731
-    streamed = ops.rows if own_cols else ops.cols  # the streamed side's vectors
-    seg_cols = streamed(seg_ref) if cfg.bidirectional and not own_is_query else None  # read once
+    col = lambda x: lax.broadcast_in_dim(x, shape, [1])  # noqa: E731
+    row = lambda x: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
+    seg_cols = ops.cols(seg_ref) if cfg.bidirectional and not own_is_query else None  # read once
     vis = None
     if cfg.causal:
         if own_is_query:
-            vis = col(streamed(pos_ref)) <= row(own_causal)
+            vis = col(ops.cols(pos_ref)) <= row(own_causal)
         else:  # streamed queries: those of negative segments see every position
             keys = row(own_causal)
-            q_cols = streamed(pos_ref)
+            q_cols = ops.cols(pos_ref)
             if seg_cols is not None:
                 q_cols = jnp.where(seg_cols < 0, INT_MAX, q_cols)
             vis = keys <= col(q_cols)
     if cfg.window is not None:
         if own_is_query:
-            q_pos, k_pos = row(own_pos), col(streamed(pos_ref))
+            q_pos, k_pos = row(own_pos), col(ops.cols(pos_ref))
         else:
-            q_pos, k_pos = col(streamed(pos_ref)), row(own_pos)
+            q_pos, k_pos = col(ops.cols(pos_ref)), row(own_pos)
         # one-sided where the causal mask covers the other side: not where it is widened
         near = window_mask(cfg.causal and not cfg.widened, cfg.window, q_pos, k_pos)
         vis = near if vis is None else vis & near
     if cfg.segments:
-        same = col(streamed(seg_ref) if seg_cols is None else seg_cols) == row(own_seg)
+        same = col(ops.cols(seg_ref) if seg_cols is None else seg_cols) == row(own_seg)
         vis = same if vis is None else vis & same
     return vis
 
@@ -467,10 +463,10 @@ def kv_update(ops: Ops, carry, p_t, ds_t, q_smem, do_smem):
 def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs, dv: int | None = None) -> None:
     """dk/dv of one warpgroup's own keys: ``body(j, (dk, dv), g, masked)`` over query block j in
     [lo, mid) unmasked then [mid, hi) masked, for each query head g of the kv group; writes dk (scaled)
-    [r, d] and dv [r, dv] (None: d) to ``out_refs`` (a None dv ref: no dv carried, ``mla_bwd``).
-    With a window (bounds lo, mid, hi, edge): [lo, edge) masked first, then [edge, mid) unmasked.
-    Without any mask, one flat loop over the group's (head, block) pairs in the same order (a loop
-    nest carries dk and dv through every level: more registers)."""
+    [r, d] and dv [r, dv] (None: d) to ``out_refs``. With a window (bounds lo, mid, hi, edge):
+    [lo, edge) masked first, then [edge, mid) unmasked. Without any mask, one flat loop over the
+    group's (head, block) pairs in the same order (a loop nest carries dk and dv through every
+    level: more registers)."""
 
     def head(g, carry):  # query head kvh * G + g: full blocks, then masked ones
         return block_loops(functools.partial(body, g=g), bounds, masked, carry)
@@ -481,8 +477,6 @@ def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs, dv: int |
 
     zeros = ops.full((cfg.rows, d), 0.0)
     zeros_v = zeros if dv in (None, d) else ops.full((cfg.rows, dv), 0.0)
-    if out_refs[1] is None:  # no dv in this warpgroup (``mla_bwd``'s third): carry None
-        zeros_v = None
     lo, n = bounds[0], bounds[2] - bounds[0]
     if cfg.groups == 1:
         dk, dv = head(jnp.int32(0), (zeros, zeros_v))
@@ -492,8 +486,7 @@ def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs, dv: int |
         dk, dv = lax.fori_loop(0, cfg.groups, head, (zeros, zeros_v))
     dk_ref, dv_ref = out_refs
     dk_ref[...] = dk * cfg.scale
-    if dv_ref is not None:
-        dv_ref[...] = dv
+    dv_ref[...] = dv
 
 
 def dkv_kernel(*refs, cfg: BwdConfig):

@@ -237,15 +237,15 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
         )
 
 
-def _launch(body, out_type, scratch, *, grid, interpret: bool, wgs: int = WGS):
-    """Like ``hm.launch`` (``wgs`` compute warpgroups and a producer) but through ``pl.kernel``,
-    which accepts Ref arguments (aliased in and out); ``plgpu.kernel`` does not in this jax."""
+def _launch(body, out_type, scratch, *, grid, interpret: bool):
+    """Like ``hm.launch`` but through ``pl.kernel``, which accepts Ref arguments (aliased in and
+    out); ``plgpu.kernel`` does not in this jax."""
     params = None
     if interpret:
         params = hm.interpret_params()
         if params is None:
             raise NotImplementedError("this jax has no Mosaic GPU interpret mode")
-    mesh = plgpu.Mesh(grid=grid, grid_names=("h", "i", "b"), num_threads=wgs + 1, thread_name="wg")
+    mesh = plgpu.Mesh(grid=grid, grid_names=("h", "i", "b"), num_threads=WGS + 1, thread_name="wg")
 
     def scoped(*refs):
         pl.run_scoped(functools.partial(body, *refs), *scratch, collective_axes="wg")

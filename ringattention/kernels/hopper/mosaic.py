@@ -35,17 +35,15 @@ REGISTER_CHOICES = (232, 240)  # compute warpgroups; the producer keeps what is 
 # everywhere it was timed (docs/kernels.md)
 
 
-def set_registers(registers: int, compute: bool, interpret: bool, wgs: int = COMPUTE_WGS) -> None:
-    """Re-balances the register file between the roles (``setmaxnreg``): the ``wgs`` compute
-    warpgroups take ``registers`` each, the producer the rest of the launch allocation (65536 per
-    CTA over ``wgs + 1`` warpgroups), so the CTA's total stays put."""
+def set_registers(registers: int, compute: bool, interpret: bool) -> None:
+    """Re-balances the register file between the roles (``setmaxnreg``): the compute warpgroups take
+    ``registers`` each, the producer the rest of the launch allocation, so the CTA's total stays put."""
     if interpret:
         return
     if compute:
         plgpu.set_max_registers(registers, action="increase")
     else:
-        launch = LAUNCH_REGISTERS if wgs == COMPUTE_WGS else 65536 // (128 * (wgs + 1)) // 8 * 8
-        producer = (wgs + 1) * launch - wgs * registers
+        producer = (COMPUTE_WGS + 1) * LAUNCH_REGISTERS - COMPUTE_WGS * registers
         plgpu.set_max_registers(producer, action="decrease")
 
 

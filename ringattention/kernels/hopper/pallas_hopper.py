@@ -63,7 +63,6 @@ from ringattention.kernels import common, reference
 from ringattention.kernels.hopper import backward as hb
 from ringattention.kernels.hopper import cta_dq_bwd as hcb
 from ringattention.kernels.hopper import fwd_kernel as hk
-from ringattention.kernels.hopper import mla_bwd as hmla
 from ringattention.kernels.hopper import mosaic as hm
 from ringattention.kernels.hopper import split_bwd as hsb
 from ringattention.kernels.hopper.block_sizes import (  # noqa: F401  (the step's names: ph.BlockSizes, ...)
@@ -382,8 +381,6 @@ def backward_step(
         )
     if bs.backward == "fused":  # fused_takes(D, Dv) checked above
         mosaic = hcb.backward
-    elif bs.backward == "mla":  # its own check: q/k 129-192, v <= 128
-        mosaic = hmla.backward
     elif head_dim > 128:  # "mosaic": the head-dim-split dq and dk/dv kernels, no atomics
         mosaic = hsb.backward
     else:
