@@ -9,8 +9,10 @@ With ``ulysses=U`` the mesh is ``n x U`` ("sp", "usp"): the sequence in layout o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -318,3 +320,22 @@ def on_device(device, *structs):
     return tuple(
         None if s is None else jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in structs
     )
+
+
+@contextlib.contextmanager
+def mosaic_modules():
+    """Yields a list that collects the MLIR text of every Mosaic GPU kernel lowered inside the block
+    (each passes through Mosaic GPU's serialization pass first); skips the test where this jax's
+    lowering has no such pass to read kernels from."""
+    from jax.experimental.mosaic.gpu import core as mgc
+
+    if not hasattr(mgc, "_run_serde_pass"):
+        pytest.skip("this jax's Mosaic GPU lowering has no _run_serde_pass to read kernels from")
+    texts, serde = [], mgc._run_serde_pass
+
+    def capture(module, **kw):
+        texts.append(str(module))
+        return serde(module, **kw)
+
+    with mock.patch.object(mgc, "_run_serde_pass", capture):
+        yield texts

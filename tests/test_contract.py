@@ -24,7 +24,16 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from ringcheck import F32_RTOL, Problem, check_ring, h200_devices, reference64, rel_err, tpu_devices
+from ringcheck import (
+    F32_RTOL,
+    Problem,
+    check_ring,
+    h200_devices,
+    mosaic_modules,
+    reference64,
+    rel_err,
+    tpu_devices,
+)
 
 import ringattention as ra
 from ringattention import implementations
@@ -201,20 +210,10 @@ def test_pallas_gpu_lowers_for_cuda_under_check_vma():
 
 def _mosaic_kernel_ops(fn, *args) -> list[collections.Counter]:
     """Per Mosaic GPU kernel of ``fn`` lowered for CUDA: its MLIR operations, counted by name."""
-    from jax.experimental.mosaic.gpu import core as mgc
-
-    if not hasattr(mgc, "_run_serde_pass"):
-        pytest.skip("this jax's Mosaic GPU lowering has no _run_serde_pass to read kernels from")
-    kernels, serde = [], mgc._run_serde_pass
-
-    def capture(module, **kw):
-        kernels.append(collections.Counter(re.findall(r"= ([a-z_]+\.[a-z_.]+)", str(module))))
-        return serde(module, **kw)
-
     jax.clear_caches()
-    with mock.patch.object(mgc, "_run_serde_pass", capture):
+    with mosaic_modules() as texts:
         jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-    return kernels
+    return [collections.Counter(re.findall(r"= ([a-z_]+\.[a-z_.]+)", text)) for text in texts]
 
 
 def test_pallas_hopper_under_check_vma_lowers_the_same_kernels():

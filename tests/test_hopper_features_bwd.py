@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from ringcheck import BF16_RTOL, F32_RTOL, rel_err
+from ringcheck import BF16_RTOL, F32_RTOL, mosaic_modules, rel_err
 
 from ringattention.kernels.hopper import backward as hb
 from ringattention.kernels.hopper import cta_dq_bwd as hcb
@@ -255,22 +255,9 @@ def test_softcap_tanh_is_approximate():
     approximate one (``tanh.approx.f32``, one MUFU op; ``math.tanh`` with ``afn`` before Mosaic
     GPU's warpgroup-semantics lowering turns it into that), as the kernels' ``CompilerParams(
     approx_math=True)`` asks."""
-    from unittest import mock
-
-    from jax.experimental.mosaic.gpu import core as mgc
-
-    if not hasattr(mgc, "_run_serde_pass"):
-        pytest.skip("this jax's Mosaic GPU lowering has no _run_serde_pass to read kernels from")
-    kernels, serde = [], mgc._run_serde_pass
-
-    def capture(module, **kw):
-        kernels.append(str(module))
-        return serde(module, **kw)
-
     q, k, v, do, lse, delta, pos, seg, _ = _shapes(64, 64, segments=False)
     for softcap in (None, 30.0):
         jax.clear_caches()
-        kernels.clear()
         step = functools.partial(
             ph.backward_step,
             causal=True,
@@ -278,7 +265,7 @@ def test_softcap_tanh_is_approximate():
             softcap=softcap,
             block_sizes=ph.BlockSizes(backward="fused"),
         )
-        with mock.patch.object(mgc, "_run_serde_pass", capture):
+        with mosaic_modules() as kernels:
             jax.jit(step).trace(q, k, v, do, lse, delta, pos, pos, None, None).lower(
                 lowering_platforms=("cuda",)
             )

@@ -26,7 +26,7 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
-from ringcheck import BF16_RTOL, Problem, check_ring, rel_err
+from ringcheck import BF16_RTOL, Problem, check_ring, mosaic_modules, rel_err
 
 import ringattention as ra
 from ringattention import implementations
@@ -379,24 +379,11 @@ def test_mla_defaults_fit_shared_memory():
 def _mosaic_kernels(fn, *args, semantics: str = "default"):
     """[(operation counts, number of custom-call operands)] of the Mosaic GPU kernels of ``fn``
     lowered for CUDA; the counts include each inline assembly's instruction as ``asm:<name>``."""
-    from jax.experimental.mosaic.gpu import core as mgc
-
-    if not hasattr(mgc, "_run_serde_pass"):
-        pytest.skip("this jax's Mosaic GPU lowering has no _run_serde_pass to read kernels from")
-    texts, serde = [], mgc._run_serde_pass
-
-    def capture(module, **kw):
-        texts.append(str(module))
-        return serde(module, **kw)
-
     params = plgpu.CompilerParams
     if semantics == "warpgroup":
         params = functools.partial(plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
     jax.clear_caches()  # the kernels' jitted wrappers would reuse the other semantics' lowering
-    with (
-        mock.patch.object(mgc, "_run_serde_pass", capture),
-        mock.patch.object(plgpu, "CompilerParams", params),
-    ):
+    with mosaic_modules() as texts, mock.patch.object(plgpu, "CompilerParams", params):
         hlo = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     calls = re.findall(r"stablehlo.custom_call @mosaic_gpu\w*\(([^)]*)\)", hlo)
     assert len(texts) == len(calls) >= 1, (len(texts), len(calls))

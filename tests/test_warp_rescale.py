@@ -7,12 +7,12 @@ leaves the output bitwise unchanged is a device check (``tests/test_gpu_suite.py
 
 import functools
 import re
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from ringcheck import mosaic_modules
 
 from ringattention.kernels.hopper import pallas_hopper as ph
 from ringattention.kernels.hopper import warp_rescale
@@ -27,22 +27,12 @@ def test_interpret_rescale_is_the_product():
 
 def _kernel_text(**kw) -> str:
     """The Mosaic GPU module of one forward step lowered for CUDA (2 x 512 tokens, 4:2 heads)."""
-    from jax.experimental.mosaic.gpu import core as mgc
-
-    if not hasattr(mgc, "_run_serde_pass"):
-        pytest.skip("this jax's Mosaic GPU lowering has no _run_serde_pass to read kernels from")
-    texts, serde = [], mgc._run_serde_pass
-
-    def capture(module, **kwargs):
-        texts.append(str(module))
-        return serde(module, **kwargs)
-
     q = jax.ShapeDtypeStruct((2, 512, 4, 128), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((2, 512, 2, 128), jnp.bfloat16)
     pos = jax.ShapeDtypeStruct((512,), jnp.int32)
     fwd = functools.partial(ph.forward_step, softmax_scale=128**-0.5, **kw)
     jax.clear_caches()
-    with mock.patch.object(mgc, "_run_serde_pass", capture):
+    with mosaic_modules() as texts:
         jax.jit(lambda q, k, v, p: fwd(q, k, v, p, p, None, None)).trace(q, kv, kv, pos).lower(
             lowering_platforms=("cuda",)
         )
