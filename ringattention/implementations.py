@@ -46,6 +46,11 @@ feature the call uses is a ValueError):
 ``"v_head_dim"``: v has its own head dim Dv: v [B, Sk, K, Dv], o and do [B, Sq, H, Dv], dv
     [B, Sk, K, Dv] (MLA shapes: 192 for q/k, 128 for v).
 
+``forward_step(..., out_dtype=q.dtype)``, for implementations with ``Implementation.out_dtype``:
+``o`` in that dtype. Never a requirement: the ring passes it where its lap is one step without
+sinks (a ring of one device, Ulysses), whose output is final, so the kernel writes it once in the
+final dtype instead of float32 that XLA converts after (the same bits: both round to nearest even).
+
 Attention sinks never reach a step: the ring merges them into the final lse once (``ring.py``).
 """
 
@@ -68,6 +73,7 @@ class Implementation:
     takes_shard: Callable[[int], bool] = lambda shard: True
     # optional features of the step contract (module docstring) that the kernel implements
     features: frozenset[str] = frozenset()
+    out_dtype: bool = False  # forward_step takes out_dtype (module docstring)
 
     def load(self):
         return importlib.import_module(self.module)

@@ -87,11 +87,16 @@ def _directions(cfg):
     return tuple((d, m) for d, m in ((1, fwd), (-1, bwd)) if m)
 
 
-def _forward_lap(cfg, q, k, v, q_seg, k_seg, prefix=None):
-    """Returns o float32 [B, S, H, Dv] and lse float32 [B, H, S] over the ring (or its short lap)."""
-    impl = implementations.resolve(cfg.implementation).load()
+def _forward_lap(cfg, q, k, v, q_seg, k_seg, prefix=None, out_dtype=None):
+    """Returns o float32 [B, S, H, Dv] and lse float32 [B, H, S] over the ring (or its short lap).
+    ``out_dtype``: o's dtype where the lap is one step (a ring of one device) of an implementation
+    that takes it (``Implementation.out_dtype``): nothing is merged, so the kernel writes it."""
+    impl_info = implementations.resolve(cfg.implementation)
+    impl = impl_info.load()
     n = cfg.ring_size
     kw = step_kwargs(cfg, prefix)
+    if n == 1 and out_dtype is not None and impl_info.out_dtype:
+        kw["out_dtype"] = out_dtype
 
     def compute(kv, t):
         k_, v_, ks = kv
@@ -197,7 +202,11 @@ def _laps(cfg):
 
 
 def _lap(cfg, q, k, v, segment_ids, prefix, sink_logits):
-    o, lse = _laps(cfg)[0](cfg, q, k, v, segment_ids, segment_ids, prefix)
+    fwd = _laps(cfg)[0]
+    # o in q's dtype straight from a lone step's kernel (no float32 write, no conversion after);
+    # sinks are merged into a float32 o
+    kw = dict(out_dtype=q.dtype) if fwd is _forward_lap and sink_logits is None else {}
+    o, lse = fwd(cfg, q, k, v, segment_ids, segment_ids, prefix, **kw)
     if sink_logits is not None:  # once, into the float32 lse (sinks.py)
         o, lse = _sinks.merge(o, lse, sink_logits)
     return o, lse

@@ -53,5 +53,6 @@ register(
         platforms=("gpu",),
         available=_available,
         features=frozenset({"softcap", "prefix", "bidirectional", "v_head_dim"}),
+        out_dtype=True,
     )
 )

@@ -95,9 +95,9 @@ def fwd_kernel(*refs, cfg: FwdConfig):
     GMEM inputs: lo/mid/hi int32 [B, nq]; q [B, Sq, H, D]; k, v [B, Sk, K, D]; then (causal or
     window) q_pos [Sq], k_pos [Sk]; then (segments) q_seg [B, Sq], k_seg [B, Sk]; then (window) edge
     int32 [B, nq]; then (prefix) prefix int32 [B]. v may have its own head dim Dv: v [B, Sk, K, Dv].
-    GMEM outputs: o f32 [B, Sq, H, Dv] (the step's layout: a warpgroup's tile is 64 rows of Dv
-    contiguous floats, H * Dv apart, and no transpose follows the kernel), lse f32 [B, H, Sq]
-    (natural log).
+    GMEM outputs: o f32 (or q's dtype where o is final) [B, Sq, H, Dv] (the step's layout: a
+    warpgroup's tile is 64 rows of Dv contiguous values, H * Dv apart, and no transpose follows the
+    kernel), lse f32 [B, H, Sq] (natural log).
     """
     n_in = 6 + 2 * cfg.positions + 2 * cfg.segments + (cfg.window is not None) + cfg.prefix
     ins, (o_ref, lse_ref), scratch = refs[:n_in], refs[n_in : n_in + 2], refs[n_in + 2 :]
@@ -264,7 +264,8 @@ def _compute(
     def write(acc, m, l):
         seen = l > 0.0
         inv = 1.0 / jnp.where(seen, l, 1.0)  # [bq]: one reciprocal per row, then multiplies
-        o_ref.at[b, rows, h][...] = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+        o = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+        ops.store(o_ref.at[b, rows, h], o.astype(o_ref.dtype))  # float32, or q's where o is final
         lse_ref.at[b, h, rows][...] = jnp.where(seen, m * LN2 - jnp.log(inv), -jnp.inf)
 
     w = hfl.Warpgroup(

@@ -60,6 +60,15 @@ def _load(ref, layout):
     return plgpu.load(ref, layout=layout)
 
 
+def _unoptimized_store():
+    """jax >= 0.12's ``store(ref, value, optimized=False)``, or None (older jax: no such check)."""
+    try:
+        from jax._src.pallas.mosaic_gpu.primitives import store
+    except ImportError:
+        return None
+    return store
+
+
 def interpret_params():
     """Mosaic GPU interpret-mode parameters, or None where this jax has no such mode."""
     for name in ("InterpretParams", "InterpretGPUParams"):
@@ -156,6 +165,17 @@ class Ops:
         if self.interpret:
             return ref[...]
         return _load(ref, plgpu.Layout.WGMMA.reduce(0))
+
+    def store(self, ref, x):
+        """GMEM ``ref[...] = x`` from a wgmma tile. In 16 bits each thread holds 4 bytes of a row's
+        32-byte sector (float32: 8), which jax >= 0.12 refuses as an optimized store ("does not
+        access a whole number of complete 32 byte sectors"); the unoptimized one issues the same
+        stores, and older jax does not check."""
+        store = None if self.interpret or jnp.dtype(x.dtype).itemsize == 4 else _unoptimized_store()
+        if store is None:
+            ref[...] = x
+        else:
+            store(ref, x, optimized=False)
 
     def full(self, shape, value):
         x = jnp.full(shape, value, F32)

@@ -162,10 +162,15 @@ def forward_step(
     softcap: float | None = None,
     prefix=None,
     bidirectional: bool = False,
+    out_dtype=None,
 ):
     """One ring step forward (contract in ``implementations.py``, with the optional features
-    softcap, prefix, bidirectional and v_head_dim). Returns (o f32, lse f32)."""
+    softcap, prefix, bidirectional and v_head_dim). Returns (o, lse f32): o in ``out_dtype``
+    (float32 or q's dtype; None: float32), which the kernel writes."""
     _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale, own_v_dim=True)
+    out_dtype = jnp.dtype(F32 if out_dtype is None else out_dtype)
+    if out_dtype not in (jnp.dtype(F32), jnp.dtype(q.dtype)):
+        raise ValueError(f"pallas_hopper: out_dtype={out_dtype} must be float32 or q's dtype ({q.dtype=})")
     softcap, prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)
     B, Sq, H, D = q.shape
     Dv = v.shape[3]
@@ -173,7 +178,7 @@ def forward_step(
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
     if jnp.dtype(q.dtype) not in HALF_DTYPES:  # float32: the Triton step (or XLA's), not wgmma
-        return _triton_or_xla_step().forward_step(
+        return _triton_or_xla_step().forward_step(  # its o is float32, q's dtype here
             q,
             k,
             v,
@@ -223,6 +228,7 @@ def forward_step(
         scale=softmax_scale,
         interpret=interpret,
         window=window,
+        out_dtype=out_dtype,
         **features,
     )
     return o[:, :Sq, :, :Dv], lse[:, :, :Sq]
@@ -243,9 +249,11 @@ def _fwd_call(
     scale: float,
     interpret: bool,
     window: int | None = None,
+    out_dtype=F32,
     **features,
 ):
-    """``features``: ``hm.FwdConfig``'s softcap, prefix, bidirectional (off where not given)."""
+    """``features``: ``hm.FwdConfig``'s softcap, prefix, bidirectional (off where not given);
+    ``out_dtype``: o's (float32, or q's dtype where o is final)."""
     B, Sq, H, D = q.shape  # padded
     K, Dv = k.shape[2], v.shape[3]  # v [B, Sk, K, Dv]
     nq = Sq // geo.cta_rows
@@ -273,7 +281,7 @@ def _fwd_call(
             f"pallas_hopper: block_k={geo.bk}, stages={bs.stages} at {dims} need "
             f"{smem} bytes of shared memory (limit {SMEM_LIMIT}); use fewer/smaller"
         )
-    out_type = (jax.ShapeDtypeStruct((B, Sq, H, Dv), F32), jax.ShapeDtypeStruct((B, H, Sq), F32))
+    out_type = (jax.ShapeDtypeStruct((B, Sq, H, Dv), out_dtype), jax.ShapeDtypeStruct((B, H, Sq), F32))
     kernel = hm.launch(
         functools.partial(hk.fwd_kernel, cfg=cfg),
         out_type,
