@@ -15,7 +15,9 @@ that has it).
 FLOPs count the work each variant really does (:func:`visible_pairs`): forward 2 * B * H * pairs *
 (Dqk + Dv), where ``pairs`` are the (query, key) pairs the mask lets through (causal L (L + 1) / 2; a
 prefix adds the keys its queries see ahead of them; bidirectional segments are separate documents),
-forward+backward 3.5x that (the FlashAttention convention). TFLOP/s are per device; a variant's
+forward+backward 3.5x that (the FlashAttention convention), timed as one ``jax.vjp`` call: one forward
+and one backward (as ``attention.py``; before 2026-12-07 the forward was timed twice, a forward call
+plus the vjp, which understated forward+backward TFLOP/s). TFLOP/s are per device; a variant's
 speed "vs plain" is its TFLOP/s over the plain ring's at the same length (issue 59's bar: 0.95x,
 soft-capping 0.9x, head dims 192/128 0.9x of the plain head dim 128).
 """
@@ -155,7 +157,7 @@ def _time_variant(name: str, opts: dict, args, seq: int, mesh) -> dict:
         implementation=picked(opts, seq, mesh),
         max_abs_err=check(opts, args, seq, mesh),
         fwd_ms=1e3 * bench.time_fn(f, (q, k, v), reps=args.reps),
-        fwdbwd_ms=1e3 * bench.time_fn(lambda *a: (f(*a[:3]), fb(*a)), (q, k, v, do), reps=args.reps),
+        fwdbwd_ms=1e3 * bench.time_fn(fb, (q, k, v, do), reps=args.reps),  # one forward, one backward
     )
     for mode in ("fwd", "fwdbwd"):
         row[f"{mode}_tflops"] = (
@@ -172,7 +174,7 @@ def _cudnn(args, seq: int) -> dict:
     fb = jax.jit(lambda q, k, v, do: jax.vjp(base, q, k, v)[1](do))
     return dict(
         cudnn_fwd_ms=1e3 * bench.time_fn(f, (q, k, v), reps=args.reps),
-        cudnn_fwdbwd_ms=1e3 * bench.time_fn(lambda *a: (f(*a[:3]), fb(*a)), (q, k, v, do), reps=args.reps),
+        cudnn_fwdbwd_ms=1e3 * bench.time_fn(fb, (q, k, v, do), reps=args.reps),
     )
 
 

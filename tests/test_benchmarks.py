@@ -357,6 +357,34 @@ def test_options_every_variant_is_exact_and_timed(bench, tmp_path):
     assert "| 0K | sinks | xla |" in open(out + ".md").read()
 
 
+def test_options_time_forward_backward_as_one_forward_and_its_backward(bench, monkeypatch):
+    """Forward+backward is one ``jax.vjp`` call, as in ``attention.py``: timing it runs the ring's
+    forward once (not a forward call besides the vjp's own forward), so 3.5x the forward's FLOPs
+    is the work timed."""
+    import argparse
+
+    import jax
+
+    opt = bench("options")
+    traced, timed = [], {}
+    ring = opt.ra.ring_attention
+    monkeypatch.setattr(opt.ra, "ring_attention", lambda *a, **kw: traced.append(1) or ring(*a, **kw))
+
+    def time_once(fn, args, reps):  # one call of what is timed, with the ring's traces counted
+        jax.clear_caches()
+        del traced[:]
+        jax.block_until_ready(fn(*args))
+        timed[len(args)] = len(traced)
+        return 1.0
+
+    monkeypatch.setattr(opt.bench, "time_fn", time_once)
+    args = argparse.Namespace(heads=4, kv_heads=2, head_dim=32, dtype="float32", reps=1, check_len=64)
+    mesh = jax.sharding.Mesh(jax.devices()[:1], ("sp",))
+    row = opt._time_variant("plain", {}, args, 128, mesh)
+    assert timed == {3: 1, 4: 1}, timed  # forward: (q, k, v); forward+backward: (q, k, v, do)
+    assert row["fwdbwd_tflops"] == 3.5 * row["fwd_tflops"]  # same (mocked) time, 3.5x the work
+
+
 def test_options_count_the_pairs_each_mask_lets_through(bench):
     """``options.visible_pairs`` against ``masks.visible`` on every (query, key) pair of 64 tokens,
     for the plain causal mask, a prefix and the four bidirectional / causal documents."""
