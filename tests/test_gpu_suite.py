@@ -249,6 +249,32 @@ def test_forward_rescale_skip_is_bitwise(softcap, monkeypatch):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("dims", [(128, 128), (192, 128)], ids=["d128", "mla"])
+def test_forward_writes_the_final_dtype_bitwise(dims):
+    """A lone step's o written by the kernel in bfloat16 (``out_dtype``, what a ring of one device
+    runs) is bitwise the float32 o converted by XLA (causal, 8K tokens, GQA 8:2, soft cap 30)."""
+    _needs_hopper("pallas_hopper")
+    from ringattention.kernels.hopper import pallas_hopper as ph
+
+    d, dv = dims
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(1), 3)
+    q = jax.random.normal(kq, (1, 8192, 8, d), jnp.bfloat16)  # [batch, seq, heads, dim]
+    k = jax.random.normal(kk, (1, 8192, 2, d), jnp.bfloat16)
+    v = jax.random.normal(kv, (1, 8192, 2, dv), jnp.bfloat16)
+    pos = jnp.arange(8192, dtype=jnp.int32)
+
+    def forward(out_dtype):
+        step = lambda q, k, v, p: ph.forward_step(  # noqa: E731
+            q, k, v, p, p, None, None, causal=True, softmax_scale=d**-0.5, softcap=30.0, out_dtype=out_dtype
+        )
+        return jax.jit(step)(q, k, v, pos)
+
+    (o16, lse16), (o32, lse32) = forward(jnp.bfloat16), forward(None)
+    assert o16.dtype == jnp.bfloat16 and o32.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(o16), np.asarray(o32.astype(jnp.bfloat16)))
+    np.testing.assert_array_equal(np.asarray(lse16), np.asarray(lse32))
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("check_vma", [True, False], ids=["vma", "novma"])
