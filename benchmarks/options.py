@@ -4,8 +4,10 @@ On one device (a ring of one inside ``jax.shard_map``), ``implementation="auto"`
 ring, then the same call with one option each (``sinks``, ``logits_soft_cap``, ``prefix_length``,
 ``bidirectional_segments``, a value head dim of 128 under a query/key head dim of 192) and the plain
 ring under ``shard_map(check_vma=False)``, at each length of ``--seqs``. Every variant is first checked
-against the float32 ``reference_attention`` on the device; times are medians after a warm-up, with
-cuDNN's causal attention (GPU, forward and forward+backward) in the same run as the yardstick. "auto"
+against the float32 ``reference_attention`` on the device; every call is timed in ``--rounds``
+interleaved rounds (each the median of ``--reps`` calls after a warm-up call) and its time is the
+median of its rounds, with cuDNN's causal attention (GPU, forward and forward+backward) in the same
+rounds as the yardstick. "auto"
 names the kernel each variant ran on (an option the fastest kernel lacks falls back to the next one
 that has it).
 
@@ -146,53 +148,67 @@ def check(opts: dict, args, seq: int, mesh) -> float:
     return float(jnp.max(jnp.abs(jax.jit(fn)(q, k, v) - jax.jit(ref)(q, k, v))))
 
 
-def _time_variant(name: str, opts: dict, args, seq: int, mesh) -> dict:
-    q, k, v, do = _inputs(args, seq, opts.get("qk_dim", args.head_dim))
+def _prepare(name: str, opts: dict, args, seq: int, mesh, inputs: dict) -> tuple[dict, dict]:
+    """(the variant's row: kernel and error; {mode: (jitted call, its arguments)}), forward+backward
+    as one ``jax.vjp`` call (one forward, one backward). ``inputs``: qk head dim -> (q, k, v, do),
+    shared by the variants."""
+    qk = opts.get("qk_dim", args.head_dim)
+    if qk not in inputs:
+        inputs[qk] = _inputs(args, seq, qk)
+    q, k, v, do = inputs[qk]
     fn, _ = make_fns(opts, seq, args.heads, mesh)
-    f = jax.jit(fn)
-    fb = jax.jit(lambda q, k, v, do, fn=fn: jax.vjp(fn, q, k, v)[1](do))
+    fb = lambda q, k, v, do, fn=fn: jax.vjp(fn, q, k, v)[1](do)  # noqa: E731
     row = dict(
         variant=name,
         seq=seq,
         implementation=picked(opts, seq, mesh),
         max_abs_err=check(opts, args, seq, mesh),
-        fwd_ms=1e3 * bench.time_fn(f, (q, k, v), reps=args.reps),
-        fwdbwd_ms=1e3 * bench.time_fn(fb, (q, k, v, do), reps=args.reps),  # one forward, one backward
     )
-    for mode in ("fwd", "fwdbwd"):
-        row[f"{mode}_tflops"] = (
-            variant_flops(opts, seq, args.heads, args.head_dim, mode) / (row[f"{mode}_ms"] * 1e-3) / 1e12
-        )
-    return row
+    return row, {"fwd": (jax.jit(fn), (q, k, v)), "fwdbwd": (jax.jit(fb), (q, k, v, do))}
 
 
-def _cudnn(args, seq: int) -> dict:
-    """cuDNN's causal attention on the plain shapes: forward and forward+backward ms."""
+def _cudnn_calls(args, seq: int, inputs: dict) -> dict:
+    """cuDNN's causal attention on the plain shapes: {mode: (jitted call, its arguments)}."""
     base, _ = bench.baseline_fn("gpu", True)
-    q, k, v, do = _inputs(args, seq, args.head_dim)
-    f = jax.jit(base)
-    fb = jax.jit(lambda q, k, v, do: jax.vjp(base, q, k, v)[1](do))
-    return dict(
-        cudnn_fwd_ms=1e3 * bench.time_fn(f, (q, k, v), reps=args.reps),
-        cudnn_fwdbwd_ms=1e3 * bench.time_fn(fb, (q, k, v, do), reps=args.reps),
-    )
+    q, k, v, do = inputs[args.head_dim]
+    fb = lambda q, k, v, do: jax.vjp(base, q, k, v)[1](do)  # noqa: E731
+    return {"fwd": (jax.jit(base), (q, k, v)), "fwdbwd": (jax.jit(fb), (q, k, v, do))}
+
+
+def time_rounds(calls: dict, rounds: int, reps: int) -> dict:
+    """{key: [ms per round]}: every call timed once per round (``reps`` calls, their median), the
+    calls interleaved round by round so that a drift of the clock or the heat falls on all alike."""
+    out = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key, (fn, a) in calls.items():
+            out[key].append(1e3 * bench.time_fn(fn, a, reps=reps))
+    return out
 
 
 def run(args) -> list[dict]:
     mesh = Mesh(np.array(jax.devices()[:1]), ("sp",))
+    gpu = jax.devices()[0].platform == "gpu"
     rows = []
     for seq in args.seqs:
         chosen = variants(seq)
         if args.variants:
             chosen = {n: chosen[n] for n in ["plain", *args.variants.split(",")] if n in chosen}
-        plain = None
+        inputs, calls, seq_rows = {}, {}, {}
         for name, opts in chosen.items():
-            row = _time_variant(name, opts, args, seq, mesh)
-            if plain is None:
-                plain = row
-                if jax.devices()[0].platform == "gpu":  # the yardstick, same run
-                    row.update(_cudnn(args, seq))
+            seq_rows[name], fns = _prepare(name, opts, args, seq, mesh, inputs)
+            calls.update({(name, mode): fn for mode, fn in fns.items()})
+        if gpu:  # the yardstick, same run
+            calls.update({("cudnn", m): fn for m, fn in _cudnn_calls(args, seq, inputs).items()})
+        times = time_rounds(calls, args.rounds, args.reps)
+        for (name, mode), ms in times.items():
+            row = seq_rows["plain"] if name == "cudnn" else seq_rows[name]
+            key = f"cudnn_{mode}" if name == "cudnn" else mode
+            row[f"{key}_ms"], row[f"{key}_ms_rounds"] = float(np.median(ms)), ms
+        plain = seq_rows["plain"]
+        for name, row in seq_rows.items():
             for mode in ("fwd", "fwdbwd"):
+                flops = variant_flops(chosen[name], seq, args.heads, args.head_dim, mode)
+                row[f"{mode}_tflops"] = flops / (row[f"{mode}_ms"] * 1e-3) / 1e12
                 row[f"{mode}_vs_plain"] = row[f"{mode}_tflops"] / plain[f"{mode}_tflops"]
             row["target"] = TARGETS.get(name, TARGET_DEFAULT)
             rows.append(row)
@@ -231,7 +247,8 @@ def main(argv=None) -> dict:
     p.add_argument("--kv_heads", type=int, default=8)
     p.add_argument("--head_dim", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--reps", type=int, default=10, help="calls per timing (their median)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timings of every call (median)")
     p.add_argument("--check_len", type=int, default=2048)
     p.add_argument(
         "--variants", default="", help="comma-separated names (default: all); plain always runs first"
@@ -243,7 +260,7 @@ def main(argv=None) -> dict:
     args.seqs = [int(x) for x in args.seqs.split(",")]
     if args.tiny:
         args.seqs, args.heads, args.kv_heads, args.head_dim = [256], 4, 2, 32
-        args.dtype, args.reps, args.check_len = "float32", 1, 128
+        args.dtype, args.reps, args.rounds, args.check_len = "float32", 1, 1, 128
     rows = run(args)
     meta = dict(
         date=datetime.date.today().isoformat(),
@@ -255,6 +272,8 @@ def main(argv=None) -> dict:
         kv_heads=args.kv_heads,
         head_dim=args.head_dim,
         dtype=args.dtype,
+        reps=args.reps,
+        rounds=args.rounds,
     )
     md = table(rows)
     print(md)

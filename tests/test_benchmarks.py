@@ -380,9 +380,43 @@ def test_options_time_forward_backward_as_one_forward_and_its_backward(bench, mo
     monkeypatch.setattr(opt.bench, "time_fn", time_once)
     args = argparse.Namespace(heads=4, kv_heads=2, head_dim=32, dtype="float32", reps=1, check_len=64)
     mesh = jax.sharding.Mesh(jax.devices()[:1], ("sp",))
-    row = opt._time_variant("plain", {}, args, 128, mesh)
+    _, calls = opt._prepare("plain", {}, args, 128, mesh, {})
+    assert opt.time_rounds(calls, 2, 1) == {"fwd": [1e3, 1e3], "fwdbwd": [1e3, 1e3]}
     assert timed == {3: 1, 4: 1}, timed  # forward: (q, k, v); forward+backward: (q, k, v, do)
-    assert row["fwdbwd_tflops"] == pytest.approx(3.5 * row["fwd_tflops"])  # same (mocked) time
+    fwd, fwdbwd = (opt.variant_flops({}, 128, 4, 32, m) for m in ("fwd", "fwdbwd"))
+    assert fwdbwd == pytest.approx(3.5 * fwd)  # what run() divides the (equal) times into
+
+
+def test_options_interleave_the_rounds(bench, monkeypatch):
+    """``time_rounds`` times every call once per round, round by round (not each call's rounds in
+    a row), and ``run`` takes each call's median round."""
+    import argparse
+
+    opt = bench("options")
+    order = []
+    monkeypatch.setattr(opt.bench, "time_fn", lambda fn, a, reps: order.append(fn) or fn())
+    calls = {"a": (lambda: 1.0, ()), "b": (lambda: 2.0, ())}
+    assert opt.time_rounds(calls, 3, 1) == {"a": [1e3] * 3, "b": [2e3] * 3}
+    assert [f() for f in order] == [1.0, 2.0] * 3
+    # per round: plain fwd, plain fwdbwd, softcap fwd, softcap fwdbwd
+    times = iter([3.0, 5.0, 1.0, 6.0, 1.0, 5.0, 9.0, 6.0, 2.0, 5.0, 4.0, 6.0])
+    monkeypatch.setattr(opt.bench, "time_fn", lambda fn, a, reps: next(times))
+    args = argparse.Namespace(
+        seqs=[64],
+        heads=2,
+        kv_heads=1,
+        head_dim=16,
+        dtype="float32",
+        reps=1,
+        rounds=3,
+        check_len=64,
+        variants="softcap 50",
+    )
+    rows = opt.run(args)
+    assert [r["variant"] for r in rows] == ["plain", "softcap 50"]
+    assert rows[0]["fwd_ms_rounds"] == [3e3, 1e3, 2e3] and rows[0]["fwd_ms"] == 2e3
+    assert rows[1]["fwd_ms_rounds"] == [1e3, 9e3, 4e3] and rows[1]["fwd_ms"] == 4e3
+    assert rows[1]["fwd_vs_plain"] == pytest.approx(0.5) and rows[1]["fwdbwd_ms"] == 6e3
 
 
 def test_options_count_the_pairs_each_mask_lets_through(bench):
