@@ -224,6 +224,16 @@ def test_logits_times_100_do_not_overflow(softcap):
 
 
 @needs_interpret
+def test_softcap_logits_times_100_in_blocks_no_mask_touches():
+    """Soft-capped logits x 100 in the loop without a mask (head dim 128, causal, a whole 128-row
+    query tile after two 128-key blocks; a part tile's padding rows would mask them). The row
+    maximum there must be the capped logits' (the raw one, ~100x the cap, would flush every
+    probability to zero; a variant that capped the raw maximum once per row was timed and lost:
+    docs/kernels.md)."""
+    _check_forward(Case(128, softcap=30.0, sq=128, sk=256, where="after", logit_scale=100.0), seed=5)
+
+
+@needs_interpret
 @pytest.mark.parametrize(
     "sign",
     ["alternating", pytest.param("up", marks=pytest.mark.slow), pytest.param("down", marks=pytest.mark.slow)],
