@@ -20,7 +20,8 @@ prefix adds the keys its queries see ahead of them; bidirectional segments are s
 forward+backward 3.5x that (the FlashAttention convention), timed as one ``jax.vjp`` call: one forward
 and one backward (as ``attention.py``; before 2026-12-07 the forward was timed twice, a forward call
 plus the vjp, which understated forward+backward TFLOP/s). TFLOP/s are per device; a variant's
-speed "vs plain" is its TFLOP/s over the plain ring's at the same length (issue 59's bar: 0.95x,
+speed "vs plain" is its TFLOP/s over the plain ring's at the same length, the median over rounds of
+each round's ratio (:func:`speeds`; issue 59's bar: 0.95x,
 soft-capping 0.9x, head dims 192/128 0.9x of the plain head dim 128).
 """
 
@@ -204,16 +205,27 @@ def run(args) -> list[dict]:
             row = seq_rows["plain"] if name == "cudnn" else seq_rows[name]
             key = f"cudnn_{mode}" if name == "cudnn" else mode
             row[f"{key}_ms"], row[f"{key}_ms_rounds"] = float(np.median(ms)), ms
-        plain = seq_rows["plain"]
         for name, row in seq_rows.items():
-            for mode in ("fwd", "fwdbwd"):
-                flops = variant_flops(chosen[name], seq, args.heads, args.head_dim, mode)
-                row[f"{mode}_tflops"] = flops / (row[f"{mode}_ms"] * 1e-3) / 1e12
-                row[f"{mode}_vs_plain"] = row[f"{mode}_tflops"] / plain[f"{mode}_tflops"]
+            speeds(row, seq_rows["plain"], chosen[name], args)
             row["target"] = TARGETS.get(name, TARGET_DEFAULT)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
+
+
+def speeds(row: dict, plain: dict, opts: dict, args) -> None:
+    """A timed row's TFLOP/s (its median round) and its speed over the plain ring's: the median
+    over rounds of that round's ratio, each round's two calls timed moments apart, so that a drift
+    of the clock between rounds (the GPU's falls as it warms) cancels."""
+    for mode in ("fwd", "fwdbwd"):
+        flops = variant_flops(opts, row["seq"], args.heads, args.head_dim, mode)
+        base = variant_flops({}, row["seq"], args.heads, args.head_dim, mode)
+        row[f"{mode}_tflops"] = flops / (row[f"{mode}_ms"] * 1e-3) / 1e12
+        ours, theirs = row[f"{mode}_ms_rounds"], plain[f"{mode}_ms_rounds"]
+        row[f"{mode}_vs_plain"] = float(np.median([flops / base * p / t for p, t in zip(theirs, ours)]))
+        if f"cudnn_{mode}_ms_rounds" in row:  # cuDNN's time over ours, the same way
+            cudnn = row[f"cudnn_{mode}_ms_rounds"]
+            row[f"cudnn_{mode}_vs_ours"] = float(np.median([c / t for c, t in zip(cudnn, ours)]))
 
 
 def table(rows: list[dict]) -> str:
@@ -231,11 +243,11 @@ def table(rows: list[dict]) -> str:
             f"{r['max_abs_err']:.1e} |"
         )
     for r in rows:
-        if "cudnn_fwd_ms" in r:
+        if "cudnn_fwd_vs_ours" in r:
             lines.append(
                 f"\nPlain ring against cuDNN at {r['seq'] // 1024}K: forward "
-                f"{r['cudnn_fwd_ms'] / r['fwd_ms']:.2f}x, forward+backward "
-                f"{r['cudnn_fwdbwd_ms'] / r['fwdbwd_ms']:.2f}x (cuDNN time / ours)."
+                f"{r['cudnn_fwd_vs_ours']:.2f}x, forward+backward "
+                f"{r['cudnn_fwdbwd_vs_ours']:.2f}x (cuDNN time / ours, the median of the rounds)."
             )
     return "\n".join(lines)
 
@@ -256,7 +268,10 @@ def main(argv=None) -> dict:
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: 256 tokens, 4:2 heads, 32")
     p.add_argument("--out", default=None, help="prefix of the .json/.md to write")
     p.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD)")
+    p.add_argument("--render", default=None, help="a result .json: recompute its speeds and table")
     args = p.parse_args(argv)
+    if args.render:
+        return render(json.loads(pathlib.Path(args.render).read_text()), args.out)
     args.seqs = [int(x) for x in args.seqs.split(",")]
     if args.tiny:
         args.seqs, args.heads, args.kv_heads, args.head_dim = [256], 4, 2, 32
@@ -275,14 +290,32 @@ def main(argv=None) -> dict:
         reps=args.reps,
         rounds=args.rounds,
     )
-    md = table(rows)
+    return write(dict(meta=meta, rows=rows), args.out)
+
+
+def render(result: dict, out: str | None) -> dict:
+    """A written result again from its timed rounds (``--render``): speeds by :func:`speeds`."""
+    shape = argparse.Namespace(**{k: result["meta"][k] for k in ("heads", "head_dim")})
+    for seq in result["meta"]["seqs"]:
+        rows = [r for r in result["rows"] if r["seq"] == seq]
+        plain = next(r for r in rows if r["variant"] == "plain")
+        for r in rows:
+            speeds(r, plain, variants(seq)[r["variant"]], shape)
+    return write(result, out)
+
+
+def write(result: dict, out: str | None) -> dict:
+    """Prints the table; with ``out``, writes ``out``.json and ``out``.md (``meta["note"]``, where
+    given, as a paragraph under the header)."""
+    md = table(result["rows"])
     print(md)
-    result = dict(meta=meta, rows=rows)
-    if args.out:
-        pathlib.Path(args.out + ".json").write_text(json.dumps(result, indent=1))
+    if out:
+        meta = dict(result["meta"])
+        note = f"{meta.pop('note')}\n\n" if "note" in meta else ""
         head = " ".join(f"{k}={v}" for k, v in meta.items())
-        pathlib.Path(args.out + ".md").write_text(
-            f"# Attention options against the plain ring\n\n{head}\n\n{md}\n"
+        pathlib.Path(out + ".json").write_text(json.dumps(result, indent=1))
+        pathlib.Path(out + ".md").write_text(
+            f"# Attention options against the plain ring\n\n{head}\n\n{note}{md}\n"
         )
     return result
 
