@@ -122,20 +122,13 @@ def _prefix(batch, offset):
     return jnp.asarray([offset + 10, 1000][:batch], jnp.int32)
 
 
+# split256: make test-all only; MLA's opt-in split pair: .venv's jax only (every jax runs it with
+# each feature alone and lowers it for CUDA, below)
+AT_ONCE_MARKS = {"split256": pytest.mark.slow, "split_mla": pytest.mark.once}
+
+
 @needs_interpret
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.slow)
-        if n == "split256"
-        # MLA's opt-in split pair: all features at once on .venv's jax only (every jax runs it
-        # with each feature alone and lowers it for CUDA, below)
-        else pytest.param(n, marks=pytest.mark.once)
-        if n == "split_mla"
-        else n
-        for n in BACKWARDS
-    ],
-)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=AT_ONCE_MARKS.get(n, ())) for n in BACKWARDS])
 def test_every_feature_at_once(name):
     """softcap, prefix, bidirectional segments and v's own head dim together, with a sliding
     window (two-sided where the prefix and the bidirectional segments widen the causal mask),
