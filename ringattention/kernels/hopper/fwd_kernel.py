@@ -29,6 +29,12 @@ pay one compare per element for it (fully visible ones, prefix and bidirectional
 none: ``masks.block_table``). v may have its own head dim (``Dv``: v slots ``[S, bk, Dv]``, the
 accumulator ``[bq, Dv]``).
 
+A final o (``out_dtype`` = q's dtype, the lone step of a ring of one device or Ulysses) with v's
+head dim equal to q's is written like FA3's epilogue: registers into the warpgroup's q slot (free
+once its last q.k^T has landed), then one TMA store, awaited only until it has read the slot. A
+float32 o (a ring step's partial result, twice the slot's bytes) and MLA's (``Dv != D``) are
+stored from registers.
+
 ``Ops`` (``mosaic.py``) isolates the few operations that only exist on the device (wgmma through
 accumulator refs, register layouts); with ``interpret=True`` they become plain ``jnp`` so the same
 kernel, barriers and TMA pipeline run in Mosaic GPU's interpret mode on CPU. Shapes in comments:
@@ -261,12 +267,23 @@ def _compute(
         at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
         return _mask(cfg, ops, s, q_pos, q_seg, at(kpos_smem), at(kseg_smem), q_lim)
 
+    # o in q's dtype and shape (a final o) leaves through the warpgroup's q slot and one TMA store
+    staged = o_ref.dtype == q_smem.dtype and dv == q_smem.shape[2]
+
     def write(acc, m, l):
         seen = l > 0.0
         inv = 1.0 / jnp.where(seen, l, 1.0)  # [bq]: one reciprocal per row, then multiplies
-        o = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
-        ops.store(o_ref.at[b, rows, h], o.astype(o_ref.dtype))  # float32, or q's where o is final
+        o = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(o_ref.dtype)
+        if staged:  # the last q.k^T has landed: the q slot is free
+            q_smem.at[wg][...] = o
+            if not cfg.interpret:
+                plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem.at[wg], o_ref.at[b, rows, h])
+        else:
+            ops.store(o_ref.at[b, rows, h], o)  # float32, or q's where o is final
         lse_ref.at[b, h, rows][...] = jnp.where(seen, m * LN2 - jnp.log(inv), -jnp.inf)
+        if staged and not cfg.interpret:
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     w = hfl.Warpgroup(
         cfg,
