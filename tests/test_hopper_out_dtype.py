@@ -6,7 +6,8 @@ converts after: the same bits (both round to nearest even), without the float32 
 conversion. Checked here: the kernel's two output dtypes bitwise (interpret mode), who passes
 ``out_dtype`` (a recording implementation on CPU rings of 1, 2 and 4, with and without sinks, and
 Ulysses), its validation, and the kernel's lowering for CUDA on every jax of the matrix (jax 0.12
-refuses the 16-bit tile as an optimized GMEM store: ``mosaic.Ops.store``).
+refuses the 16-bit tile as an optimized GMEM store: ``mosaic.Ops.store``; where v's head dim is
+q's, a final o leaves through the q slot and one TMA store instead: ``fwd_kernel.write``).
 """
 
 import sys
@@ -17,13 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ringcheck import Problem, check_ring
+from ringcheck import Problem, check_ring, mosaic_modules
 from test_hopper_features_fwd import Case, _lower, needs_interpret
 
 from ringattention import blockwise, implementations
 from ringattention.kernels.hopper import pallas_hopper as ph
 
-BITWISE_CASES = {  # forward_step's kernel with o in float32 and in bfloat16
+BITWISE_CASES = {  # forward_step's kernel with o in float32 and in bfloat16 (d64: bfloat16 o
+    # through the q slot and a TMA store; MLA, v's head dim not q's: register stores)
     "d64-softcap-ids": Case(dim=64, softcap=20.0, segments=True, sq=128, sk=256),
     "mla-bidirectional": Case(dim=192, dv=128, segments=True, bidirectional=True, sq=128, sk=200),
 }
@@ -114,3 +116,33 @@ def test_final_dtype_kernel_lowers_for_cuda(semantics):
     added, removed = b16 - f32, f32 - b16
     assert not removed, removed
     assert added["arith.truncf"] > 0 and set(added) <= {"arith.truncf", "builtin.unrealized_conversion_cast"}
+
+
+TMA_STORE = "nvvm.cp.async.bulk.tensor.global.shared.cta"  # Mosaic GPU's SMEM -> GMEM TMA copy
+
+
+@pytest.mark.parametrize(
+    ("dim", "dv", "out_dtype", "staged"),
+    [
+        (128, None, jnp.bfloat16, True),
+        (128, None, None, False),  # float32 o: twice the q slot's bytes, register stores
+        (192, 128, jnp.bfloat16, False),  # MLA: o's tile is not the q slot's shape
+    ],
+)
+def test_final_o_leaves_through_the_q_slot_and_a_tma_store(dim, dv, out_dtype, staged):
+    """The forward's only SMEM -> GMEM TMA copy is a final o's (the kernel loads by TMA, and writes
+    lse and float32 o from registers), awaited before the kernel ends."""
+    q = jax.ShapeDtypeStruct((2, 512, 4, dim), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 512, 2, dim), jnp.bfloat16)
+    v = jax.ShapeDtypeStruct((2, 512, 2, dv or dim), jnp.bfloat16)
+    pos = jax.ShapeDtypeStruct((512,), jnp.int32)
+
+    def fwd(q, k, v, p):
+        return ph.forward_step(q, k, v, p, p, None, None, causal=True, softmax_scale=0.1, out_dtype=out_dtype)
+
+    jax.clear_caches()
+    with mosaic_modules() as texts:
+        jax.jit(fwd).trace(q, k, v, pos).lower(lowering_platforms=("cuda",))
+    [text] = texts
+    assert (TMA_STORE in text) == staged
+    assert ("nvvm.cp.async.bulk.wait_group" in text) == staged
