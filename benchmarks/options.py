@@ -5,9 +5,10 @@ ring, then the same call with one option each (``sinks``, ``logits_soft_cap``, `
 ``bidirectional_segments``, a value head dim of 128 under a query/key head dim of 192) and the plain
 ring under ``shard_map(check_vma=False)``, at each length of ``--seqs``. Every variant is first checked
 against the float32 ``reference_attention`` on the device; every call is timed in ``--rounds``
-interleaved rounds (each the median of ``--reps`` calls after a warm-up call) and its time is the
-median of its rounds, with cuDNN's causal attention (GPU, forward and forward+backward) in the same
-rounds as the yardstick. "auto"
+interleaved rounds (each the median of ``--reps`` calls after a warm-up call; each round starts one
+call further on) and its time is the median of its rounds, with cuDNN's causal attention (GPU,
+forward and forward+backward) in the same rounds as the yardstick, and plain's calls timed twice
+per round, so the table shows the noise of a ratio that should be 1.00x. "auto"
 names the kernel each variant ran on (an option the fastest kernel lacks falls back to the next one
 that has it).
 
@@ -59,6 +60,8 @@ def variants(seq: int) -> dict[str, dict]:
         "check_vma=False": dict(check_vma=False),
     }
 
+
+AGAIN = "plain again"  # plain's calls timed a second time in each round (an A/A pair)
 
 # The bar of issue 59 per variant: TFLOP/s over the plain ring's (the rest: TARGET_DEFAULT)
 TARGETS = {"softcap 50": 0.9, "head dims 192/128": 0.9}
@@ -178,10 +181,15 @@ def _cudnn_calls(args, seq: int, inputs: dict) -> dict:
 
 def time_rounds(calls: dict, rounds: int, reps: int) -> dict:
     """{key: [ms per round]}: every call timed once per round (``reps`` calls, their median), the
-    calls interleaved round by round so that a drift of the clock or the heat falls on all alike."""
+    calls interleaved round by round so that a drift of the clock or the heat falls on all alike,
+    and round r starting r calls further on (a call's speed depends on what ran just before it:
+    the same kernels timed twice in a row ran 1-3% apart on an H100)."""
     out = {key: [] for key in calls}
-    for _ in range(rounds):
-        for key, (fn, a) in calls.items():
+    keys = list(calls)
+    for r in range(rounds):
+        start = r % len(keys)
+        for key in keys[start:] + keys[:start]:
+            fn, a = calls[key]
             out[key].append(1e3 * bench.time_fn(fn, a, reps=reps))
     return out
 
@@ -200,10 +208,12 @@ def run(args) -> list[dict]:
             calls.update({(name, mode): fn for mode, fn in fns.items()})
         if gpu:  # the yardstick, same run
             calls.update({("cudnn", m): fn for m, fn in _cudnn_calls(args, seq, inputs).items()})
+        # plain's calls once more, elsewhere in each round: the noise of a ratio that should be 1
+        calls.update({(AGAIN, m): calls[("plain", m)] for m in ("fwd", "fwdbwd")})
         times = time_rounds(calls, args.rounds, args.reps)
         for (name, mode), ms in times.items():
-            row = seq_rows["plain"] if name == "cudnn" else seq_rows[name]
-            key = f"cudnn_{mode}" if name == "cudnn" else mode
+            row = seq_rows["plain"] if name in ("cudnn", AGAIN) else seq_rows[name]
+            key = {"cudnn": f"cudnn_{mode}", AGAIN: f"again_{mode}"}.get(name, mode)
             row[f"{key}_ms"], row[f"{key}_ms_rounds"] = float(np.median(ms)), ms
         for name, row in seq_rows.items():
             speeds(row, seq_rows["plain"], chosen[name], args)
@@ -223,9 +233,10 @@ def speeds(row: dict, plain: dict, opts: dict, args) -> None:
         row[f"{mode}_tflops"] = flops / (row[f"{mode}_ms"] * 1e-3) / 1e12
         ours, theirs = row[f"{mode}_ms_rounds"], plain[f"{mode}_ms_rounds"]
         row[f"{mode}_vs_plain"] = float(np.median([flops / base * p / t for p, t in zip(theirs, ours)]))
-        if f"cudnn_{mode}_ms_rounds" in row:  # cuDNN's time over ours, the same way
-            cudnn = row[f"cudnn_{mode}_ms_rounds"]
-            row[f"cudnn_{mode}_vs_ours"] = float(np.median([c / t for c, t in zip(cudnn, ours)]))
+        for other in ("cudnn", "again"):  # cuDNN's time over ours, plain's over plain's again
+            if f"{other}_{mode}_ms_rounds" in row:
+                them = row[f"{other}_{mode}_ms_rounds"]
+                row[f"{other}_{mode}_vs_ours"] = float(np.median([c / t for c, t in zip(them, ours)]))
 
 
 def table(rows: list[dict]) -> str:
@@ -243,6 +254,12 @@ def table(rows: list[dict]) -> str:
             f"{r['max_abs_err']:.1e} |"
         )
     for r in rows:
+        if "again_fwd_vs_ours" in r:
+            lines.append(
+                f"\nPlain against itself at {r['seq'] // 1024}K (its calls timed twice in each round, "
+                f"a ratio that would be 1.00x without noise): forward {r['again_fwd_vs_ours']:.2f}x, "
+                f"forward+backward {r['again_fwdbwd_vs_ours']:.2f}x."
+            )
         if "cudnn_fwd_vs_ours" in r:
             lines.append(
                 f"\nPlain ring against cuDNN at {r['seq'] // 1024}K: forward "

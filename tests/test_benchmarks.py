@@ -392,19 +392,33 @@ def test_options_time_forward_backward_as_one_forward_and_its_backward(bench, mo
 
 def test_options_interleave_the_rounds(bench, monkeypatch):
     """``time_rounds`` times every call once per round, round by round (not each call's rounds in
-    a row); ``run`` takes each call's median round, and a variant's speed over plain's as the
-    median of the rounds' ratios."""
+    a row), each round starting one call further on; ``run`` takes each call's median round, a
+    variant's speed over plain's as the median of the rounds' ratios, and times plain's calls
+    twice per round (the A/A ratio in the table)."""
     import argparse
 
     opt = bench("options")
     order = []
     monkeypatch.setattr(opt.bench, "time_fn", lambda fn, a, reps: order.append(fn) or fn())
-    calls = {"a": (lambda: 1.0, ()), "b": (lambda: 2.0, ())}
-    assert opt.time_rounds(calls, 3, 1) == {"a": [1e3] * 3, "b": [2e3] * 3}
-    assert [f() for f in order] == [1.0, 2.0] * 3
-    # per round: plain fwd, plain fwdbwd, softcap fwd, softcap fwdbwd
-    times = iter([3.0, 5.0, 6.0, 6.0, 1.0, 5.0, 2.0, 6.0, 2.0, 5.0, 2.0, 6.0])
-    monkeypatch.setattr(opt.bench, "time_fn", lambda fn, a, reps: next(times))
+    calls = {"a": (lambda: 1.0, ()), "b": (lambda: 2.0, ()), "c": (lambda: 3.0, ())}
+    assert opt.time_rounds(calls, 4, 1) == {"a": [1e3] * 4, "b": [2e3] * 4, "c": [3e3] * 4}
+    assert [f() for f in order] == [1.0, 2.0, 3.0, 2.0, 3.0, 1.0, 3.0, 1.0, 2.0, 1.0, 2.0, 3.0]
+    rounds = {  # ms per round of each call run() hands to time_rounds
+        ("plain", "fwd"): [3.0, 1.0, 2.0],
+        ("plain", "fwdbwd"): [5.0, 5.0, 5.0],
+        ("softcap 50", "fwd"): [6.0, 2.0, 2.0],
+        ("softcap 50", "fwdbwd"): [6.0, 6.0, 6.0],
+        (opt.AGAIN, "fwd"): [4.0, 2.0, 3.0],
+        (opt.AGAIN, "fwdbwd"): [5.0, 5.0, 4.0],
+    }
+    seen = []
+
+    def time_rounds(calls, n, reps):
+        seen.append(list(calls))
+        assert calls[(opt.AGAIN, "fwd")] is calls[("plain", "fwd")]  # the same call, timed twice
+        return {key: rounds[key] for key in calls}
+
+    monkeypatch.setattr(opt, "time_rounds", time_rounds)
     args = argparse.Namespace(
         seqs=[64],
         heads=2,
@@ -417,13 +431,20 @@ def test_options_interleave_the_rounds(bench, monkeypatch):
         variants="softcap 50",
     )
     rows = opt.run(args)
+    assert sorted(seen[0]) == sorted(rounds)
     assert [r["variant"] for r in rows] == ["plain", "softcap 50"]
-    assert rows[0]["fwd_ms_rounds"] == [3e3, 1e3, 2e3] and rows[0]["fwd_ms"] == 2e3
-    assert rows[1]["fwd_ms_rounds"] == [6e3, 2e3, 2e3] and rows[1]["fwd_ms"] == 2e3
+    assert rows[0]["fwd_ms_rounds"] == [3.0, 1.0, 2.0] and rows[0]["fwd_ms"] == 2.0
+    assert rows[1]["fwd_ms_rounds"] == [6.0, 2.0, 2.0] and rows[1]["fwd_ms"] == 2.0
     # speed over plain per round 0.5, 0.5, 1.0: their median, not the medians' ratio (1.0)
     assert rows[1]["fwd_vs_plain"] == pytest.approx(0.5) and rows[1]["fwdbwd_vs_plain"] == pytest.approx(
         5 / 6
     )
+    # plain's time again over plain's per round: 4/3, 2, 1.5 (fwd) and 1, 1, 0.8 (fwd+bwd)
+    assert rows[0]["again_fwd_vs_ours"] == pytest.approx(1.5)
+    assert rows[0]["again_fwdbwd_vs_ours"] == pytest.approx(1.0)
+    assert "again_fwd_vs_ours" not in rows[1]
+    md = opt.table(rows)
+    assert "Plain against itself at 0K" in md and "forward 1.50x, forward+backward 1.00x" in md
 
 
 def test_options_count_the_pairs_each_mask_lets_through(bench):
