@@ -393,6 +393,22 @@ def test_hopper_profile_runs_the_steps_once_and_summarizes_ncu_csv(bench, tmp_pa
     o, (dq, dk, dv) = out["pallas_hopper"]
     assert o.shape == dq.shape == (1, 128, 2, 64) and dk.shape == dv.shape == (1, 128, 1, 64)
     assert all(np.isfinite(np.asarray(g)).all() for g in (o, dq, dk, dv)) and "cudnn" not in out
+    assert "softcap" not in out
+    capped = hp.main(
+        ["--shape", "2:1:64", "--seq", "128", "--causal", "1", "--softcap", "0.5", "--interpret"]
+    )
+    o2, g2 = capped["softcap"]
+    # the capped step is causal attention over 0.5 * tanh(logits / 0.5) (float64 here; the kv head
+    # is shared by both query heads)
+    q, k, v, _ = (np.asarray(x, np.float64) for x in hp.inputs(128, 2, 1, 64))
+    s = 0.5 * np.tanh(np.einsum("qhd,kd->hqk", q[0], k[0, :, 0]) * 64**-0.5 / 0.5)
+    s = np.where(np.tril(np.ones((128, 128), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("hqk,kd->qhd", p / p.sum(-1, keepdims=True), v[0, :, 0])
+    assert np.abs(np.asarray(o2[0], np.float64) - want).max() < 2e-2 * np.abs(want).max()
+    assert all(np.isfinite(np.asarray(g)).all() for g in g2)
+    with pytest.raises(ValueError, match="--softcap -1.0: must be positive"):
+        hp.main(["--shape", "2:1:64", "--seq", "128", "--softcap", "-1", "--interpret"])
     head = [
         "ID",
         "Kernel Name",

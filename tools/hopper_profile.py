@@ -22,6 +22,12 @@ SourceCounters --launch-count 1 --kernel-name regex:scoped_mosaic`` (the backwar
   ncu --import $OUT/prof.ncu-rep --page source --print-source sass --csv > sass.csv
   python3 tools/hopper_profile.py --sass sass.csv
 
+The soft cap's stalls beside plain's (issue #59: its forward runs 0.88-0.89x of plain's; fewer
+MUFU operations, FA4's software exp2, bought nothing, and FA3's overlap on top of the ping-pong
+lost: docs/kernels.md): ``--softcap 50
+--causal 1`` adds the soft-capped forward and backward after the plain ones (two launches more:
+``--launch-count 10``), and ``--summarize`` puts their columns side by side.
+
 Every kernel's duration (XLA's fusions around the steps too): ``--section SpeedOfLight`` without
 ``--kernel-name``, XLA's autotuning off (``--xla_gpu_autotune_level=0``) so that no launch goes to
 it, then ``--durations`` of the details CSV.
@@ -77,9 +83,10 @@ def inputs(seq: int, h: int, kvh: int, d: int, seed: int = 0):
     return make(h), make(kvh), make(kvh), make(h)
 
 
-def pallas_fns(causal: bool, bs: ph.BlockSizes, interpret: bool):
-    """(forward, backward) of the bare ring step; the backward takes the forward's o and lse."""
-    kw = dict(causal=causal, block_sizes=bs, interpret=interpret)
+def pallas_fns(causal: bool, bs: ph.BlockSizes, interpret: bool, softcap: float | None = None):
+    """(forward, backward) of the bare ring step (logits soft-capped at ``softcap`` where given);
+    the backward takes the forward's o and lse."""
+    kw = dict(causal=causal, block_sizes=bs, interpret=interpret, softcap=softcap)
 
     @jax.jit
     def fwd(q, k, v):
@@ -331,6 +338,12 @@ def main(argv: list[str]) -> dict:
     ap.add_argument(
         "--backward", default="default", help="a hopper_check.py --backwards entry, e.g. default/bwd_stages=3"
     )
+    ap.add_argument(
+        "--softcap",
+        type=float,
+        default=None,
+        help="also the soft-capped step (logits capped at C) after the plain one, for side-by-side counters",
+    )
     ap.add_argument("--interpret", action="store_true", help="CPU dry run, no cuDNN")
     ap.add_argument(
         "--ptxas",
@@ -364,18 +377,25 @@ def main(argv: list[str]) -> dict:
     h, kvh, d = parse_shape(args.shape)
     if args.seq < 1:
         raise ValueError(f"--seq {args.seq}: must be positive")
+    if args.softcap is not None and not args.softcap > 0:
+        raise ValueError(f"--softcap {args.softcap}: must be positive")
     bs = block_sizes(d, args.backward, bool(args.causal))
     q, k, v, do = inputs(args.seq, h, kvh, d)
     fwd, bwd = pallas_fns(bool(args.causal), bs, args.interpret)
     o, lse = jax.block_until_ready(fwd(q, k, v))
     grads = jax.block_until_ready(bwd(q, k, v, do, o, lse))
     out = {"pallas_hopper": (o, grads), "block_sizes": bs}
+    if args.softcap is not None:
+        cfwd, cbwd = pallas_fns(bool(args.causal), bs, args.interpret, softcap=args.softcap)
+        o, lse = jax.block_until_ready(cfwd(q, k, v))
+        out["softcap"] = (o, jax.block_until_ready(cbwd(q, k, v, do, o, lse)))
     if not args.interpret:
         cf, cg = cudnn_fns(bool(args.causal))
         out["cudnn"] = (jax.block_until_ready(cf(q, k, v)), jax.block_until_ready(cg(q, k, v, do)))
     print(
         f"profiled L={args.seq} {args.shape} causal={args.causal} {bs}: pallas_hopper forward, "
-        f"backward{'' if args.interpret else ', cuDNN forward, cuDNN gradient'}",
+        f"backward{'' if args.softcap is None else f', soft cap {args.softcap} forward, backward'}"
+        f"{'' if args.interpret else ', cuDNN forward, cuDNN gradient'}",
         flush=True,
     )
     return out
