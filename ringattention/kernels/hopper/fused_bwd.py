@@ -90,13 +90,7 @@ def dkv_to_step(dk: jax.Array, dv: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 @dataclasses.dataclass(frozen=True)
 class FusedOps(hm.Ops):
-    """``hm.Ops`` plus the staging and reduce-add of the dq path."""
-
-    def stage(self, smem, x):
-        """Registers -> SMEM, visible to the async proxy (TMA, wgmma) afterwards."""
-        smem[...] = x
-        if not self.interpret:
-            plgpu.commit_smem()
+    """``hm.Ops`` plus the reduce-add of the dq path."""
 
     def reduce_add(self, staging_smem, x, gmem):
         """gmem += x (float32 tile) through the staging buffer and a TMA reduce-add."""

@@ -275,9 +275,7 @@ def _compute(
         inv = 1.0 / jnp.where(seen, l, 1.0)  # [bq]: one reciprocal per row, then multiplies
         o = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(o_ref.dtype)
         if staged:  # the last q.k^T has landed: the q slot is free
-            q_smem.at[wg][...] = o
-            if not cfg.interpret:
-                plgpu.commit_smem()
+            ops.stage(q_smem.at[wg], o)
             plgpu.copy_smem_to_gmem(q_smem.at[wg], o_ref.at[b, rows, h])
         else:
             ops.store(o_ref.at[b, rows, h], o)  # float32, or q's where o is final

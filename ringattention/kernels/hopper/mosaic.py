@@ -177,6 +177,12 @@ class Ops:
         else:
             store(ref, x, optimized=False)
 
+    def stage(self, smem, x):
+        """Registers -> SMEM, visible to the async proxy (TMA, wgmma) afterwards."""
+        smem[...] = x
+        if not self.interpret:
+            plgpu.commit_smem()
+
     def full(self, shape, value):
         x = jnp.full(shape, value, F32)
         if self.interpret:
