@@ -509,6 +509,64 @@ def test_hopper_profile_sass_shares_stall_samples_by_opcode_reason_and_line(benc
         hp.sass_summary(str(plain))
 
 
+def test_hopper_profile_sass_prices_the_hottest_loop_per_opcode(bench, tmp_path):
+    """With ncu's ``stall_selected`` column, ``--sass`` ends with the hottest loop body's warp
+    cycles per instruction by opcode: an instruction's samples over the median selected samples of
+    the body's instructions (MUFU keeps its function: EX2 and TANH apart). Made-up samples: a
+    tanh its warp waits 7 issues at, an exp2 8, a multiply issued at once, a spin 20; a colder
+    body (ran 8) is not priced."""
+    hp = bench("hopper_profile")
+    head = ["Source", hp.SAMPLES, "Instructions Executed", "stall_selected", "stall_wait"]
+    rows = [
+        ["MUFU.TANH R1, R1", "70", "64", "10", "60"],
+        ["MUFU.EX2 R2, R2", "80", "64", "10", "70"],
+        ["FMUL R3, R3, 0.5", "10", "64", "10", "0"],
+        ["FMUL R4, R4, 0.5", "10", "64", "10", "0"],
+        ["@!P1 BRA 0x40", "200", "64", "10", "190"],
+        ["EXIT", "50", "8", "1", "49"],
+    ]
+    path = tmp_path / "sass.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([head, *rows])
+    last = hp.main(["--sass", str(path)])["sass"].splitlines()[-1]
+    assert last == (
+        "hottest loop (ran 64, 5 instructions), warp cycles: "
+        "BRA 1 x 20.0, MUFU.EX2 1 x 8.0, MUFU.TANH 1 x 7.0, FMUL 2 x 1.0"
+    )
+
+
+def test_hopper_profile_pipes_per_kernel_from_the_raw_page(bench, tmp_path):
+    """``--pipes`` of ncu's raw page (gzipped; a units row under the header, then a row per
+    kernel): each kernel's busy share per pipe in ``PIPES``' order; a CSV without those metrics
+    (another section set) is a ValueError naming them."""
+    hp = bench("hopper_profile")
+    head = ["ID", "Kernel Name", "gpu__time_duration.sum", *hp.PIPES.values()]
+    units = ["", "", "ms", *["%"] * len(hp.PIPES)]
+    rows = [
+        ["0", "anonymous_mosaic_gpu_kernel", "12.9", "72.8", "37.6", "11.4", "17.1", "8.6", "2.4"],
+        ["1", "anonymous_mosaic_gpu_kernel", "14.9", "60.8", "61.8", "13.1", "14.6", "7.1", "2.0"],
+    ]
+    path = tmp_path / "raw.csv.gz"
+    with gzip.open(path, "wt", newline="") as f:
+        csv.writer(f).writerows([head, units, *rows])
+    lines = hp.main(["--pipes", str(path)])["pipes"].splitlines()
+    assert lines[0].split() == ["kernel", "tensor", "xu", "(MUFU)", "fma", "alu", "uniform", "lsu"]
+    assert lines[2].split() == [
+        "1:anonymous_mosaic_gpu_kern",
+        "60.8%",
+        "61.8%",
+        "13.1%",
+        "14.6%",
+        "7.1%",
+        "2.0%",
+    ]
+    assert len(lines) == 3
+    plain = tmp_path / "details.csv"
+    plain.write_text('"ID","Kernel Name"\n"","" \n')
+    with pytest.raises(ValueError, match="sm__pipe_tensor_cycles_active"):
+        hp.pipes(str(plain))
+
+
 def test_hopper_profile_ptxas_reads_registers_and_spills_per_kernel(bench, tmp_path):
     """``--ptxas`` of a run's output with ``MOSAIC_GPU_DUMP_PTXAS=1`` (gzipped; the ptxas lines as
     jaxlib 0.11.2 printed them on an H200, with its failed SASS dump after the first kernel; the

@@ -14,19 +14,26 @@ then cuDNN's forward and its gradient, at batch 1, bf16, ``--shape`` heads:kv_he
       python3 tools/hopper_profile.py --shape 32:8:128 --seq 65536 --causal 0
   ncu --import $OUT/prof.ncu-rep --page details --csv > prof.csv
   python3 tools/hopper_profile.py --summarize prof.csv
+  ncu --import $OUT/prof.ncu-rep --page raw --csv > raw.csv
+  python3 tools/hopper_profile.py --pipes raw.csv   # tensor, MUFU (xu), FMA, ... busy per kernel
 
 Where the warps wait, instruction by instruction: profile one kernel with ``--section
 SourceCounters --launch-count 1 --kernel-name regex:scoped_mosaic`` (the backward; with
 ``--import-source yes`` ncu segfaulted on the H200, jax 0.11.2, 2026-12-02), then
 
   ncu --import $OUT/prof.ncu-rep --page source --print-source sass --csv > sass.csv
-  python3 tools/hopper_profile.py --sass sass.csv
+  python3 tools/hopper_profile.py --sass sass.csv   # ends with the hot loop's cycles per opcode
 
 The soft cap's stalls beside plain's (issue #59: its forward runs 0.88-0.89x of plain's; fewer
 MUFU operations, FA4's software exp2, bought nothing, and FA3's overlap on top of the ping-pong
 lost: docs/kernels.md): ``--softcap 50
 --causal 1`` adds the soft-capped forward and backward after the plain ones (two launches more:
-``--launch-count 10``), and ``--summarize`` puts their columns side by side.
+``--launch-count 10``), and ``--summarize`` puts their columns side by side. Under the kernel
+filter the capped forward is launch 2 (plain's forward and backward first, cuDNN's after):
+``--launch-skip 2 --launch-count 1`` gives its source counters alone, and ``ncu --import`` takes
+the same two flags to pick one kernel of a report for ``--page source``. Measured so (H100,
+2026-12-07): the capped forward's MUFU pipe 61.8% busy against plain's 37.6%, its tensor pipe
+60.8% against 72.8%, each MUFU instruction about 7 warp cycles (docs/kernels.md).
 
 Every kernel's duration (XLA's fusions around the steps too): ``--section SpeedOfLight`` without
 ``--kernel-name``, XLA's autotuning off (``--xla_gpu_autotune_level=0``) so that no launch goes to
@@ -211,6 +218,36 @@ def durations_table(kernels: list[dict]) -> str:
     return "\n".join([*lines, f"total {sum(k['us'] for k in kernels):12.1f} us"])
 
 
+PIPES = {  # ncu raw-page metric per pipe: busy share of the elapsed cycles, in percent
+    "tensor": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "xu (MUFU)": "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_elapsed",
+    "fma": "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "alu": "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "uniform": "sm__inst_executed_pipe_uniform.avg.pct_of_peak_sustained_elapsed",
+    "lsu": "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_elapsed",
+}
+
+
+def pipes(path: str) -> str:
+    """How busy each pipe was, per profiled kernel (one line each), from ncu's raw page as CSV
+    (``--page raw --csv``, plain or .gz: a header row, a units row, then one row per kernel;
+    ``--set full`` collects these): e.g. a soft-capped forward's MUFU (xu) pipe against its
+    tensor pipe, beside the plain forward's."""
+    with _open_text(path, newline="") as f:
+        head, _units, *rows = csv.reader(f)
+    col = {name: i for i, name in enumerate(head)}
+    missing = [m for m in ("ID", "Kernel Name", *PIPES.values()) if m not in col]
+    if missing:
+        raise ValueError(
+            f"--pipes {path!r}: no {missing} column (expected ncu --page raw --csv of --set full)"
+        )
+    lines = [f"{'kernel':28s}" + "".join(f"{name:>11s}" for name in PIPES)]
+    for r in rows:
+        name = f"{r[col['ID']]}:{r[col['Kernel Name']][:25]}"
+        lines.append(f"{name:28s}" + "".join(f"{_number(r[col[m]]):10.1f}%" for m in PIPES.values()))
+    return "\n".join(lines)
+
+
 SAMPLES = "Warp Stall Sampling (All Samples)"
 
 
@@ -269,7 +306,35 @@ def sass_summary(path: str, top: int = 30) -> str:
         out.append(f"{n:9.0f} {n / total:6.1%} {ran:>12s}  {' '.join(r[col['Source']].split())}")
     if executed is not None:
         out += _by_execution_count(rows, col, executed, total, stall_cols)
+        if "stall_selected" in col:
+            out.append(_loop_cycles(rows, col, executed))
     return "\n".join(out)
+
+
+def _loop_cycles(rows, col, executed) -> str:
+    """The hottest loop body (the execution count with the most samples): warp cycles per
+    instruction by opcode. An instruction's samples over the samples in which a warp was
+    ``selected`` (issued) at one of the body's instructions: about 1 for one that issues at once,
+    more for one its warp waits at (a MUFU's pipe, a barrier's spin)."""
+    by_count = collections.defaultdict(list)
+    for r in rows:
+        by_count[_number(r[executed])].append(r)
+    ran, body = max(by_count.items(), key=lambda kv: sum(_number(r[col[SAMPLES]]) for r in kv[1]))
+    issued = sorted(_number(r[col["stall_selected"]]) for r in body)[len(body) // 2]  # median
+    if not issued:
+        return f"hottest loop (ran {ran:.0f}): no selected samples"
+    ops = collections.defaultdict(lambda: [0, 0.0])
+    for r in body:
+        words = [w for w in r[col["Source"]].split() if not w.startswith("@")]
+        op = words[0].split(".")[0] if words else "?"
+        op = ".".join(words[0].split(".")[:2]) if op == "MUFU" else op
+        ops[op][0] += 1
+        ops[op][1] += _number(r[col[SAMPLES]]) / issued
+    ranked = sorted(ops.items(), key=lambda kv: -kv[1][1])
+    return (
+        f"hottest loop (ran {ran:.0f}, {sum(n for n, _ in ops.values())} instructions), warp cycles: "
+        + ", ".join(f"{op} {n} x {c / n:.1f}" for op, (n, c) in ranked[:10])
+    )
 
 
 def _by_execution_count(rows, col, executed, total, reasons, groups: int = 6) -> list[str]:
@@ -353,6 +418,7 @@ def main(argv: list[str]) -> dict:
     )
     ap.add_argument("--summarize", metavar="CSV", help="print the summary of an ncu details CSV")
     ap.add_argument("--durations", metavar="CSV", help="print each kernel's duration from an ncu details CSV")
+    ap.add_argument("--pipes", metavar="CSV", help="print each kernel's pipe use from an ncu raw-page CSV")
     ap.add_argument(
         "--sass", metavar="CSV", help="print where the warps of an ncu source-page CSV (SASS) wait"
     )
@@ -366,6 +432,10 @@ def main(argv: list[str]) -> dict:
         text = sass_summary(args.sass)
         print(text)
         return {"sass": text}
+    if args.pipes:
+        text = pipes(args.pipes)
+        print(text)
+        return {"pipes": text}
     if args.durations:
         kernels = durations(args.durations)
         print(durations_table(kernels))
