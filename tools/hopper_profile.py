@@ -284,8 +284,7 @@ def sass_summary(path: str, top: int = 30) -> str:
         raise ValueError(f"--sass {path!r}: no stall samples in {len(rows)} instruction rows")
     by_op = collections.Counter()
     for r in rows:
-        words = [w for w in r[col["Source"]].split() if not w.startswith("@")]
-        by_op[words[0].split(".")[0] if words else "?"] += _number(r[col[SAMPLES]])
+        by_op[_opcode(r[col["Source"]])] += _number(r[col[SAMPLES]])
     out = [
         f"{len(rows)} instructions, {total:.0f} stall samples",
         "by opcode: " + ", ".join(f"{op} {n / total:.1%}" for op, n in by_op.most_common(12)),
@@ -311,23 +310,38 @@ def sass_summary(path: str, top: int = 30) -> str:
     return "\n".join(out)
 
 
+def _opcode(source: str, keep: tuple[str, ...] = ()) -> str:
+    """A SASS line's opcode without predicate and modifiers (``@!P1 BRA`` -> BRA), or with its
+    first modifier for the opcodes in ``keep`` (``MUFU.EX2``, ``MUFU.TANH``)."""
+    words = [w for w in source.split() if not w.startswith("@")]
+    if not words:
+        return "?"
+    parts = words[0].split(".")
+    return ".".join(parts[:2]) if parts[0] in keep else parts[0]
+
+
+def _bodies(rows, col, executed) -> list[tuple[float, list]]:
+    """(execution count, its instructions), the most sampled first: the instructions of one loop
+    body ran equally often (the compute warpgroups' loop by 8 warps per block pair, the
+    producer's by 4)."""
+    by_count = collections.defaultdict(list)
+    for r in rows:
+        by_count[_number(r[executed])].append(r)
+    return sorted(by_count.items(), key=lambda kv: -sum(_number(r[col[SAMPLES]]) for r in kv[1]))
+
+
 def _loop_cycles(rows, col, executed) -> str:
     """The hottest loop body (the execution count with the most samples): warp cycles per
     instruction by opcode. An instruction's samples over the samples in which a warp was
     ``selected`` (issued) at one of the body's instructions: about 1 for one that issues at once,
     more for one its warp waits at (a MUFU's pipe, a barrier's spin)."""
-    by_count = collections.defaultdict(list)
-    for r in rows:
-        by_count[_number(r[executed])].append(r)
-    ran, body = max(by_count.items(), key=lambda kv: sum(_number(r[col[SAMPLES]]) for r in kv[1]))
+    ran, body = _bodies(rows, col, executed)[0]
     issued = sorted(_number(r[col["stall_selected"]]) for r in body)[len(body) // 2]  # median
     if not issued:
         return f"hottest loop (ran {ran:.0f}): no selected samples"
     ops = collections.defaultdict(lambda: [0, 0.0])
     for r in body:
-        words = [w for w in r[col["Source"]].split() if not w.startswith("@")]
-        op = words[0].split(".")[0] if words else "?"
-        op = ".".join(words[0].split(".")[:2]) if op == "MUFU" else op
+        op = _opcode(r[col["Source"]], keep=("MUFU",))
         ops[op][0] += 1
         ops[op][1] += _number(r[col[SAMPLES]]) / issued
     ranked = sorted(ops.items(), key=lambda kv: -kv[1][1])
@@ -341,10 +355,7 @@ def _by_execution_count(rows, col, executed, total, reasons, groups: int = 6) ->
     """The samples of the instructions that ran equally often (a loop body's instructions share
     one count: e.g. the compute warpgroups' loop ran by 8 warps per block pair, the producer's by
     4), the ``groups`` largest, each with its top stall reasons."""
-    by_count = collections.defaultdict(list)
-    for r in rows:
-        by_count[_number(r[executed])].append(r)
-    ranked = sorted(by_count.items(), key=lambda kv: -sum(_number(r[col[SAMPLES]]) for r in kv[1]))
+    ranked = _bodies(rows, col, executed)
     out = ["by execution count (the instructions of one loop body ran equally often):"]
     for ran, group in ranked[:groups]:
         n = sum(_number(r[col[SAMPLES]]) for r in group)
