@@ -126,6 +126,8 @@ def _check_forward(case: Case, seed: int = 0, lse_atol: float = LSE_ATOL):
     return rlse
 
 
+PINGPONG3 = ph.BlockSizes(schedule="pingpong3")
+
 FEATURE_CASES = {
     # soft-capping alone: head dim 64 (one 256-key block: masked), logits up to ~4x the cap
     "softcap-d64": Case(64, softcap=3.0, segments=True, logit_scale=4.0),
@@ -161,6 +163,19 @@ FEATURE_CASES = {
         unseen=True,
         logit_scale=2.0,
         bs=ph.BlockSizes(block_k=64, stages=2),
+    ),
+    # three compute warpgroups (192-row CTAs): 320 rows, so the last CTA starts at row 128 and
+    # its first warpgroup's rows (the CTA before wrote them) are computed but not written
+    "softcap-pingpong3": Case(
+        128,
+        softcap=5.0,
+        segments=True,
+        heads=4,
+        kv_heads=2,
+        sq=320,
+        sk=256,
+        logit_scale=3.0,
+        bs=PINGPONG3,
     ),
     "all-mla": Case(
         192,
@@ -201,6 +216,49 @@ def test_forward_features_match_reference(name):
             assert rel_err(pg.reference_forward_step(q, k, v, *rest, **without)[0], want) >= FEATURE_EFFECT, (
                 feature
             )
+
+
+@needs_interpret
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(128, softcap=30.0, segments=True, sq=256, sk=256, logit_scale=20.0),
+        pytest.param(
+            Case(
+                64,
+                softcap=4.0,
+                prefix=(0, 150),
+                bidirectional=True,
+                segments=True,
+                window=120,
+                sq=200,
+                sk=256,
+                batch=2,
+                unseen=True,
+                logit_scale=2.0,
+                bs=ph.BlockSizes(block_k=64),
+            ),
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["softcap-d128", "all-d64"],
+)
+def test_three_warpgroups_match_two_bitwise(case):
+    """``schedule="pingpong3"`` (three compute warpgroups, 192-row CTAs, the last one overlapping
+    the one before it) computes every row as the ping-pong of two does: the same key blocks in the
+    same order, blocks hidden from a row adding exactly nothing, so o and lse are the same bits."""
+    q, k, v, q_pos, k_pos, q_seg, k_seg = case.inputs(7)
+    two = case.bs or ph.BlockSizes()
+    three = dataclasses.replace(two, schedule="pingpong3")
+    assert ph.geometry(case.sq, case.sk, case.dim, three).wgs == 3
+    outs = [
+        ph.forward_step(
+            q, k, v, q_pos, k_pos, q_seg, k_seg, block_sizes=bs, interpret=True, **case.keywords()
+        )
+        for bs in (two, three)
+    ]
+    for a, b in zip(*outs, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @needs_interpret
@@ -437,6 +495,9 @@ LOWER_CASES = {  # each feature, and all of them; jax 0.10's lane and jax >= 0.1
     "dv-64-256": dict(dim=64, dv=256, causal=False, segments=True),
     "all-mla": dict(
         dim=192, dv=128, softcap=20.0, prefix=True, bidirectional=True, segments=True, window=100
+    ),
+    "all-pingpong3": dict(
+        softcap=20.0, prefix=True, bidirectional=True, segments=True, window=100, block_sizes=PINGPONG3
     ),
 }
 

@@ -921,6 +921,21 @@ def test_geometry_pads_to_cta_and_key_blocks():
     assert ph.geometry(40, 50, 64, bs).bk == 64
 
 
+def test_geometry_of_three_warpgroups():
+    """``schedule="pingpong3"``: 192-row CTAs over a shard padded to 64 rows only (the last CTA
+    overlaps the one before it), or two warpgroups where the shard is shorter than 192 rows."""
+    bs = ph.BlockSizes(schedule="pingpong3")
+    geo = ph.geometry(32768, 32768, 128, bs)
+    assert (geo.wgs, geo.cta_rows, geo.sq_pad, geo.nq) == (3, 192, 32768, 171)
+    geo = ph.geometry(200, 300, 128, bs)
+    assert (geo.wgs, geo.sq_pad, geo.nq) == (3, 256, 2)
+    assert (ph.geometry(130, 300, 128, bs).wgs, ph.geometry(130, 300, 128, bs).sq_pad) == (3, 192)
+    assert (ph.geometry(100, 300, 128, bs).wgs, ph.geometry(100, 300, 128, bs).sq_pad) == (2, 128)
+    q_pos = jnp.arange(256, dtype=jnp.int32)
+    rows, _ = ph._cta_queries(geo, q_pos, None)  # the second CTA holds rows 64..255
+    np.testing.assert_array_equal(np.asarray(rows), np.r_[0:192, 64:256])
+
+
 def test_padding_hides_padded_keys_and_queries():
     geo = ph.geometry(70, 90, 64, ph.BlockSizes())
     x = jnp.ones((1, 70, 2, 64), jnp.bfloat16)

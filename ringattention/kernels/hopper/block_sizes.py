@@ -30,7 +30,7 @@ REGISTERS = hm.REGISTER_CHOICES  # BlockSizes.registers: per compute-warpgroup t
 # BlockSizes.schedule of the forward's two compute warpgroups: "pingpong" (they alternate on the
 # tensor cores) or "overlap" (each overlaps block j's softmax with block j-1's P.V, FA3's
 # intra-warpgroup pipelining); docs/kernels.md gives the A/B behind each default.
-SCHEDULES = ("pingpong", "overlap")
+SCHEDULES = ("pingpong", "overlap", "pingpong3")
 
 
 def _triton_step():
@@ -147,12 +147,17 @@ _FULL_DEFAULTS = {
 _DETERMINISTIC_TILES = {64: dict(bwd_stages=2, registers=232, bwd_block_k=128)}
 
 
-def default_block_sizes(head_dim: int, causal: bool = True, v_head_dim: int | None = None) -> BlockSizes:
+def default_block_sizes(
+    head_dim: int, causal: bool = True, v_head_dim: int | None = None, softcap: bool = False
+) -> BlockSizes:
     """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above.
     ``causal``: whether the step has a causal mask (without one, head dim 128 runs the forward with
     ``schedule="overlap"`` and head dim 64 its kernels with 232 registers per compute thread, not 240).
     ``v_head_dim``: v's own head dim where it differs: the row of the larger of the two, with MLA's
-    tiles (:data:`_MLA`) where they pad to 192 and 128."""
+    tiles (:data:`_MLA`) where they pad to 192 and 128. ``softcap``: whether the logits are
+    soft-capped (causal head dim 128: :data:`_SOFTCAP_SCHEDULE`)."""
+    if softcap and causal and v_head_dim in (None, head_dim) and _tuned_dim(head_dim) == 128:
+        return dataclasses.replace(_DEFAULTS[128], schedule=_SOFTCAP_SCHEDULE)
     if v_head_dim is not None and v_head_dim != head_dim:
         bs = default_block_sizes(max(head_dim, v_head_dim), causal)
         if (_pad64(head_dim), _pad64(v_head_dim)) == (192, 128):
@@ -161,6 +166,11 @@ def default_block_sizes(head_dim: int, causal: bool = True, v_head_dim: int | No
     d = _tuned_dim(head_dim)
     return _DEFAULTS[d] if causal else _FULL_DEFAULTS.get(d, _DEFAULTS[d])
 
+
+# Soft-capped logits at head dim 128 with a causal mask: three compute warpgroups taking turns.
+# Each logit costs two MUFU operations (tanh, exp2), as long as its two products on the tensor
+# cores, so one softmax outlasts the other warpgroup's products; with three, each hides behind two.
+_SOFTCAP_SCHEDULE = "pingpong3"
 
 # MLA (q/k head dim 192, v 128; DeepSeek-V2). Forward, untuned: its registers are those of head
 # dim 128 (a [64, 128] accumulator and [64, 128] logits per warpgroup, the q/k width only lengthens

@@ -50,7 +50,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention.kernels.hopper import fwd_loops as hfl
 from ringattention.kernels.hopper.mosaic import (
-    COMPUTE_WGS,
     LN2,
     FwdConfig,
     Ops,
@@ -93,6 +92,69 @@ def _mask(cfg: FwdConfig, ops: Ops, s, q_pos, q_seg, kpos_smem, kseg_smem, q_lim
         same = col(kseg_smem) == lax.broadcast_in_dim(q_seg, s.shape, [0])
         vis = same if vis is None else vis & same
     return jnp.where(vis, s, -jnp.inf)
+
+
+def cta_rows(cfg: FwdConfig, qi, sq: int, bq: int):
+    """(first row of CTA ``qi``'s query block, first row it owns or None). CTAs hold ``wgs * bq``
+    rows; where that does not divide the (padded) shard length ``sq`` (three warpgroups: 192 rows)
+    the last CTA ends at the shard's end and overlaps the one before it, whose rows it computes
+    again but does not write (``sq`` is a multiple of ``bq``, so a warpgroup's rows are written
+    whole or not at all)."""
+    rows = cfg.wgs * bq
+    if sq % rows == 0:
+        return qi * rows, None
+    return jnp.minimum(qi * rows, sq - rows), qi * rows
+
+
+class _Turns:
+    """The ping-pong: the compute warpgroups take turns issuing their products (FA3's warp
+    scheduler barriers), so one's softmax runs while another's products use the tensor cores.
+
+    Two warpgroups share one barrier of two arrivals: each hand-over is both arriving, so every
+    phase pairs one's softmax with the other's products. Three (``cfg.wgs == 3``) pass a token
+    round the ring of their barriers (one arrival each): a warpgroup waits on its own before it
+    issues, and arrives on the next one's once it has issued, so each softmax overlaps the
+    products of both others. Warpgroup 0 starts; the arrivals and waits of each barrier balance."""
+
+    def __init__(self, cfg: FwdConfig, wg, sched):
+        self.cfg, self.wg, self.sched = cfg, wg, sched
+
+    def _mine(self):
+        return self.sched.at[self.wg] if self.cfg.wgs > 2 else self.sched
+
+    def turn(self):
+        """After issuing: hand the tensor cores on (two warpgroups: and wait for the other's
+        hand-over)."""
+        if not self.cfg.pingpong:
+            return
+        if self.cfg.wgs > 2:
+            plgpu.barrier_arrive(self.sched.at[lax.rem(self.wg + 1, jnp.int32(self.cfg.wgs))])
+        else:
+            plgpu.barrier_arrive(self.sched)
+            plgpu.barrier_wait(self.sched)
+
+    def ready(self):
+        """The softmax is done (two warpgroups: the other may issue once it is done too)."""
+        if self.cfg.wgs == 2:
+            plgpu.barrier_arrive(self.sched)
+
+    def take(self):
+        """Wait for our turn to issue."""
+        plgpu.barrier_wait(self._mine())
+
+    def before(self):
+        """Before the first product: every warpgroup but 0 waits for the one before it."""
+        if self.cfg.wgs > 2:
+            pl.when(self.wg > 0)(self.take)
+        else:
+            pl.when(self.wg == 1)(self.turn)
+
+    def after(self):
+        """After the last product: hand on to the next warpgroup (not past the last)."""
+        if self.cfg.wgs > 2:
+            pl.when(self.wg < self.cfg.wgs - 1)(self.turn)
+        else:
+            pl.when(self.wg == 0)(self.turn)
 
 
 def fwd_kernel(*refs, cfg: FwdConfig):
@@ -138,8 +200,8 @@ def fwd_kernel(*refs, cfg: FwdConfig):
     if pf_ref is not None:  # one scalar per CTA: its batch row's prefix
         g["prefix"] = bound(pf_ref[b])
     wg = lax.axis_index("wg")
-    pl.when(wg < COMPUTE_WGS)(lambda: _compute(cfg, wg, *scratch, **g))
-    pl.when(wg == COMPUTE_WGS)(lambda: _produce(cfg, *scratch, **g))
+    pl.when(wg < cfg.wgs)(lambda: _compute(cfg, wg, *scratch, **g))
+    pl.when(wg == cfg.wgs)(lambda: _produce(cfg, *scratch, **g))
 
 
 def _produce(
@@ -169,7 +231,7 @@ def _produce(
     **_,
 ):
     """Producer warpgroup: TMA key/value blocks [lo, hi) into the slot ring."""
-    set_registers(cfg.registers, compute=False, interpret=cfg.interpret)
+    set_registers(cfg.registers, compute=False, interpret=cfg.interpret, wgs=cfg.wgs)
     kvh = lax.div(h, jnp.int32(cfg.groups))
 
     def load(j, carry):
@@ -238,10 +300,11 @@ def _compute(
     **_,
 ):
     """Compute warpgroup ``wg``: rows [row0, row0 + bq) of the CTA's query block."""
-    set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
+    set_registers(cfg.registers, compute=True, interpret=cfg.interpret, wgs=cfg.wgs)
     ops = Ops(cfg.interpret)
     bq, dv = q_smem.shape[1], v_smem.shape[2]  # dv: v's (padded) head dim, the accumulator's
-    row0 = qi * (COMPUTE_WGS * bq) + wg * bq
+    row0, owned = cta_rows(cfg, qi, q_ref.shape[1], bq)
+    row0 = row0 + wg * bq
     rows = pl.ds(row0, bq)
     plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[wg], q_bar.at[wg])
     if cfg.positions:
@@ -253,10 +316,7 @@ def _compute(
     q_seg = ops.rows(qseg_smem.at[wg]) if cfg.segments else None
     q_lim = causal_limit(cfg, q_pos, q_seg, prefix)  # [bq] | None (prefix / bidirectional)
 
-    def turn():  # hand the tensor cores to the other compute warpgroup
-        if cfg.pingpong:
-            plgpu.barrier_arrive(sched)
-            plgpu.barrier_wait(sched)
+    turns = _Turns(cfg, wg, sched)
 
     def wait_keys(j):  # block j's keys: awaited while the previous block's PV is in flight
         @pl.when(j < hi)
@@ -293,8 +353,7 @@ def _compute(
         v_bar,
         k_free,
         v_free,
-        sched,
-        turn,
+        turns,
         wait_keys,
         mask,
         lo,
@@ -302,19 +361,21 @@ def _compute(
         hi,
         edge,
     )
+    if owned is not None:  # the last CTA's rows that the CTA before it has written are not written
+        write = lambda *carry, write=write: pl.when(row0 >= owned)(lambda: write(*carry))  # noqa: E731
     wait_keys(lo)
     if not cfg.overlap:
-        pl.when(wg == 1)(turn)
+        turns.before()
         carry = hfl.loops(w)
-        pl.when(wg == 0)(turn)
+        turns.after()
         write(*carry)
         return
 
     @pl.when(lo < hi)  # the overlapped loop starts with block lo's QK^T
     def _():
-        pl.when(wg == 1)(turn)
+        turns.before()
         carry = hfl.overlap_loops(w)
-        pl.when(wg == 0)(turn)
+        turns.after()
         write(*carry)
 
     pl.when(lo >= hi)(lambda: write(ops.full((bq, dv), 0.0), ops.full((bq,), -jnp.inf), ops.full((bq,), 0.0)))

@@ -73,8 +73,7 @@ class Warpgroup:
     v_bar: Any
     k_free: Any
     v_free: Any
-    sched: Any  # the ping-pong barrier
-    turn: Any  # () -> None: hand the tensor cores over (ping-pong)
+    turns: Any  # fwd_kernel._Turns: the ping-pong's hand-overs
     wait_keys: Any  # j -> None
     mask: Any  # (s, slot) -> s
     lo: Any
@@ -108,7 +107,7 @@ def loops(w: Warpgroup):
     def body(j, carry, masked: bool):
         acc, m, l = carry  # float32 [bq, Dv], [bq], [bq]; m in log2 units (scaled logits)
         slot = w.slot(j)
-        s = capped(cfg, ops.qk(w.q, w.k.at[slot], (bq, cfg.bk), after_issue=w.turn))  # [bq, bk]
+        s = capped(cfg, ops.qk(w.q, w.k.at[slot], (bq, cfg.bk), after_issue=w.turns.turn))  # [bq, bk]
         if masked:
             s = w.mask(s, slot)
         plgpu.barrier_arrive(w.k_free.at[slot])
@@ -117,9 +116,9 @@ def loops(w: Warpgroup):
         if d <= 128:  # keep the softmax ahead of the hand-over (FA3's instruction ordering)
             acc, l, m_new, p = lax.optimization_barrier((acc, l, m_new, p))
         if cfg.pingpong:  # softmax done: wait for v, then for our turn on the tensor cores
-            plgpu.barrier_arrive(w.sched)
+            w.turns.ready()
             plgpu.barrier_wait(w.v_bar.at[slot])
-            plgpu.barrier_wait(w.sched)
+            w.turns.take()
         else:
             plgpu.barrier_wait(w.v_bar.at[slot])
         acc = ops.pv(acc, p, w.v.at[slot], after_issue=lambda: w.wait_keys(j + 1))
@@ -156,7 +155,7 @@ def overlap_loops(w: Warpgroup):
     def body(j, carry, masked: bool):
         acc, m, l, p = carry  # [bq, Dv] (scaled to m), [bq], [bq], [bq, bk] 16-bit (block j-1)
         prev = w.slot(j - 1)
-        w.turn()
+        w.turns.turn()
         (m, l, p, alpha), acc = ops.qk_pv(
             w.q,
             w.k.at[w.slot(j)],
@@ -165,13 +164,13 @@ def overlap_loops(w: Warpgroup):
             p,
             w.v.at[prev],
             lambda: plgpu.barrier_wait(w.v_bar.at[prev]),
-            w.turn,
+            w.turns.turn,
             softmax(j, m, l, masked),
         )
         plgpu.barrier_arrive(w.v_free.at[prev])
         return rescale(acc, alpha), m, l, p.astype(w.q.dtype)
 
-    s = ops.qk(w.q, w.k.at[w.slot(w.lo)], (bq, cfg.bk), after_issue=w.turn)  # block lo
+    s = ops.qk(w.q, w.k.at[w.slot(w.lo)], (bq, cfg.bk), after_issue=w.turns.turn)  # block lo
     init = (ops.full((bq,), -jnp.inf), ops.full((bq,), 0.0))
     m, l, p, _ = softmax(w.lo, *init, w.masked)(s)
     carry = (ops.full((bq, d), 0.0), m, l, p.astype(w.q.dtype))
@@ -179,7 +178,7 @@ def overlap_loops(w: Warpgroup):
         carry = lax.fori_loop(first, end, functools.partial(body, masked=masked), carry)
     acc, m, l, p = carry
     last = w.slot(w.hi - 1)
-    w.turn()
+    w.turns.turn()
     plgpu.barrier_wait(w.v_bar.at[last])
     acc = ops.pv(acc, p, w.v.at[last])
     plgpu.barrier_arrive(w.v_free.at[last])

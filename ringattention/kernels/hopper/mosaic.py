@@ -30,20 +30,29 @@ F32 = jnp.float32
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 COMPUTE_WGS = 2
-LAUNCH_REGISTERS = 168  # per thread at launch: 65536 / 384 threads, rounded down to a multiple of 8
 REGISTER_CHOICES = (232, 240)  # compute warpgroups; the producer keeps what is left (40/24); 224 lost
 # everywhere it was timed (docs/kernels.md)
+# The forward's three-warpgroup schedule ("pingpong3"): 3 x 128 x 160 + 128 x 32 fills the 65,536
+# registers of an SM, FA3's split for three consumer warpgroups.
+THREE_WG_REGISTERS = 160
 
 
-def set_registers(registers: int, compute: bool, interpret: bool) -> None:
-    """Re-balances the register file between the roles (``setmaxnreg``): the compute warpgroups take
-    ``registers`` each, the producer the rest of the launch allocation, so the CTA's total stays put."""
+def launch_registers(wgs: int) -> int:
+    """Registers per thread at launch of ``wgs`` compute warpgroups and a producer: 65536 over the
+    CTA's threads, rounded down to a multiple of 8 (168 for two, 128 for three)."""
+    return 65536 // ((wgs + 1) * 128) // 8 * 8
+
+
+def set_registers(registers: int, compute: bool, interpret: bool, wgs: int = COMPUTE_WGS) -> None:
+    """Re-balances the register file between the roles (``setmaxnreg``): the ``wgs`` compute
+    warpgroups take ``registers`` each, the producer the rest of the launch allocation, so the CTA's
+    total stays put."""
     if interpret:
         return
     if compute:
         plgpu.set_max_registers(registers, action="increase")
     else:
-        producer = (COMPUTE_WGS + 1) * LAUNCH_REGISTERS - COMPUTE_WGS * registers
+        producer = (wgs + 1) * launch_registers(wgs) - wgs * registers
         plgpu.set_max_registers(producer, action="decrease")
 
 
@@ -81,8 +90,8 @@ def interpret_params():
     return InterpretGPUParams()
 
 
-def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bool):
-    """``plgpu.kernel`` over grid axes ("h", "i", "b") with two compute + one producer warpgroups.
+def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bool, wgs: int = COMPUTE_WGS):
+    """``plgpu.kernel`` over grid axes ("h", "i", "b") with ``wgs`` compute + one producer warpgroups.
 
     Where the operands vary over manual axes (``shard_map(check_vma=True)``) the same kernel is
     built through ``pl.kernel`` + ``pl.run_scoped`` with outputs varying like the operands:
@@ -95,7 +104,7 @@ def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bo
         params = interpret_params()
         if params is None:
             raise NotImplementedError("this jax has no Mosaic GPU interpret mode")
-    mesh = plgpu.Mesh(grid=grid, grid_names=("h", "i", "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg")
+    mesh = plgpu.Mesh(grid=grid, grid_names=("h", "i", "b"), num_threads=wgs + 1, thread_name="wg")
     compiler_params = plgpu.CompilerParams(approx_math=True)
 
     def scoped(*refs):
@@ -122,7 +131,7 @@ def launch(body, out_type, scratch, *, grid: tuple[int, int, int], interpret: bo
             scratch_types=scratch,
             grid=grid,
             grid_names=("h", "i", "b"),
-            num_threads=COMPUTE_WGS + 1,
+            num_threads=wgs + 1,
             thread_name="wg",
             compiler_params=compiler_params,
             interpret=params,
@@ -314,6 +323,7 @@ class FwdConfig:
     softcap: float | None = None  # logits C * tanh(softmax_scale * q.k / C) (Gemma 2)
     prefix: bool = False  # a bidirectional prefix per batch row: one more input, int32 [B]
     bidirectional: bool = False  # queries of negative segments see their whole segment
+    wgs: int = COMPUTE_WGS  # compute warpgroups (3: "pingpong3", registers THREE_WG_REGISTERS)
 
     @property
     def positions(self) -> bool:

@@ -114,20 +114,42 @@ def _check(q, k, v, q_pos, k_pos, q_seg, k_seg, softmax_scale, own_v_dim: bool =
 
 @dataclasses.dataclass(frozen=True)
 class Geometry(common.Geometry):
-    """The Triton step's padded sizes (same fields), read as CTAs of ``2 * bq`` rows and key blocks
-    of ``bk``."""
+    """The Triton step's padded sizes (same fields), read as CTAs of ``wgs * bq`` rows (``wgs``
+    compute warpgroups) and key blocks of ``bk``."""
+
+    wgs: int = hm.COMPUTE_WGS
 
     @property
     def cta_rows(self) -> int:
-        return hm.COMPUTE_WGS * self.bq
+        return self.wgs * self.bq
+
+    @property
+    def nq(self) -> int:
+        """CTAs along the shard (three warpgroups: the last may overlap the one before it)."""
+        return -(-self.sq_pad // self.cta_rows)
 
 
 def geometry(sq: int, sk: int, d: int, bs: BlockSizes, dv: int | None = None) -> Geometry:
-    """Padded sizes; ``dv``: v's own head dim (None: ``d``), padded to a multiple of 64 apart."""
-    rows = hm.COMPUTE_WGS * BLOCK_Q
+    """Padded sizes; ``dv``: v's own head dim (None: ``d``), padded to a multiple of 64 apart.
+    ``schedule="pingpong3"`` runs three compute warpgroups where the shard pads to at least their
+    192 rows (shorter shards: two), with the shard padded to a multiple of 64 rows only."""
     bk = min(bs.block_k, -(-sk // 64) * 64)  # short shards: one block of the padded length
     dv_pad = 0 if dv is None or dv == d else _pad64(dv)
-    return Geometry(sq, sk, d, BLOCK_Q, bk, -(-sq // rows) * rows, -(-sk // bk) * bk, _pad64(d), dv_pad)
+    wgs = 3 if bs.schedule == "pingpong3" and _pad64(sq) >= 3 * BLOCK_Q else hm.COMPUTE_WGS
+    rows = BLOCK_Q if wgs == 3 else wgs * BLOCK_Q
+    sq_pad = -(-sq // rows) * rows
+    return Geometry(sq, sk, d, BLOCK_Q, bk, sq_pad, -(-sk // bk) * bk, _pad64(d), dv_pad, wgs)
+
+
+def _cta_queries(geo: Geometry, q_pos, q_seg):
+    """q_pos [Sq], q_seg [B, Sq] | None as the CTAs see them: where ``cta_rows`` does not divide the
+    padded shard, the last CTA's rows are the shard's last ``cta_rows`` (``fwd_kernel.cta_rows``),
+    gathered so that ``masks.block_table`` classifies its blocks for the rows it holds."""
+    if geo.sq_pad % geo.cta_rows == 0:
+        return q_pos, q_seg
+    start = jnp.minimum(jnp.arange(geo.nq) * geo.cta_rows, geo.sq_pad - geo.cta_rows)
+    rows = (start[:, None] + jnp.arange(geo.cta_rows)[None, :]).reshape(-1)  # [nq * cta_rows]
+    return q_pos[rows], (None if q_seg is None else q_seg[:, rows])
 
 
 def _pad(geo: Geometry, q, k, v, q_pos, k_pos, q_seg, k_seg):
@@ -174,7 +196,7 @@ def forward_step(
     softcap, prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)
     B, Sq, H, D = q.shape
     Dv = v.shape[3]
-    bs = block_sizes or default_block_sizes(D, causal, v_head_dim=Dv)
+    bs = block_sizes or default_block_sizes(D, causal, v_head_dim=Dv, softcap=softcap is not None)
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
     if jnp.dtype(q.dtype) not in HALF_DTYPES:  # float32: the Triton step (or XLA's), not wgmma
@@ -198,9 +220,9 @@ def forward_step(
     geo = geometry(Sq, k.shape[1], D, bs, Dv)
     q, k, v, q_pos, k_pos, q_seg, k_seg = _pad(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
     table = masks.block_table(
-        q_pos,
+        *_cta_queries(geo, q_pos, q_seg)[:1],
         k_pos,
-        q_seg,
+        _cta_queries(geo, q_pos, q_seg)[1],
         k_seg,
         causal,
         geo.cta_rows,
@@ -256,7 +278,7 @@ def _fwd_call(
     ``out_dtype``: o's (float32, or q's dtype where o is final)."""
     B, Sq, H, D = q.shape  # padded
     K, Dv = k.shape[2], v.shape[3]  # v [B, Sk, K, Dv]
-    nq = Sq // geo.cta_rows
+    nq = geo.nq
     cfg = hm.FwdConfig(
         bq=geo.bq,
         bk=geo.bk,
@@ -266,15 +288,16 @@ def _fwd_call(
         groups=H // K,
         nq=nq,
         qk_scale=scale * hm.LOG2E,
-        pingpong=bs.schedule == "pingpong",
+        pingpong=bs.schedule in ("pingpong", "pingpong3"),
         interpret=interpret,
-        registers=bs.registers,
+        registers=hm.THREE_WG_REGISTERS if geo.wgs == 3 else bs.registers,
+        wgs=geo.wgs,
         window=window,
         overlap=bs.schedule == "overlap",
         **features,
     )
-    smem = (hm.COMPUTE_WGS * geo.bq * D + bs.stages * geo.bk * (D + Dv)) * q.dtype.itemsize
-    smem += 4 * (hm.COMPUTE_WGS * geo.bq + bs.stages * geo.bk) * (cfg.positions + segments)
+    smem = (geo.cta_rows * D + bs.stages * geo.bk * (D + Dv)) * q.dtype.itemsize
+    smem += 4 * (geo.cta_rows + bs.stages * geo.bk) * (cfg.positions + segments)
     if smem > SMEM_LIMIT - 1024:
         dims = f"head dim {D}" + (f", v head dim {Dv}" if Dv != D else "")
         raise ValueError(
@@ -288,6 +311,7 @@ def _fwd_call(
         _scratch(cfg, D, q.dtype, Dv),
         grid=(H, nq, B),
         interpret=interpret,
+        wgs=cfg.wgs,
     )
     return kernel(lo, mid, hi, q, k, v, *extra)
 
@@ -296,7 +320,7 @@ def _scratch(cfg: hm.FwdConfig, d: int, dtype, dv: int | None = None):
     """SMEM buffers and barriers, in the order ``hk._compute`` / ``hk._produce`` take them
     (``dv``: v's head dim where it has its own)."""
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    wgs, s = hm.COMPUTE_WGS, cfg.stages
+    wgs, s = cfg.wgs, cfg.stages
     ivec = lambda n, length, on: plgpu.SMEM((n, length), jnp.int32) if on else None  # noqa: E731
     q_copies = 1 + cfg.positions + cfg.segments
     return [
@@ -312,7 +336,8 @@ def _scratch(cfg: hm.FwdConfig, d: int, dtype, dv: int | None = None):
         plgpu.Barrier(num_barriers=s),  # v loaded
         plgpu.Barrier(num_arrivals=wgs, num_barriers=s),  # k slot free
         plgpu.Barrier(num_arrivals=wgs, num_barriers=s),  # v slot free
-        plgpu.Barrier(num_arrivals=wgs),  # tensor-core turns
+        # tensor-core turns: one barrier of both (two warpgroups), or one each (fwd_kernel._Turns)
+        plgpu.Barrier(num_arrivals=wgs) if wgs == 2 else plgpu.Barrier(num_barriers=wgs),
     ]
 
 
