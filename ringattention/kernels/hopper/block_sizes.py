@@ -121,7 +121,10 @@ _DEFAULTS = {  # H200, docs/kernels.md
     64: BlockSizes(block_k=256, stages=2, backward="fused", bwd_stages=3, registers=240),
     # D=128: the fused backward with one dq tile per CTA and 240 registers per compute thread
     # (64K fwd+bwd 0.95-0.99x cuDNN against 0.91-0.94x for one dq tile per warpgroup, 2026-12-01).
-    128: BlockSizes(block_k=128, stages=2, backward="fused", registers=240),
+    # The forward's three compute warpgroups take turns (schedule="pingpong3", 192-row CTAs; its
+    # compute threads have 160 registers, the backward's 240): H100 32K / 128K causal forward
+    # 1.11x / 1.11x the two's speed, soft-capped 1.08x / 1.03x (2026-12-07, bitwise the same o).
+    128: BlockSizes(block_k=128, stages=2, schedule="pingpong3", backward="fused", registers=240),
     # D=256: the deterministic head-dim-split pair (split_bwd, no atomics): 64K fwd+bwd
     # 0.92-0.93x cuDNN; a fused split kernel adding dq by per-element float32 atomics ran
     # 0.37-0.43x (deleted: docs/kernels.md).
@@ -147,30 +150,20 @@ _FULL_DEFAULTS = {
 _DETERMINISTIC_TILES = {64: dict(bwd_stages=2, registers=232, bwd_block_k=128)}
 
 
-def default_block_sizes(
-    head_dim: int, causal: bool = True, v_head_dim: int | None = None, softcap: bool = False
-) -> BlockSizes:
+def default_block_sizes(head_dim: int, causal: bool = True, v_head_dim: int | None = None) -> BlockSizes:
     """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above.
     ``causal``: whether the step has a causal mask (without one, head dim 128 runs the forward with
     ``schedule="overlap"`` and head dim 64 its kernels with 232 registers per compute thread, not 240).
     ``v_head_dim``: v's own head dim where it differs: the row of the larger of the two, with MLA's
-    tiles (:data:`_MLA`) where they pad to 192 and 128. ``softcap``: whether the logits are
-    soft-capped (causal head dim 128: :data:`_SOFTCAP_SCHEDULE`)."""
-    if softcap and causal and v_head_dim in (None, head_dim) and _tuned_dim(head_dim) == 128:
-        return dataclasses.replace(_DEFAULTS[128], schedule=_SOFTCAP_SCHEDULE)
+    tiles (:data:`_MLA`) where they pad to 192 and 128."""
     if v_head_dim is not None and v_head_dim != head_dim:
         bs = default_block_sizes(max(head_dim, v_head_dim), causal)
         if (_pad64(head_dim), _pad64(v_head_dim)) == (192, 128):
-            return dataclasses.replace(bs, **_MLA, schedule=default_block_sizes(128, causal).schedule)
+            return dataclasses.replace(bs, **_MLA, schedule="pingpong" if causal else "overlap")
         return bs
     d = _tuned_dim(head_dim)
     return _DEFAULTS[d] if causal else _FULL_DEFAULTS.get(d, _DEFAULTS[d])
 
-
-# Soft-capped logits at head dim 128 with a causal mask: three compute warpgroups taking turns.
-# Each logit costs two MUFU operations (tanh, exp2), as long as its two products on the tensor
-# cores, so one softmax outlasts the other warpgroup's products; with three, each hides behind two.
-_SOFTCAP_SCHEDULE = "pingpong3"
 
 # MLA (q/k head dim 192, v 128; DeepSeek-V2). Forward, untuned: its registers are those of head
 # dim 128 (a [64, 128] accumulator and [64, 128] logits per warpgroup, the q/k width only lengthens

@@ -196,7 +196,7 @@ def forward_step(
     softcap, prefix = _features(q, q_seg, causal, softcap, prefix, bidirectional)
     B, Sq, H, D = q.shape
     Dv = v.shape[3]
-    bs = block_sizes or default_block_sizes(D, causal, v_head_dim=Dv, softcap=softcap is not None)
+    bs = block_sizes or default_block_sizes(D, causal, v_head_dim=Dv)
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
     if jnp.dtype(q.dtype) not in HALF_DTYPES:  # float32: the Triton step (or XLA's), not wgmma
