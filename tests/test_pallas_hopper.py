@@ -1107,6 +1107,16 @@ def test_shared_memory_budget_is_checked():
 
     with pytest.raises(ValueError, match="shared memory"):
         ph.forward_step(q, q, q, pos, pos, None, None, block_sizes=ph.BlockSizes(block_k=128, stages=3), **kw)
+    # MLA's 192-wide q tiles: three (schedule="pingpong3") do not fit beside 2 stages of k and v
+    x, v128, p192 = (
+        jnp.zeros((1, 192, 2, 192), q.dtype),
+        jnp.zeros((1, 192, 2, 128), q.dtype),
+        jnp.arange(192),
+    )
+    with pytest.raises(ValueError, match=r"schedule='pingpong3' \(3 query tiles\)"):
+        ph.forward_step(
+            x, x, v128, p192, p192, None, None, block_sizes=ph.BlockSizes(schedule="pingpong3"), **kw
+        )
     # the head-dim-split pair: 2 stages at most
     refused("shared memory", ph.backward_step, q, block_sizes=ph.BlockSizes(backward="mosaic", bwd_stages=3))
     q = q[..., :128]  # the fused backward: 3 stages fit

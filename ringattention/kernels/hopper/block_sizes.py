@@ -27,9 +27,10 @@ BLOCK_Q = ROWS  # query rows per compute warpgroup: one wgmma tile (a CTA holds 
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 BACKWARDS = ("triton", "mosaic", "fused")  # BlockSizes.backward: the Triton step's kernels, or our own
 REGISTERS = hm.REGISTER_CHOICES  # BlockSizes.registers: per compute-warpgroup thread
-# BlockSizes.schedule of the forward's two compute warpgroups: "pingpong" (they alternate on the
-# tensor cores) or "overlap" (each overlaps block j's softmax with block j-1's P.V, FA3's
-# intra-warpgroup pipelining); docs/kernels.md gives the A/B behind each default.
+# BlockSizes.schedule of the forward's compute warpgroups: "pingpong" (two alternate on the tensor
+# cores), "overlap" (each of two overlaps block j's softmax with block j-1's P.V, FA3's
+# intra-warpgroup pipelining) or "pingpong3" (three take turns: 192-row CTAs, 160 registers per
+# compute thread; shards under 192 rows run two); docs/kernels.md gives the A/B behind each default.
 SCHEDULES = ("pingpong", "overlap", "pingpong3")
 
 
@@ -50,9 +51,12 @@ class BlockSizes:
 
     ``block_k``: keys per pipeline stage (a CTA holds two compute warpgroups of ``BLOCK_Q`` query
     rows); ``stages``: shared-memory slots for keys/values; ``schedule``: "pingpong" (the compute
-    warpgroups alternate on the tensor cores) or "overlap" (the forward overlaps block j's softmax
-    with block j-1's P·V inside each warpgroup, FlashAttention-3's intra-warpgroup pipelining,
-    ``fwd_loops.overlap_loops``; the head-dim-128 default without a causal mask).
+    warpgroups alternate on the tensor cores), "pingpong3" (the forward runs three compute
+    warpgroups taking turns, ``fwd_kernel._Turns``, 160 registers per compute thread whatever
+    ``registers`` says; the head-dim-128 default with a causal mask) or "overlap" (the forward
+    overlaps block j's softmax with block j-1's P·V inside each warpgroup, FlashAttention-3's
+    intra-warpgroup pipelining, ``fwd_loops.overlap_loops``; the head-dim-128 default without a
+    causal mask).
     ``backward``: "mosaic" (``bwd_kernels``: a dq and a dk/dv
     kernel, 64-row tiles, ``bwd_stages`` slots, the dq kernel streaming ``bwd_block_k`` keys per
     block; deterministic; above 128 ``split_bwd``'s

@@ -301,8 +301,9 @@ def _fwd_call(
     if smem > SMEM_LIMIT - 1024:
         dims = f"head dim {D}" + (f", v head dim {Dv}" if Dv != D else "")
         raise ValueError(
-            f"pallas_hopper: block_k={geo.bk}, stages={bs.stages} at {dims} need "
-            f"{smem} bytes of shared memory (limit {SMEM_LIMIT}); use fewer/smaller"
+            f"pallas_hopper: block_k={geo.bk}, stages={bs.stages}, schedule={bs.schedule!r} "
+            f"({geo.wgs} query tiles) at {dims} need {smem} bytes of shared memory (limit "
+            f"{SMEM_LIMIT}); use fewer/smaller, or schedule='pingpong'"
         )
     out_type = (jax.ShapeDtypeStruct((B, Sq, H, Dv), out_dtype), jax.ShapeDtypeStruct((B, H, Sq), F32))
     kernel = hm.launch(
