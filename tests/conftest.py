@@ -24,15 +24,15 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 @pytest.fixture
 def forward_loops_used(monkeypatch):
-    """Records (loop, ping-pong) for each Hopper forward traced: which of ``fwd_loops``'
-    ``loops`` / ``overlap_loops`` it ran (they still run)."""
+    """Records (loop, ping-pong, compute warpgroups) for each Hopper forward traced: which of
+    ``fwd_loops``' ``loops`` / ``overlap_loops`` it ran (they still run)."""
     from ringattention.kernels.hopper import fwd_loops as hfl
 
     used = []
 
     def recorded(name, loop):
         def run(w):
-            used.append((name, w.cfg.pingpong))
+            used.append((name, w.cfg.pingpong, w.cfg.wgs))
             return loop(w)
 
         return run

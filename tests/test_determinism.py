@@ -99,11 +99,12 @@ def test_ring_flag_picks_the_hopper_backward(backward_calls, deterministic):
 @needs_interpret
 def test_deterministic_ring_runs_the_forward_of_its_mask(forward_loops_used):
     """deterministic=True changes the backward only: at head dim 128 without a causal mask the
-    forward is still the overlapped one (deterministic too: each CTA owns its query rows)."""
+    forward is still the overlapped one, and with one the three-warpgroup ping-pong (deterministic
+    too: each query row is written by one CTA, the rows a last CTA overlaps by the one before)."""
     used = forward_loops_used
-    q = jax.ShapeDtypeStruct((1, 128, 2, 128), jnp.bfloat16)
-    k = jax.ShapeDtypeStruct((1, 128, 1, 128), jnp.bfloat16)
-    for causal, want in ((False, ("overlap_loops", False)), (True, ("loops", True))):
+    q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((1, 256, 1, 128), jnp.bfloat16)
+    for causal, want in ((False, ("overlap_loops", False, 2)), (True, ("loops", True, 3))):
         used.clear()
         jax.eval_shape(_ring_loss(True, causal), q, k, k)
         assert set(used) == {want}, causal

@@ -155,15 +155,17 @@ def test_forward_overlap_matches_reference(case):
 @needs_interpret
 def test_default_forward_schedule_by_mask(forward_loops_used):
     """Head dim 128 without a causal mask runs the overlapped forward without the ping-pong (the
-    H200 default); with one, and at head dim 64, the ping-pong loop."""
+    H200 default); with one the ping-pong of three compute warpgroups (of two on shards under 192
+    rows), and at head dim 64 the ping-pong of two."""
     used = forward_loops_used
-    for dim, causal, want in (
-        (128, False, ("overlap_loops", False)),
-        (128, True, ("loops", True)),
-        (64, False, ("loops", True)),
+    for dim, causal, rows, want in (
+        (128, False, 256, ("overlap_loops", False, 2)),
+        (128, True, 256, ("loops", True, 3)),
+        (128, True, 128, ("loops", True, 2)),
+        (64, False, 256, ("loops", True, 2)),
     ):
-        q = jax.ShapeDtypeStruct((1, 128, 2, dim), jnp.bfloat16)
-        pos = jax.ShapeDtypeStruct((128,), jnp.int32)
+        q = jax.ShapeDtypeStruct((1, rows, 2, dim), jnp.bfloat16)
+        pos = jax.ShapeDtypeStruct((rows,), jnp.int32)
         used.clear()
         jax.eval_shape(
             functools.partial(ph.forward_step, causal=causal, softmax_scale=0.1, interpret=True),
@@ -177,13 +179,13 @@ def test_default_forward_schedule_by_mask(forward_loops_used):
         )
         assert set(used) == {want}, (dim, causal, used)
     bs = ph.default_block_sizes(128, causal=False)
-    assert bs.schedule == "overlap" and ph.default_block_sizes(128).schedule == "pingpong"
+    assert bs.schedule == "overlap" and ph.default_block_sizes(128).schedule == "pingpong3"
     assert bs == dataclasses.replace(ph.default_block_sizes(128), schedule="overlap")
     assert ph.default_block_sizes(64, causal=False) == dataclasses.replace(
         ph.default_block_sizes(64), registers=232
     )
     assert ph.deterministic_block_sizes(None, 128, causal=False).schedule == "overlap"
-    assert ph.deterministic_block_sizes(None, 128).schedule == "pingpong"
+    assert ph.deterministic_block_sizes(None, 128).schedule == "pingpong3"
 
 
 def _check_backward(inputs, causal, block_sizes, window=None):
