@@ -8,7 +8,11 @@ slots with TMA, each slot guarded by a "loaded" barrier (TMA arrivals) and a "fr
 arrival per compute warpgroup). An optional schedule barrier makes the two compute warpgroups take
 turns on the tensor cores (one's softmax overlaps the other's matmuls). The softmax takes the row
 maximum of the unscaled logits, so each probability is one FMA and one ``exp2``; the next key
-block is awaited while the current P·V product is in flight. The compute warpgroups' key-block
+block is awaited while the current P·V product is in flight. ``FwdConfig.wgs == 3``
+(``schedule="pingpong3"``) runs three compute warpgroups (``3 * bq`` rows, warpgroup 3 the producer)
+that pass the tensor cores round a ring of barriers (``_Turns``), so each softmax overlaps two
+other warpgroups' matmuls; the last CTA of a shard that ``3 * bq`` does not divide ends at the
+shard's end and writes only the rows no CTA before it wrote (``cta_rows``). The compute warpgroups' key-block
 loops (and FA3's intra-warpgroup overlap of one block's softmax with the previous block's P·V,
 ``FwdConfig.overlap``) are in ``fwd_loops.py``.
 

@@ -1,7 +1,8 @@
 """Mosaic GPU pieces shared by every Hopper kernel (FlashAttention-3, Shah et al. 2024).
 
-The launch of a kernel of two compute warpgroups and one producer warpgroup (``launch``, also
-under ``shard_map(check_vma=True)``), the register split between them (``set_registers``), loop
+The launch of a kernel of two (the forward's ``"pingpong3"``: three) compute warpgroups and one
+producer warpgroup (``launch``, also under ``shard_map(check_vma=True)``), the register split
+between them (``set_registers``), loop
 bounds read from kernel arguments (``bound``), the window mask, the forward's static configuration
 (``FwdConfig``) and ``Ops``: the few operations that only exist on the device (wgmma through
 accumulator refs, register layouts), which with ``interpret=True`` become plain ``jnp`` so the same
