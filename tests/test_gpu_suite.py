@@ -275,6 +275,34 @@ def test_forward_writes_the_final_dtype_bitwise(dims):
     np.testing.assert_array_equal(np.asarray(lse16), np.asarray(lse32))
 
 
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_three_warpgroups_are_bitwise_two(softcap):
+    """The forward's three compute warpgroups (``schedule="pingpong3"``, the default at head dim
+    128 with a causal mask) write the bits of the two-warpgroup ping-pong: causal, GQA 8:2, packed
+    documents with boundaries off the 192-row CTAs, 8320 tokens (the last CTA overlaps the one
+    before it)."""
+    _needs_hopper("pallas_hopper")
+    from ringattention.kernels.hopper import pallas_hopper as ph
+
+    n = 8320
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(2), 3)
+    q = jax.random.normal(kq, (1, n, 8, 128), jnp.bfloat16)  # [batch, seq, heads, dim]
+    k = jax.random.normal(kk, (1, n, 2, 128), jnp.bfloat16)
+    v = jax.random.normal(kv, (1, n, 2, 128), jnp.bfloat16)
+    pos = jnp.arange(n, dtype=jnp.int32)
+    seg = jnp.searchsorted(jnp.array([1000, 3100, 6000]), pos, side="right")[None].astype(jnp.int32)
+
+    def forward(schedule):
+        bs = ph.BlockSizes(schedule=schedule, backward="fused", registers=240)
+        step = lambda q, k, v, p, s: ph.forward_step(  # noqa: E731
+            q, k, v, p, p, s, s, causal=True, softmax_scale=128**-0.5, softcap=softcap, block_sizes=bs
+        )
+        return [np.asarray(x) for x in jax.jit(step)(q, k, v, pos, seg)]
+
+    for got, want in zip(forward("pingpong3"), forward("pingpong"), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("check_vma", [True, False], ids=["vma", "novma"])
