@@ -196,7 +196,8 @@ FEATURE_CASES = {
 }
 
 
-SLOW_CASES = ("mla", "dv200")  # covered by all-mla (causal MLA) and the lowering of dv-64-256
+# covered by all-mla (causal MLA), the lowering of dv-64-256 and test_three_warpgroups_match_two_bitwise
+SLOW_CASES = ("mla", "dv200", "softcap-pingpong3")
 
 
 @needs_interpret
@@ -394,7 +395,10 @@ def test_feature_keywords_are_validated():
     refused(r"bad shapes", v=jax.ShapeDtypeStruct((2, 128, 2, 320), jnp.bfloat16))  # Dv > 256
     refused(r"bad shapes", v=jax.ShapeDtypeStruct((2, 128, 1, 128), jnp.bfloat16))
     mla = jax.ShapeDtypeStruct((2, 128, 2, 192), jnp.bfloat16)
-    with pytest.raises(ValueError, match=r"block_k=128, stages=3 at head dim 192, v head dim 128"):
+    with pytest.raises(
+        ValueError,
+        match=r"block_k=128, stages=3, schedule='pingpong' \(2 query tiles\) at head dim 192, v head dim 128",
+    ):
         jax.eval_shape(
             functools.partial(step, causal=True, block_sizes=ph.BlockSizes(stages=3)),
             mla,

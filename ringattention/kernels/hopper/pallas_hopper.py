@@ -304,7 +304,7 @@ def _fwd_call(
         raise ValueError(
             f"pallas_hopper: block_k={geo.bk}, stages={bs.stages}, schedule={bs.schedule!r} "
             f"({geo.wgs} query tiles) at {dims} need {smem} bytes of shared memory (limit "
-            f"{SMEM_LIMIT}); use fewer/smaller, or schedule='pingpong'"
+            f"{SMEM_LIMIT}); use fewer/smaller" + (", or schedule='pingpong'" if geo.wgs == 3 else "")
         )
     out_type = (jax.ShapeDtypeStruct((B, Sq, H, Dv), out_dtype), jax.ShapeDtypeStruct((B, H, Sq), F32))
     kernel = hm.launch(
