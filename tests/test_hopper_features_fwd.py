@@ -223,7 +223,10 @@ def test_forward_features_match_reference(name):
 @pytest.mark.parametrize(
     "case",
     [
-        Case(128, softcap=30.0, segments=True, sq=256, sk=256, logit_scale=20.0),
+        # on .venv's jax (once): the legs run three warpgroups through the default forward
+        pytest.param(
+            Case(128, softcap=30.0, segments=True, sq=256, sk=256, logit_scale=20.0), marks=pytest.mark.once
+        ),
         # every feature at once on 200 rows (padded to 256: the last CTA overlaps the first)
         pytest.param(dataclasses.replace(FEATURE_CASES["all-d64"], sq=200), marks=pytest.mark.slow),
     ],
