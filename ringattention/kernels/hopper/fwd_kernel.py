@@ -9,12 +9,12 @@ arrival per compute warpgroup). An optional schedule barrier makes the two compu
 turns on the tensor cores (one's softmax overlaps the other's matmuls). The softmax takes the row
 maximum of the unscaled logits, so each probability is one FMA and one ``exp2``; the next key
 block is awaited while the current P·V product is in flight. ``FwdConfig.wgs == 3``
-(``schedule="pingpong3"``) runs three compute warpgroups (``3 * bq`` rows, warpgroup 3 the producer)
-that pass the tensor cores round a ring of barriers (``_Turns``), so each softmax overlaps two
-other warpgroups' matmuls; the last CTA of a shard that ``3 * bq`` does not divide ends at the
-shard's end and writes only the rows no CTA before it wrote (``cta_rows``). The compute warpgroups' key-block
-loops (and FA3's intra-warpgroup overlap of one block's softmax with the previous block's P·V,
-``FwdConfig.overlap``) are in ``fwd_loops.py``.
+(``schedule="pingpong3"``) runs three compute warpgroups (``3 * bq`` rows, warpgroup 3 the
+producer) that pass the tensor cores round a ring of barriers (``_Turns``), so each softmax
+overlaps two other warpgroups' matmuls; the last CTA of a shard that ``3 * bq`` does not divide
+ends at the shard's end and writes only the rows no CTA before it wrote (``cta_rows``). The
+compute warpgroups' key-block loops (and FA3's intra-warpgroup overlap of one block's softmax
+with the previous block's P·V, ``FwdConfig.overlap``) are in ``fwd_loops.py``.
 
 Masking is the one of the Triton step (``triton/kernels.py``): the wrapper derives per-CTA block
 bounds from ``masks.block_table``; blocks in ``[lo, mid)`` are fully visible and run without a mask,
@@ -98,13 +98,13 @@ def _mask(cfg: FwdConfig, ops: Ops, s, q_pos, q_seg, kpos_smem, kseg_smem, q_lim
     return jnp.where(vis, s, -jnp.inf)
 
 
-def cta_rows(cfg: FwdConfig, qi, sq: int, bq: int):
+def cta_rows(wgs: int, qi, sq: int, bq: int):
     """(first row of CTA ``qi``'s query block, first row it owns or None). CTAs hold ``wgs * bq``
     rows; where that does not divide the (padded) shard length ``sq`` (three warpgroups: 192 rows)
     the last CTA ends at the shard's end and overlaps the one before it, whose rows it computes
     again but does not write (``sq`` is a multiple of ``bq``, so a warpgroup's rows are written
     whole or not at all)."""
-    rows = cfg.wgs * bq
+    rows = wgs * bq
     if sq % rows == 0:
         return qi * rows, None
     return jnp.minimum(qi * rows, sq - rows), qi * rows
@@ -307,7 +307,7 @@ def _compute(
     set_registers(cfg.registers, compute=True, interpret=cfg.interpret, wgs=cfg.wgs)
     ops = Ops(cfg.interpret)
     bq, dv = q_smem.shape[1], v_smem.shape[2]  # dv: v's (padded) head dim, the accumulator's
-    row0, owned = cta_rows(cfg, qi, q_ref.shape[1], bq)
+    row0, owned = cta_rows(cfg.wgs, qi, q_ref.shape[1], bq)
     row0 = row0 + wg * bq
     rows = pl.ds(row0, bq)
     plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[wg], q_bar.at[wg])

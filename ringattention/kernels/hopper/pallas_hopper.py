@@ -148,7 +148,7 @@ def _cta_queries(geo: Geometry, q_pos, q_seg):
     gathered so that ``masks.block_table`` classifies its blocks for the rows it holds."""
     if geo.sq_pad % geo.cta_rows == 0:
         return q_pos, q_seg
-    start = jnp.minimum(jnp.arange(geo.nq) * geo.cta_rows, geo.sq_pad - geo.cta_rows)
+    start, _ = hk.cta_rows(geo.wgs, jnp.arange(geo.nq), geo.sq_pad, geo.bq)  # [nq]
     rows = (start[:, None] + jnp.arange(geo.cta_rows)[None, :]).reshape(-1)  # [nq * cta_rows]
     return q_pos[rows], (None if q_seg is None else q_seg[:, rows])
 
@@ -220,10 +220,11 @@ def forward_step(
         )
     geo = geometry(Sq, k.shape[1], D, bs, Dv)
     q, k, v, q_pos, k_pos, q_seg, k_seg = _pad(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    cta_pos, cta_seg = _cta_queries(geo, q_pos, q_seg)
     table = masks.block_table(
-        *_cta_queries(geo, q_pos, q_seg)[:1],
+        cta_pos,
         k_pos,
-        _cta_queries(geo, q_pos, q_seg)[1],
+        cta_seg,
         k_seg,
         causal,
         geo.cta_rows,
