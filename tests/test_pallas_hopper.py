@@ -181,9 +181,11 @@ def test_default_forward_schedule_by_mask(forward_loops_used):
     bs = ph.default_block_sizes(128, causal=False)
     assert bs.schedule == "overlap" and ph.default_block_sizes(128).schedule == "pingpong3"
     assert bs == dataclasses.replace(ph.default_block_sizes(128), schedule="overlap")
+    # head dim 64: three warpgroups over 128-key blocks with a causal mask, two over 256 without
     assert ph.default_block_sizes(64, causal=False) == dataclasses.replace(
-        ph.default_block_sizes(64), registers=232
+        ph.default_block_sizes(64), registers=232, block_k=256, schedule="pingpong"
     )
+    assert (ph.default_block_sizes(64).schedule, ph.default_block_sizes(64).block_k) == ("pingpong3", 128)
     assert ph.deterministic_block_sizes(None, 128, causal=False).schedule == "overlap"
     assert ph.deterministic_block_sizes(None, 128).schedule == "pingpong3"
 
@@ -799,7 +801,7 @@ LOWER_CASES = [  # (backward, head dim, causal, segments, kv_heads, extra BlockS
         True,
         True,
         2,
-        dict(block_k=256, bwd_stages=3, registers=240),
+        dict(block_k=128, schedule="pingpong3", bwd_stages=3, registers=240),
     ),  # the default at 64 with a causal mask
     ("fused", 64, False, False, 2, dict(block_k=256, bwd_stages=3), 100),
     ("fused", 128, False, False, 2, dict(split_group=True)),  # a CTA per query head

@@ -35,7 +35,7 @@ def test_hopper_check_variants_become_block_sizes(bench):
     assert hr.block_sizes("default", 128) == ph.default_block_sizes(128)
     got = hr.block_sizes("fused/bwd_block_k=128/registers=240", 64)
     want = dataclasses.replace(ph.default_block_sizes(64), backward="fused", bwd_block_k=128, registers=240)
-    assert got == want and got.block_k == 256  # the head-dim-64 defaults underneath
+    assert got == want and got.schedule == "pingpong3"  # the head-dim-64 defaults underneath
     assert hr.block_sizes("default/split_group=false", 128).split_group is False  # not the string
     full = hr.block_sizes("default", 128, causal=False)  # the forward schedule follows the mask
     assert full == ph.default_block_sizes(128, causal=False) and full.schedule == "overlap"

@@ -117,12 +117,15 @@ class BlockSizes:
 
 
 _DEFAULTS = {  # H200, docs/kernels.md
-    # D=64: 256-key forward blocks (16K-128K forward 1.02-1.16x cuDNN against 0.93-1.04x for 128
-    # keys in 3 stages, docs/kernels.md); the fused backward with one dq tile per CTA (the
-    # warpgroups take turns; 0.89-1.01x against 0.86-1.01x with one tile per warpgroup, 0.88-0.95x
-    # for the two-kernel one, 2026-12-01) through 3 stages and, causal, 240 registers
-    # (_FULL_DEFAULTS: 232 without a causal mask).
-    64: BlockSizes(block_k=256, stages=2, backward="fused", bwd_stages=3, registers=240),
+    # D=64: causal, three compute warpgroups over 128-key blocks: H100 causal forward 1.13x /
+    # 1.33x / 1.14x / 1.18x the two warpgroups' speed over 256-key blocks at 16K / 32K / 64K / 128K
+    # (2026-12-07, docs/kernels.md; _FULL_DEFAULTS keeps those without a causal mask). The fused
+    # backward with one dq tile per CTA (the warpgroups take turns; 0.89-1.01x cuDNN against
+    # 0.86-1.01x with one tile per warpgroup, 0.88-0.95x for the two-kernel one, 2026-12-01)
+    # through 3 stages and, causal, 240 registers (_FULL_DEFAULTS: 232 without a causal mask).
+    64: BlockSizes(
+        block_k=128, stages=2, schedule="pingpong3", backward="fused", bwd_stages=3, registers=240
+    ),
     # D=128: the fused backward with one dq tile per CTA and 240 registers per compute thread
     # (64K fwd+bwd 0.95-0.99x cuDNN against 0.91-0.94x for one dq tile per warpgroup, 2026-12-01).
     # The forward's three compute warpgroups take turns (schedule="pingpong3", 192-row CTAs; its
@@ -144,7 +147,9 @@ _DEFAULTS = {  # H200, docs/kernels.md
 # mask 240 and 3 stages ran 1.02-1.05x cuDNN against 0.97-1.01x.
 _FULL_DEFAULTS = {
     128: dataclasses.replace(_DEFAULTS[128], schedule="overlap"),
-    64: dataclasses.replace(_DEFAULTS[64], registers=232),
+    # 256-key blocks with two warpgroups: 16K-128K forward 1.02-1.16x cuDNN against 0.93-1.04x for
+    # 128 keys in 3 stages (docs/kernels.md).
+    64: dataclasses.replace(_DEFAULTS[64], block_k=256, schedule="pingpong", registers=232),
 }
 
 # The two-kernel ("mosaic") backward of deterministic=True keeps its own tiles where the fused
