@@ -38,23 +38,31 @@ demo-ring: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check $(SRC)
 	$(VENV)/bin/ruff format --check $(SRC)
-	$(PY) -m pytest -q -rs -n $(JOBS) --durations=15 tests
+	$(PY) -m pytest -q -rs -n $(JOBS) --durations=15 $(MAIN_MARKS) tests
 	$(MAKE) --no-print-directory test-matrix
 
-# The jax matrix: what a GPU user's jax would see. The kernel, contract, model and deviceless-H200
-# tests again on Python 3.12 with the newest jax and with 0.11.2 (the jax of current CUDA images),
-# each in a virtualenv of its own (.venv-jax<version>: jax, its CUDA plugin and libtpu, the model's
-# dependencies; no torch, so the Hugging Face parity tests run on .venv's jax only). Python 3.12 is
-# found on PATH or under pyenv (MATRIX_PYTHON=/path/to/python3.12 to choose one); where none
-# exists the matrix is skipped, saying so. Tests marked `once` (the float32 Triton compiles at head dims
-# 64 and 256, the Hopper options on a ring of 4, a benchmark script's table) run on .venv's jax only:
-# they repeat what the matrix checks on every jax at a few minutes each, and make test keeps to 45
-# minutes on 2 cores.
+# The jax matrix: what a GPU or TPU user's jax would see, on Python 3.12, each jax in a virtualenv
+# of its own (.venv-jax<version>: jax, its CUDA plugin and libtpu, the model's dependencies; no
+# torch, so the Hugging Face parity tests run on .venv's jax only). GPU_JAX (0.11.2, the jax of
+# current CUDA images) runs the GPU kernels (Triton, Hopper) in interpret mode, the contract, the
+# model and the deviceless H200 compiles; the newest jax (what TPU users install) runs the TPU
+# kernel, the contract (every kernel once against float64), the model and the H200 compiles (every
+# Hopper kernel lowered and compiled). Python 3.12 is found on PATH or under pyenv
+# (MATRIX_PYTHON=/path/to/python3.12 to choose one); where none exists the matrix is skipped,
+# saying so. Tests marked `once` (the float32 Triton compiles, the bfloat16 ring compiles at head
+# dims 64 and 256, the Hopper options on a ring of 4, a benchmark script's table) run on .venv's
+# jax only; with the matrix, .venv's jax (no CUDA image ships it) leaves the other H200 compiles
+# (marked `gpu_jax`) to the legs. So make test keeps to 45 minutes on 2 cores.
 MATRIX_JAX ?= 0.12.1 0.11.2
+GPU_JAX ?= 0.11.2
 MATRIX_PYTHON ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
-MATRIX_TESTS := $(wildcard tests/test_pallas_*.py tests/test_hopper_*.py) tests/test_contract.py \
-	tests/test_gpu_aot.py tests/test_model.py tests/test_model_window.py tests/test_remat.py
+MATRIX_COMMON := tests/test_contract.py tests/test_gpu_aot.py tests/test_model.py \
+	tests/test_model_window.py tests/test_remat.py
+MATRIX_TESTS_GPU := $(wildcard tests/test_pallas_gpu.py tests/test_pallas_hopper.py tests/test_hopper_*.py) \
+	$(MATRIX_COMMON)
+MATRIX_TESTS_NEWEST := tests/test_pallas_tpu.py $(MATRIX_COMMON)
+MAIN_MARKS = $(if $(strip $(MATRIX_PYTHON)),-m "not slow and (once or not gpu_jax)",)
 MATRIX_DEPS := einops "flax>=0.10" "optax>=0.2" "safetensors>=0.4" numpy "orbax-checkpoint>=0.11" \
 	"pyyaml>=6" fsspec tqdm "chex>=0.1.88" "pytest>=8" "pytest-xdist>=3"
 
@@ -74,9 +82,10 @@ ifeq ($(strip $(MATRIX_PYTHON)),)
 else
 	@for v in $(MATRIX_JAX); do \
 		$(MAKE) --no-print-directory .venv-jax$$v/.installed || exit 1; \
-		echo "== jax $$v (Python 3.12): $(MATRIX_TESTS)"; \
+		tests="$(MATRIX_TESTS_NEWEST)"; [ $$v = $(GPU_JAX) ] && tests="$(MATRIX_TESTS_GPU)"; \
+		echo "== jax $$v (Python 3.12): $$tests"; \
 		.venv-jax$$v/bin/python -m pytest -q -rs -n $(JOBS) -p no:cacheprovider -m "not slow and not once" \
-			$(MATRIX_TESTS) || exit 1; \
+			$$tests || exit 1; \
 	done
 endif
 

@@ -5,10 +5,11 @@ accumulator under ``shard_map(check_vma=True)`` on jax >= 0.11). These tests com
 plugin and an H200's device description (``ringcheck.h200_devices``), the ring's forward and
 gradients for each GPU implementation under both ``check_vma`` settings, in bfloat16 and float32
 at head dims 64, 128 and 256, and the debug and 1b presets' training steps with
-``attention="auto"``. ``make test`` runs them on every jax it tests (the jax matrix), but for the
-float32 compiles at head dims 64 and 256 and the options on a ring of 4 (marked ``once``: .venv's
-jax only; the float32 programs are lowered and checked on every jax). Nothing runs, so numbers come
-from ``make test-gpu`` on a device.
+``attention="auto"``. ``make test`` runs them on the jax matrix (marked ``gpu_jax``: the jax of CUDA images
+and the newest; on .venv's jax too where the matrix is skipped), but for the float32 compiles, the
+bfloat16 ones at head dims 64 and 256 and the options on a ring of 4 (marked ``once``: .venv's jax
+only; the float32 programs are lowered and checked on every jax). Nothing runs, so numbers come from
+``make test-gpu`` on a device.
 """
 
 from __future__ import annotations
@@ -84,15 +85,17 @@ def _expected(impl: str, dtype) -> str:
 IMPLS = ("pallas_hopper", "pallas_gpu", "xla")
 
 
-# float32 at head dims 64 and 256: the Triton step alone, a minute or more per compile (three on jax
-# 0.12) that the jax matrix skips (``once``): their lowering is checked on every jax by
-# test_float32_ring_lowers_for_h200; head dim 128, where float32 once overflowed shared memory, compiles
-# on every jax.
+pytestmark = pytest.mark.gpu_jax
+
+# float32: the Triton step alone, a minute or more per compile (three on jax 0.12) that the jax
+# matrix skips (``once``): their lowering is checked on every jax by test_float32_ring_lowers_for_h200.
+# bfloat16 compiles at head dim 128 on every jax, at 64 and 256 (30-40 s each) on .venv's: the
+# Hopper options and backwards below compile pallas_hopper at head dims 64, 192 and 256 on every jax.
 _ONCE = pytest.mark.once
 RING_CASES = [
-    ("bfloat16", 64),
+    pytest.param("bfloat16", 64, marks=_ONCE),
     ("bfloat16", 128),
-    ("bfloat16", 256),
+    pytest.param("bfloat16", 256, marks=_ONCE),
     pytest.param("float32", 64, marks=_ONCE),
     pytest.param("float32", 128, marks=_ONCE),  # 50-60 s each on the jax matrix's legs
     pytest.param("float32", 256, marks=_ONCE),
