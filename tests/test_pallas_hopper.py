@@ -156,12 +156,13 @@ def test_forward_overlap_matches_reference(case):
 def test_default_forward_schedule_by_mask(forward_loops_used):
     """Head dim 128 without a causal mask runs the overlapped forward without the ping-pong (the
     H200 default); with one the ping-pong of three compute warpgroups (of two on shards under 192
-    rows), and at head dim 64 the ping-pong of two."""
+    rows), and at head dim 64 the same with a causal mask, the ping-pong of two without one."""
     used = forward_loops_used
     for dim, causal, rows, want in (
         (128, False, 256, ("overlap_loops", False, 2)),
         (128, True, 256, ("loops", True, 3)),
         (128, True, 128, ("loops", True, 2)),
+        (64, True, 256, ("loops", True, 3)),
         (64, False, 256, ("loops", True, 2)),
     ):
         q = jax.ShapeDtypeStruct((1, rows, 2, dim), jnp.bfloat16)
