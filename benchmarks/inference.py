@@ -31,8 +31,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from models import decode, kvcache, llama  # noqa: E402
 from models import generate as gen  # noqa: E402
-from models import kvcache, llama  # noqa: E402
 from models.kvcache import KVCache  # noqa: E402
 from models.sharding import MeshConfig, make_mesh  # noqa: E402
 
@@ -131,7 +131,7 @@ def measure(config, params, context: int, args, mesh) -> dict:
     tokens[:, :context] = rng.integers(0, config.vocab_size, (args.batch, context))
     lengths = jnp.full((args.batch,), context, jnp.int32)
     t0 = time.perf_counter()
-    compiled = gen._prefill_fn(config, mesh).lower(params, jnp.asarray(tokens), lengths).compile()
+    compiled = decode._prefill_fn(config, mesh).lower(params, jnp.asarray(tokens), lengths).compile()
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     logits, cache = compiled(params, jnp.asarray(tokens), lengths)

@@ -394,8 +394,8 @@ def test_notebook_02_functions_compile_for_tpu():
 def test_notebook_03_functions_compile_for_tpu():
     """Notebook 03 on a TPU runtime: the needle prompts' prefill (ring attention "auto", which is
     pallas_tpu at these lengths) and the decoder's cache extension, compiled for v5e:2x2."""
+    from models import decode, kvcache, llama
     from models import generate as gen
-    from models import kvcache, llama
     from models.sharding import MeshConfig, make_mesh
 
     mesh = make_mesh(MeshConfig(sp=-1), tpu_devices())
@@ -407,7 +407,7 @@ def test_notebook_03_functions_compile_for_tpu():
     )
     T = gen.cache_length(2048 + 8, config.layout, mesh.shape["sp"])
     prefill = (
-        gen._prefill_fn(config, mesh)
+        decode._prefill_fn(config, mesh)
         .trace(params, _sds(mesh, (1, T), jnp.int32), _sds(mesh, (1,), jnp.int32))
         .lower()
     )
@@ -421,7 +421,7 @@ def test_notebook_03_functions_compile_for_tpu():
         cache,
     )
     extend = (
-        gen._extend_fn(config, mesh, "allreduce")
+        decode._extend_fn(config, mesh, "allreduce")
         .trace(params, cache, _sds(mesh, (1, 8), jnp.int32), _sds(mesh, (1,), jnp.int32))
         .lower()
     )
