@@ -3,10 +3,10 @@
 The launch of a kernel of two (the forward's ``"pingpong3"``: three) compute warpgroups and one
 producer warpgroup (``launch``, also under ``shard_map(check_vma=True)``), the register split
 between them (``set_registers``), loop bounds read from kernel arguments (``bound``), the window
-mask, the forward's static configuration
-(``FwdConfig``) and ``Ops``: the few operations that only exist on the device (wgmma through
-accumulator refs, register layouts), which with ``interpret=True`` become plain ``jnp`` so the same
-kernels, barriers and TMA pipelines run in Mosaic GPU's interpret mode on CPU. Used by the forward
+mask, the forward's static configuration (``FwdConfig``) and ``Ops``: the few operations that only
+exist on the device (wgmma through accumulator refs, register layouts), which with
+``interpret=True`` become plain ``jnp`` so the same kernels, barriers and TMA pipelines run in
+Mosaic GPU's interpret mode on CPU. Used by the forward
 (``fwd_kernel.py``, ``fwd_loops.py``) and every backward (``backward.py``, ``bwd_kernels.py``,
 ``fused_bwd.py``, ``cta_dq_bwd.py``, ``split_bwd.py``).
 """
