@@ -383,7 +383,7 @@ def test_window_steps_both_ways_wide_heads(case):
 @pytest.mark.parametrize("backward", [pytest.param("mosaic", marks=pytest.mark.slow), "fused"])
 def test_key_ctas_rotate_their_query_blocks(backward):
     """Three key CTAs over four fully visible query blocks: each CTA starts at a different block
-    (``bwd_kernels.visit``) and the dq contributions still land on the right rows."""
+    (``bwd_common.visit``) and the dq contributions still land on the right rows."""
     rng = np.random.default_rng(8)
     inputs = _inputs(
         rng,
@@ -548,7 +548,7 @@ def test_forward_step_matrix(case):
 def test_unmasked_gqa_backward(dim, backward):
     """No mask at all (non-causal, no ids, no window) with two query heads per kv head: the key
     CTAs run one flat loop over the group's (head, block) pairs (``hbk.group_loop``), the dq kernel
-    one loop over its blocks (``hbk.block_loops``). Default backward (the alternating / one dq tile
+    one loop over its blocks (``hbc.block_loops``). Default backward (the alternating / one dq tile
     per CTA kernels) and the two-kernel one; two key CTAs, a ragged query shard (2 blocks)."""
     rng = np.random.default_rng(11 + dim)
     inputs = _inputs(

@@ -21,10 +21,12 @@ Files:
 * ``fwd_kernel.py``: the forward kernel body (producer and compute warpgroups, masks).
 * ``fwd_loops.py``: the compute warpgroups' key-block loops (ping-pong, FA3's overlap).
 * ``backward.py``: the two-kernel backward ("mosaic"): padding, bounds, launches.
+* ``bwd_common.py``: what every backward kernel shares (``BwdConfig``, masks, block loops).
 * ``bwd_kernels.py``: its dq and dk/dv kernel bodies.
 * ``fused_bwd.py``: the frame of the fused backward (its key-CTA launch, dq buffer, GQA split).
 * ``cta_dq_bwd.py``: the fused backward ("fused"): one kernel over key CTAs, dq by TMA reduce-adds.
-* ``split_bwd.py``: the head-dim-split dq and dk/dv kernels above head dim 128.
+* ``split_bwd.py``: the head-dim-split backward above head dim 128 (padding, launches);
+  ``split_kernels.py``: its dq and dk/dv kernel bodies.
 
 Padding, sentinels, block bounds and input checks come from ``kernels/common.py`` (no Pallas
 backend), the float32 reference steps from ``kernels/reference.py``: nothing here imports Pallas

@@ -20,6 +20,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention import masks
 from ringattention.kernels import common
+from ringattention.kernels.hopper import bwd_common as hbc
 from ringattention.kernels.hopper import bwd_kernels as hbk
 from ringattention.kernels.hopper import mosaic as hm
 
@@ -126,7 +127,7 @@ def backward(
     args = (q, k, v, do, lse2, delta, *extra)
     last = () if prefix is None else (keep_above_min(prefix),)  # the kernels' last input
     cfg = functools.partial(
-        hbk.BwdConfig,
+        hbc.BwdConfig,
         rows=ROWS,
         stages=bs.bwd_stages,
         registers=bs.registers,
@@ -161,7 +162,7 @@ def backward(
         interpret=interpret,
     )(*bounds, *args, *(() if edge is None else (edge,)), *last)
     # dk/dv: own key CTAs, streamed query blocks of every head in the group.
-    bounds = hbk.key_cta_bounds(table(ROWS, CTA), B, window)  # reversed query blocks, per key CTA
+    bounds = hbc.key_cta_bounds(table(ROWS, CTA), B, window)  # reversed query blocks, per key CTA
     kv_cfg = cfg(block=ROWS, n_cta=sk // CTA)
     out = jax.ShapeDtypeStruct((B, sk, K, d), F32)
     out_v = out if d_v == d else jax.ShapeDtypeStruct((B, sk, K, d_v), F32)
@@ -176,7 +177,7 @@ def backward(
 
 
 def features(softcap: float | None, prefix, bidirectional: bool) -> dict:
-    """``hbk.BwdConfig``'s feature fields (only those in use: the config of a step without
+    """``hbc.BwdConfig``'s feature fields (only those in use: the config of a step without
     features is the one it always was)."""
     on = dict(
         softcap=None if softcap is None else float(softcap),
@@ -187,6 +188,6 @@ def features(softcap: float | None, prefix, bidirectional: bool) -> dict:
 
 
 def keep_above_min(prefix):
-    """int32 [B]: the prefix with INT_MIN raised by one (``hbk.causal_rows`` compares with
+    """int32 [B]: the prefix with INT_MIN raised by one (``hbc.causal_rows`` compares with
     ``prefix - 1``; no key position is INT_MIN)."""
-    return jnp.maximum(prefix, jnp.int32(hbk.INT_MIN + 1))
+    return jnp.maximum(prefix, jnp.int32(hbc.INT_MIN + 1))

@@ -15,7 +15,8 @@ fourth bound, ``edge``, puts the blocks at the window's far edge in a masked ran
   per-query-head partial sums:
   ``dv = sum p^T @ do``, ``dk = scale * sum ds^T @ q`` (computed transposed, keys as rows).
   Its producer, key loading and tile (``query_issuer``, ``load_keys``, ``kv_probs``) are shared with
-  the fused backward (``fused_bwd.py``).
+  the fused backward (``fused_bwd.py``); the configuration, masks and block loops of every
+  backward kernel are ``bwd_common.py``'s.
 
 Per block pair the two products that read only shared memory (s and dp) are issued together and
 the probabilities computed while the second is in flight; the two register-operand products (dk
@@ -35,7 +36,6 @@ Shapes in comments: ``r`` own rows per warpgroup, ``c`` streamed block length, `
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax.numpy as jnp
@@ -43,171 +43,22 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ringattention.kernels import common
-from ringattention.kernels.hopper.mosaic import (
-    COMPUTE_WGS,
-    LOG2E,
-    Ops,
-    Smem,
-    bound,
-    set_registers,
-    window_mask,
+from ringattention.kernels.hopper.bwd_common import (
+    BwdConfig,
+    block_loops,
+    capped,
+    causal_rows,
+    compute_ops,
+    cta_index,
+    log2_logits,
+    nothing_masked,
+    row_prefix,
+    split_refs,
+    stream,
+    visibility,
+    visit,
 )
-
-INT_MAX, INT_MIN = 2**31 - 1, -(2**31)  # causal positions seen by / seeing every position
-
-
-@dataclasses.dataclass(frozen=True)
-class BwdConfig:
-    rows: int  # own rows per compute warpgroup
-    block: int  # streamed block length
-    stages: int
-    causal: bool
-    segments: bool
-    groups: int  # query heads per kv head
-    n_cta: int  # CTAs along the own axis
-    qk_scale: float  # softmax_scale * log2(e)
-    scale: float
-    interpret: bool
-    registers: int = 232  # per compute-warpgroup thread (mosaic.REGISTER_CHOICES)
-    window: int | None = None  # sliding window: |q_pos - k_pos| >= window is hidden
-    softcap: float | None = None  # logits C * tanh(scale * q.k / C) (Gemma 2)
-    prefix: bool = False  # a bidirectional prefix per batch row (int32 [B], the last input)
-    bidirectional: bool = False  # queries of negative segments see their whole segment
-
-    @property
-    def widened(self) -> bool:
-        """Whether the causal comparison reads positions widened by a prefix or bidirectional
-        segments (``causal_rows``)."""
-        return self.prefix or self.bidirectional
-
-    @property
-    def positions(self) -> bool:
-        """Whether positions are loaded (causal masks and windows compare them)."""
-        return self.causal or self.window is not None
-
-    @property
-    def masked(self) -> bool:
-        """Whether partially visible blocks need an elementwise mask."""
-        return self.causal or self.segments or self.window is not None
-
-
-def _n_in(cfg: BwdConfig) -> int:
-    return 9 + 2 * cfg.positions + 2 * cfg.segments + (cfg.window is not None) + cfg.prefix
-
-
-def _split(refs, cfg: BwdConfig, n_out: int):
-    """Inputs lo, mid, hi, q, k, v, do, lse, delta, [q_pos, k_pos], [q_seg, k_seg], [edge],
-    [prefix] (``row_prefix`` reads the last)."""
-    n_in = _n_in(cfg)
-    ins, outs, scratch = refs[:n_in], refs[n_in : n_in + n_out], refs[n_in + n_out :]
-    lo, mid, hi, q, k, v, do, lse, delta, *rest = ins
-    pos = (rest.pop(0), rest.pop(0)) if cfg.positions else (None, None)
-    seg = (rest.pop(0), rest.pop(0)) if cfg.segments else (None, None)
-    bounds = (lo, mid, hi, rest.pop(0)) if cfg.window is not None else (lo, mid, hi)
-    return bounds, (q, k, v, do, lse, delta), pos, seg, outs, scratch
-
-
-def _cta(cfg: BwdConfig, bounds, reverse: bool):
-    b, i = lax.axis_index("b"), lax.axis_index("i")
-    if reverse:  # causal dq: the latest query blocks see the most keys; start them first
-        i = cfg.n_cta - 1 - i
-    return b, i, tuple(bound(ref[b, i]) for ref in bounds)
-
-
-def _stream(cfg: BwdConfig, n, issue, loaded, free):
-    """Producer: for t in [0, n) wait for slot t % stages to be free and ``issue(t, slot, barrier)``."""
-    set_registers(cfg.registers, compute=False, interpret=cfg.interpret)
-
-    def load(t, carry):
-        slot = lax.rem(t, jnp.int32(cfg.stages))
-
-        @pl.when(t >= cfg.stages)
-        def _():
-            plgpu.barrier_wait(free.at[slot])
-
-        issue(t, slot, loaded.at[slot])
-        return carry
-
-    lax.fori_loop(0, n, load, None)
-
-    def drain(t, carry):  # observe the last releases
-        plgpu.barrier_wait(free.at[lax.rem(t, jnp.int32(cfg.stages))])
-        return carry
-
-    lax.fori_loop(jnp.maximum(0, n - cfg.stages), n, drain, None)
-
-
-def row_prefix(refs, cfg: BwdConfig, b):
-    """The batch row's prefix, an int32 scalar read from the last input; None without one."""
-    return refs[_n_in(cfg) - 1][b] if cfg.prefix else None
-
-
-def causal_rows(cfg: BwdConfig, pos, seg, prefix, queries: bool):
-    """The own rows' positions as the causal comparison reads them (``masks.visible``): a query at
-    q sees a key at k if k <= q, or k < prefix, or its segment id is negative, i.e. if
-    k <= max(q, prefix - 1), or always (INT_MAX); a key below the prefix is seen by every query
-    (INT_MIN). ``pos``, ``seg``: row vectors (None when unused); ``prefix``: a scalar (the wrapper
-    keeps it above INT_MIN) or None. Without either feature ``pos`` itself (no operation). Queries
-    streamed as columns are widened per block (``_vis``)."""
-    if not (cfg.causal and cfg.widened):
-        return pos
-    if queries:
-        if prefix is not None:
-            pos = jnp.maximum(pos, prefix - 1)
-        return jnp.where(seg < 0, INT_MAX, pos) if cfg.bidirectional else pos
-    return pos if prefix is None else jnp.where(pos < prefix, INT_MIN, pos)
-
-
-def _vis(cfg, ops, shape, own, pos_ref, seg_ref, own_is_query: bool):
-    """bool [r, c] visibility (own rows x streamed columns), or None when nothing masks. own: the
-    own rows' (positions, ids, ``causal_rows``)."""
-    own_pos, own_seg, own_causal = own
-    col = lambda x: lax.broadcast_in_dim(x, shape, [1])  # noqa: E731
-    row = lambda x: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
-    seg_cols = ops.cols(seg_ref) if cfg.bidirectional and not own_is_query else None  # read once
-    vis = None
-    if cfg.causal:
-        if own_is_query:
-            vis = col(ops.cols(pos_ref)) <= row(own_causal)
-        else:  # streamed queries: those of negative segments see every position
-            keys = row(own_causal)
-            q_cols = ops.cols(pos_ref)
-            if seg_cols is not None:
-                q_cols = jnp.where(seg_cols < 0, INT_MAX, q_cols)
-            vis = keys <= col(q_cols)
-    if cfg.window is not None:
-        if own_is_query:
-            q_pos, k_pos = row(own_pos), col(ops.cols(pos_ref))
-        else:
-            q_pos, k_pos = col(ops.cols(pos_ref)), row(own_pos)
-        # one-sided where the causal mask covers the other side: not where it is widened
-        near = window_mask(cfg.causal and not cfg.widened, cfg.window, q_pos, k_pos)
-        vis = near if vis is None else vis & near
-    if cfg.segments:
-        same = col(ops.cols(seg_ref) if seg_cols is None else seg_cols) == row(own_seg)
-        vis = same if vis is None else vis & same
-    return vis
-
-
-def log2_logits(cfg: BwdConfig, s):
-    """Raw logits q.k (float32 [r, c]) -> the scaled logits in log2 units, and None; with a soft cap
-    C the capped ones, C log2(e) tanh(scale q.k / C), and the tanh (one per element, approximate on
-    the device: ``CompilerParams(approx_math=True)``) for ``capped``."""
-    if cfg.softcap is None:
-        return s * cfg.qk_scale, None
-    t = jnp.tanh(s * (cfg.scale / cfg.softcap))
-    return t * (cfg.softcap * LOG2E), t
-
-
-def capped(p, t):
-    """What multiplies ``dp - delta`` in ds: p, or with a soft cap (tanh t) p (1 - t^2)."""
-    return p if t is None else p * (1.0 - t * t)
-
-
-def _wgmma_ops(cfg):
-    set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
-    return Ops(cfg.interpret)
+from ringattention.kernels.hopper.mosaic import COMPUTE_WGS, Ops, Smem
 
 
 def _load_queries(cfg: BwdConfig, ops: Ops, wg, gmem, smem, bar):
@@ -236,9 +87,9 @@ def dq_kernel(*refs, cfg: BwdConfig):
         (qs_ref, ks_ref),
         (dq_ref,),
         scratch,
-    ) = _split(refs, cfg, 1)
+    ) = split_refs(refs, cfg, 1)
     (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free) = scratch
-    b, i, bounds = _cta(cfg, bounds, reverse=cfg.causal)
+    b, i, bounds = cta_index(cfg, bounds, reverse=cfg.causal)
     lo, hi = bounds[0], bounds[2]
     h, wg = lax.axis_index("h"), lax.axis_index("wg")
     kvh = lax.div(h, jnp.int32(cfg.groups))
@@ -255,11 +106,11 @@ def dq_kernel(*refs, cfg: BwdConfig):
 
     @pl.when(wg == COMPUTE_WGS)
     def _():
-        _stream(cfg, hi - lo, issue, loaded, free)
+        stream(cfg, hi - lo, issue, loaded, free)
 
     @pl.when(wg < COMPUTE_WGS)
     def _():
-        ops = _wgmma_ops(cfg)
+        ops = compute_ops(cfg)
         rows = pl.ds(i * (COMPUTE_WGS * r) + wg * r, r)
         lse, delta, own_pos, own_seg = _load_queries(
             cfg,
@@ -287,7 +138,7 @@ def dq_kernel(*refs, cfg: BwdConfig):
                 p = jnp.exp2(x - lax.broadcast_in_dim(lse, s.shape, [0]))
                 if masked:
                     at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
-                    p = jnp.where(_vis(cfg, ops, s.shape, own, at(kp_s), at(ks_s), True), p, 0.0)
+                    p = jnp.where(visibility(cfg, ops, s.shape, own, at(kp_s), at(ks_s), True), p, 0.0)
                 return capped(p, t)
 
             # s = q k^T and dp = do v^T issued together; p is computed while dp is in flight.
@@ -304,54 +155,6 @@ def dq_kernel(*refs, cfg: BwdConfig):
 
         dq = block_loops(body, bounds, cfg.masked, ops.full((r, q_s.shape[2]), 0.0))  # slots from lo
         dq_ref.at[b, rows, h][...] = dq * cfg.scale
-
-
-def nothing_masked(bounds, masked: bool) -> bool:
-    """No causal mask, segment ids or window (whose bounds carry a fourth entry, the far edge)."""
-    return not masked and len(bounds) == 3
-
-
-def block_loops(body, bounds, masked: bool, carry):
-    """``carry = body(j, carry, masked=...)`` over the visited blocks j: with a window (bounds lo,
-    mid, hi, edge) [lo, edge) at the window's far edge masked first; then [lo or edge, mid) fully
-    visible, unmasked; then [mid, hi) (diagonal, segment boundaries) masked if ``masked``."""
-    lo, mid, hi = bounds[:3]
-    if nothing_masked(bounds, masked):  # one loop (one copy of the body)
-        return lax.fori_loop(lo, hi, functools.partial(body, masked=False), carry)
-    start = lo
-    if len(bounds) == 4:  # the window's far edge
-        carry = lax.fori_loop(lo, bounds[3], functools.partial(body, masked=True), carry)
-        start = bounds[3]
-    carry = lax.fori_loop(start, mid, functools.partial(body, masked=False), carry)
-    return lax.fori_loop(mid, hi, functools.partial(body, masked=masked), carry)
-
-
-def visit(j, bounds, shift, n_blocks: int):
-    """The query block a key CTA visits at position j of [lo, hi). Key CTAs walk the query blocks
-    backwards (the bounds index the reversed order, ``key_cta_bounds``), so a causal CTA meets its
-    fully visible blocks first and its diagonal (masked) blocks last; the unmasked positions
-    [lo, mid) are rotated by ``shift`` (the key CTA's index), so that CTAs running side by side send
-    their dq contributions to different query rows instead of all starting at the same block. With
-    a window (``bounds`` lo, mid, hi, edge) the rotation is that of the unmasked [edge, mid)."""
-    if len(bounds) == 4:
-        edge, mid = bounds[3], bounds[1]
-        full = jnp.maximum(mid - edge, 1)
-        rotated = (j >= edge) & (j < mid)
-        return n_blocks - 1 - jnp.where(rotated, edge + lax.rem(j - edge + shift, full), j)
-    lo, mid, _ = bounds
-    full = jnp.maximum(mid - lo, 1)
-    r = jnp.where(j < mid, lo + lax.rem(j - lo + shift, full), j)  # reversed block index
-    return n_blocks - 1 - r
-
-
-def key_cta_bounds(table, batch: int, window: int | None = None):
-    """lo/mid/hi (and with a window, edge) int32 [B, nk] of each key CTA over the *reversed* query
-    blocks, from a SKIP/PARTIAL/FULL table [B|1, nq, nk] (``visit`` maps positions back to
-    blocks)."""
-    reversed_table = jnp.flip(jnp.swapaxes(table, 1, 2), axis=2)
-    if window is None:
-        return common.bounds(reversed_table, batch)
-    return common.edge_bounds(reversed_table, batch)
 
 
 def query_issuer(cfg: BwdConfig, b, kvh, bounds, shift, gmem, smem):
@@ -429,7 +232,7 @@ def kv_probs(cfg: BwdConfig, ops: Ops, wg, slot, own, smem, masked: bool, column
         p_t = jnp.exp2(x - wide(early[0] if columns_first else col(lse_s)))
         if masked:
             at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
-            p_t = jnp.where(_vis(cfg, ops, s_t.shape, own, at(qp_s), at(qs_s), False), p_t, 0.0)
+            p_t = jnp.where(visibility(cfg, ops, s_t.shape, own, at(qp_s), at(qs_s), False), p_t, 0.0)
         return p_t if t is None else (p_t.astype(k_s.dtype), capped(p_t, t))
 
     delta = lambda: wide(early[1] if columns_first else col(dl_s))  # noqa: E731
@@ -499,9 +302,9 @@ def dkv_kernel(*refs, cfg: BwdConfig):
         (qs_ref, ks_ref),
         (dk_ref, dv_ref),
         scratch,
-    ) = _split(refs, cfg, 2)
+    ) = split_refs(refs, cfg, 2)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch
-    b, i, bounds = _cta(cfg, bounds, reverse=False)  # causal: early keys are the heaviest
+    b, i, bounds = cta_index(cfg, bounds, reverse=False)  # causal: early keys are the heaviest
     lo, mid, hi = bounds[:3]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
@@ -517,11 +320,11 @@ def dkv_kernel(*refs, cfg: BwdConfig):
 
     @pl.when(wg == COMPUTE_WGS)
     def _():
-        _stream(cfg, n * cfg.groups, issue, loaded, free)
+        stream(cfg, n * cfg.groups, issue, loaded, free)
 
     @pl.when(wg < COMPUTE_WGS)
     def _():
-        ops = _wgmma_ops(cfg)
+        ops = compute_ops(cfg)
         rows = pl.ds(i * (COMPUTE_WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
         own = load_keys(
             cfg,

@@ -60,6 +60,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ringattention._vma import vary_like
 from ringattention.kernels.hopper import backward as hb
+from ringattention.kernels.hopper import bwd_common as hbc
 from ringattention.kernels.hopper import bwd_kernels as hbk
 from ringattention.kernels.hopper import fused_bwd as hfb
 from ringattention.kernels.hopper import mosaic as hm
@@ -98,7 +99,7 @@ def _dq_half(ops: hm.Ops, ds_s, k_s, dw, shape):
     return pl.run_scoped(scope, plgpu.WGMMAAccumulatorRef(shape, F32))
 
 
-def cta_dq_kernel(*refs, cfg: hbk.BwdConfig):
+def cta_dq_kernel(*refs, cfg: hbc.BwdConfig):
     """``hfb.key_cta_kernel`` with the dq accumulator f32 [B, Sq, H, D], a ds^T tile and half a dq
     staging tile per warpgroup, and the barriers ds^T written / ds^T read. Out: dk, dv f32
     (``hfb.dkv_out``)."""
@@ -162,7 +163,7 @@ def _three_tiles(c: hfb.KeyCta, t, ds_s, dq_s, ds_free, dq_at):
         add(1, dq)
 
 
-def alternating_kernel(*refs, cfg: hbk.BwdConfig):
+def alternating_kernel(*refs, cfg: hbc.BwdConfig):
     """Head dim 64: as ``cta_dq_kernel``, but the warpgroups take turns instead of splitting the
     columns (half of 64 columns is not a whole 128-byte swizzle tile): pair t's whole dq tile
     ``ds_0 @ k_0 + ds_1 @ k_1`` ([64 queries, 64] float32) is computed and reduce-added by
@@ -244,7 +245,7 @@ def _staged(d: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbk.BwdConfig):
+def _run(lo, mid, hi, q, k, v, do, lse2, delta, *extra, cfg: hbc.BwdConfig):
     """Padded inputs -> dq f32 [B, Sq, H, D] (scaled), dk f32 [B, Sk, K, D], dv [B, Sk, K, Dv]
     (written as ``hfb.dkv_out`` says)."""
     B, sq, H, d = q.shape

@@ -8,7 +8,7 @@ the two compute warpgroups of a CTA share one dq tile) is built in. Where the "m
 matmuls per query block x key block pair), the fused one runs only a key-CTA kernel (grid: kv head,
 key CTA, batch; ``key_cta_kernel``): each compute warpgroup keeps dk/dv of its 64 keys in float32
 registers, loops over the G query heads of the kv group and their visible query blocks (the same
-lo/mid/hi bounds and visiting order as the dk/dv kernel, ``bwd_kernels.visit``) and dq contributions
+lo/mid/hi bounds and visiting order as the dk/dv kernel, ``bwd_common.visit``) and dq contributions
 ``ds @ k`` (float32) go to global memory by TMA reduce-adds (``FusedOps.reduce_add``): 5 tile
 matmuls per pair. The reduce-adds arrive in a run-dependent order, so dq is not bitwise
 reproducible.
@@ -51,6 +51,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ringattention import masks
 from ringattention._vma import typed_by_args
 from ringattention.kernels.hopper import backward as hb
+from ringattention.kernels.hopper import bwd_common as hbc
 from ringattention.kernels.hopper import bwd_kernels as hbk
 from ringattention.kernels.hopper import mosaic as hm
 
@@ -110,7 +111,7 @@ class FusedOps(hm.Ops):
 class KeyCta:
     """What the compute warpgroups of a fused key-CTA kernel work with (``key_cta_kernel``)."""
 
-    cfg: hbk.BwdConfig
+    cfg: hbc.BwdConfig
     b: jax.Array  # batch row
     i: jax.Array  # key CTA index
     kvh: jax.Array  # kv head
@@ -138,7 +139,7 @@ class KeyCta:
     def dq_rows(self, j, g):
         """Query head and rows of the dq tile of visit j of head g of the group."""
         h = self.kvh * self.cfg.groups + g
-        blk = hbk.visit(j, self.bounds, self.i, self.q_ref.shape[1] // self.cfg.block)
+        blk = hbc.visit(j, self.bounds, self.i, self.q_ref.shape[1] // self.cfg.block)
         return h, pl.ds(blk * self.cfg.block, self.cfg.block)
 
     def loop(self, body) -> None:
@@ -159,7 +160,7 @@ class KeyCta:
         )
 
 
-def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
+def key_cta_kernel(refs, cfg: hbc.BwdConfig, compute) -> None:
     """The frame of the fused key-CTA kernels (grid ("h", "i", "b") over kv heads and key CTAs,
     warpgroups "wg"; GMEM inputs as ``hbk.dkv_kernel``, then the dq accumulator, a Ref added to;
     out: dk, dv): the producer warpgroup streams the visible query blocks of every head of the kv
@@ -171,9 +172,9 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
         (qs_ref, ks_ref),
         outs,
         scratch,
-    ) = hbk._split(refs, cfg, 3)
+    ) = hbc.split_refs(refs, cfg, 3)
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch[:13]
-    b, i, bounds = hbk._cta(cfg, bounds, reverse=False)  # causal: early keys are heaviest
+    b, i, bounds = hbc.cta_index(cfg, bounds, reverse=False)  # causal: early keys are heaviest
     lo, hi = bounds[0], bounds[2]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
@@ -189,7 +190,7 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
 
     @pl.when(wg == WGS)
     def _():
-        hbk._stream(cfg, n * cfg.groups, issue, loaded, free)
+        hbc.stream(cfg, n * cfg.groups, issue, loaded, free)
 
     @pl.when(wg < WGS)
     def _():
@@ -206,7 +207,7 @@ def key_cta_kernel(refs, cfg: hbk.BwdConfig, compute) -> None:
             (k_ref, v_ref, kp_ref, ks_ref),
             (k_s, v_s, kp_s, ks_s),
             own_bar.at[wg],
-            hbk.row_prefix(refs, cfg, b),
+            hbc.row_prefix(refs, cfg, b),
         )
         smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
         compute(
@@ -337,7 +338,7 @@ def key_cta_backward(
     segments = q_seg is not None
     positions = causal or window is not None
     extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
-    cfg = hbk.BwdConfig(
+    cfg = hbc.BwdConfig(
         rows=ROWS,
         block=ROWS,
         stages=bs.bwd_stages,
@@ -355,7 +356,7 @@ def key_cta_backward(
     table = masks.block_table(
         q_pos, k_pos, q_seg, k_seg, causal, ROWS, CTA, window, prefix=prefix, bidirectional=bidirectional
     )
-    bounds = hbk.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
+    bounds = hbc.key_cta_bounds(table, B, window)  # over the reversed query blocks, per key CTA
     extra += tuple(bounds[3:])  # a window's edge bound, then the prefix, are the last inputs
     extra += () if prefix is None else (hb.keep_above_min(prefix),)
     dq, dk, dv = run(*bounds[:3], q, k, v, do, lse2, delta, *extra, cfg=cfg)

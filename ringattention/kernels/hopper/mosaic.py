@@ -7,8 +7,8 @@ mask, the forward's static configuration (``FwdConfig``) and ``Ops``: the few op
 exist on the device (wgmma through accumulator refs, register layouts), which with
 ``interpret=True`` become plain ``jnp`` so the same kernels, barriers and TMA pipelines run in
 Mosaic GPU's interpret mode on CPU. Used by the forward
-(``fwd_kernel.py``, ``fwd_loops.py``) and every backward (``backward.py``, ``bwd_kernels.py``,
-``fused_bwd.py``, ``cta_dq_bwd.py``, ``split_bwd.py``).
+(``fwd_kernel.py``, ``fwd_loops.py``) and every backward (``backward.py``, ``bwd_common.py``,
+``bwd_kernels.py``, ``fused_bwd.py``, ``cta_dq_bwd.py``, ``split_bwd.py``, ``split_kernels.py``).
 """
 
 from __future__ import annotations
