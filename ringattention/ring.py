@@ -64,6 +64,11 @@ class _Config:
     prefix: bool = False  # a prefix_length int32 [B] argument is passed to _ring
     bidirectional: bool = False  # negative segment ids are bidirectional segments
 
+    @property
+    def one_sided(self) -> bool:
+        """Causal with no key after a query visible (no prefix, no bidirectional segments)."""
+        return self.causal and not (self.prefix or self.bidirectional)
+
 
 def _features(cfg, q, v) -> frozenset[str]:
     """The optional step features (``implementations.FEATURES``) this call uses."""
@@ -285,6 +290,56 @@ def _axis_size(axis_name, argument: str = "axis_name") -> int:
         ) from None
 
 
+def _ring_shard(q, layout: str, ring_size: int, u: int | None, strategy: str, gather_chunks) -> int:
+    """The ring's shard length (with Ulysses, the U pieces of the Ulysses group), after checking
+    ``gather_chunks`` against the strategy and a zigzag shard's parity."""
+    if gather_chunks is not None and strategy in ("ring", "ulysses"):
+        raise ValueError(
+            f"gather_chunks={gather_chunks!r} applies to strategy='all_gather' (or "
+            f"'auto' where it picks all_gather); got strategy={strategy!r}"
+        )
+    shard = q.shape[1] * (u or 1)
+    if layout == "zigzag" and ring_size > 1 and shard % 2:
+        raise ValueError(
+            f"zigzag needs an even shard length on a ring of {ring_size}; got "
+            f"{q.shape[1]=} (x {shard // q.shape[1]} Ulysses pieces)"
+        )
+    return shard
+
+
+def _configure(
+    cfg,
+    q,
+    v,
+    step: int,
+    shard: int,
+    implementation,
+    block_sizes,
+    deterministic,
+    softmax_scale,
+    sliding_window,
+):
+    """``cfg`` completed for a step over ``step`` keys: the implementation (checked against the
+    mesh's platform), its block sizes, the softmax scale and the window's plan; and the
+    implementation."""
+    impl = implementations.resolve(implementation, shard=step, needs=_features(cfg, q, v))
+    _check_platform(impl, cfg.interpret)
+    if deterministic:
+        block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1], cfg.causal)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    window, hops = window_plan(sliding_window, cfg.layout, cfg.ring_size, shard, cfg.one_sided)
+    cfg = dataclasses.replace(
+        cfg, softmax_scale=scale, implementation=impl.name, block_sizes=block_sizes, window=window, hops=hops
+    )
+    return cfg, impl
+
+
+def _whole_sequence(cfg, sliding_window, step: int):
+    """The config of Ulysses' one step over the whole sequence (``step`` keys), in natural order."""
+    window, hops = window_plan(sliding_window, "contiguous", 1, step, cfg.one_sided)
+    return dataclasses.replace(cfg, layout="contiguous", ring_size=1, window=window, hops=hops)
+
+
 def ring_attention(
     q: jax.Array,
     k: jax.Array,
@@ -369,33 +424,7 @@ def ring_attention(
     bidirectional = _checks.bidirectional_segments(bidirectional_segments, causal, segment_ids)
     ring_size = _axis_size(axis_name)
     u = None if ulysses_axis is None else _axis_size(ulysses_axis, "ulysses_axis")
-    if gather_chunks is not None and strategy in ("ring", "ulysses"):
-        raise ValueError(
-            f"gather_chunks={gather_chunks!r} applies to strategy='all_gather' (or "
-            f"'auto' where it picks all_gather); got strategy={strategy!r}"
-        )
-    shard = q.shape[1] * (u or 1)  # the ring's: with Ulysses, the U pieces of the Ulysses group
-    if layout == "zigzag" and ring_size > 1 and shard % 2:
-        raise ValueError(
-            f"zigzag needs an even shard length on a ring of {ring_size}; got "
-            f"{q.shape[1]=} (x {shard // q.shape[1]} Ulysses pieces)"
-        )
-    relaxed = prefix is not None or bidirectional  # causal, but some keys after a query visible
-    strategy = strategies.resolve(
-        strategy,
-        q.shape,
-        k.shape,
-        q.dtype.itemsize,
-        axis_name,
-        ring_size,
-        u,
-        causal and not relaxed,
-        implementations.mesh_device(),
-        layout=layout,
-        window=sliding_window,
-        v_head_dim=v.shape[-1],
-    )
-    step = shard * ring_size if strategy == "ulysses" else shard  # keys a step attends to
+    shard = _ring_shard(q, layout, ring_size, u, strategy, gather_chunks)
     cfg = _Config(
         axis_name,
         bool(causal),
@@ -409,31 +438,30 @@ def ring_attention(
         prefix=prefix is not None,
         bidirectional=bidirectional,
     )
-    impl = implementations.resolve(implementation, shard=step, needs=_features(cfg, q, v))
-    _check_platform(impl, interpret)
-    if deterministic:
-        block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1], causal)
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    window, hops = window_plan(sliding_window, layout, ring_size, shard, causal and not relaxed)
-    cfg = dataclasses.replace(
-        cfg, softmax_scale=scale, implementation=impl.name, block_sizes=block_sizes, window=window, hops=hops
+    strategy = strategies.resolve(
+        strategy,
+        q.shape,
+        k.shape,
+        q.dtype.itemsize,
+        axis_name,
+        ring_size,
+        u,
+        cfg.one_sided,
+        implementations.mesh_device(),
+        layout=layout,
+        window=sliding_window,
+        v_head_dim=v.shape[-1],
+    )
+    step = shard * ring_size if strategy == "ulysses" else shard  # keys a step attends to
+    cfg, impl = _configure(
+        cfg, q, v, step, shard, implementation, block_sizes, deterministic, softmax_scale, sliding_window
     )
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
     if sinks is not None:  # varying like q: its cotangent, per device, is summed by the transpose
         sinks = vary_like(sinks, q)
     if strategy == "ulysses":  # one step over the whole sequence, in natural order
-        whole = dataclasses.replace(
-            cfg,
-            layout="contiguous",
-            ring_size=1,
-            **dict(
-                zip(
-                    ("window", "hops"),
-                    window_plan(sliding_window, "contiguous", 1, step, causal and not relaxed),
-                )
-            ),
-        )
+        whole = _whole_sequence(cfg, sliding_window, step)
         attend = lambda q, k, v, seg, snk=None: _ring(q, k, v, seg, prefix, snk, whole)  # noqa: E731
         return ulysses.whole_sequence_attention(attend, q, k, v, segment_ids, axis_name, layout, sinks=sinks)
     if strategy == "all_gather":
