@@ -26,6 +26,45 @@ def _check_axis(mesh: Mesh, name, what: str) -> int:
     return mesh.shape[name]
 
 
+def _mesh_sizes(mesh: Mesh, seq_axis, ulysses_axis, batch_axis, head_axis) -> tuple[int, int, int, int]:
+    """The sizes of the sequence, Ulysses, batch and head axes (1 for an axis not given)."""
+    n = _check_axis(mesh, seq_axis, "seq_axis")
+    nu = _check_axis(mesh, ulysses_axis, "ulysses_axis")
+    if ulysses_axis is not None and ulysses_axis == seq_axis:
+        raise ValueError(f"ulysses_axis={ulysses_axis!r} must differ from {seq_axis=}")
+    return n, nu, _check_axis(mesh, batch_axis, "batch_axis"), _check_axis(mesh, head_axis, "head_axis")
+
+
+def _check_ranks(q, k, v) -> None:
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            f"q, k, v must be [batch, seq, heads, head_dim]; got {q.shape=} {k.shape=} {v.shape=}"
+        )
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"k and v must agree in batch, seq and kv heads (v's head_dim may differ); "
+            f"got {k.shape=} {v.shape=}"
+        )
+
+
+def _check_divisible(q, k, layout: str, names, sizes) -> None:
+    """The sequence, batch and heads split evenly over the mesh axes ``names`` of ``sizes``."""
+    seq_axis, ulysses_axis, batch_axis, head_axis = names
+    n, nu, nb, nh = sizes
+    layouts.check_divisible(q.shape[1], layout, n)
+    if q.shape[1] % (n * nu):
+        raise ValueError(f"sequence {q.shape[1]=} is not divisible by {seq_axis}={n} x {ulysses_axis}={nu}")
+    if q.shape[0] % nb:
+        raise ValueError(f"batch {q.shape[0]=} is not divisible by {batch_axis}={nb}")
+    if q.shape[2] % nh or k.shape[2] % nh:
+        raise ValueError(f"heads {q.shape[2]=} and kv heads {k.shape[2]=} must divide by {head_axis}={nh}")
+    if (q.shape[2] // nh) % nu:
+        raise ValueError(
+            f"heads {q.shape[2]=} ({q.shape[2] // nh} per {head_axis}={nh} shard) are "
+            f"not divisible by ulysses_axis {ulysses_axis}={nu}"
+        )
+
+
 def sharded_attention(
     q: jax.Array,
     k: jax.Array,
@@ -65,39 +104,17 @@ def sharded_attention(
     ``seq_axis`` (``ringattention.strategy``). Other keyword arguments go to
     :func:`ring_attention`.
     """
-    n = _check_axis(mesh, seq_axis, "seq_axis")
-    nu = _check_axis(mesh, ulysses_axis, "ulysses_axis")
-    if ulysses_axis is not None and ulysses_axis == seq_axis:
-        raise ValueError(f"ulysses_axis={ulysses_axis!r} must differ from {seq_axis=}")
-    nb = _check_axis(mesh, batch_axis, "batch_axis")
-    nh = _check_axis(mesh, head_axis, "head_axis")
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(
-            f"q, k, v must be [batch, seq, heads, head_dim]; got {q.shape=} {k.shape=} {v.shape=}"
-        )
-    if k.shape[:3] != v.shape[:3]:
-        raise ValueError(
-            f"k and v must agree in batch, seq and kv heads (v's head_dim may differ); "
-            f"got {k.shape=} {v.shape=}"
-        )
+    names = (seq_axis, ulysses_axis, batch_axis, head_axis)
+    sizes = _mesh_sizes(mesh, *names)
+    n = sizes[0]
+    _check_ranks(q, k, v)
     causal = checks.causal(causal)
     checks.segment_ids(segment_ids, q.shape[:2])
     checks.sinks(sinks, q.shape[2])
     softcap = checks.logits_soft_cap(logits_soft_cap)
     prefix = checks.prefix_length(prefix_length, q.shape[0], causal)
     bidirectional = checks.bidirectional_segments(bidirectional_segments, causal, segment_ids)
-    layouts.check_divisible(q.shape[1], layout, n)
-    if q.shape[1] % (n * nu):
-        raise ValueError(f"sequence {q.shape[1]=} is not divisible by {seq_axis}={n} x {ulysses_axis}={nu}")
-    if q.shape[0] % nb:
-        raise ValueError(f"batch {q.shape[0]=} is not divisible by {batch_axis}={nb}")
-    if q.shape[2] % nh or k.shape[2] % nh:
-        raise ValueError(f"heads {q.shape[2]=} and kv heads {k.shape[2]=} must divide by {head_axis}={nh}")
-    if (q.shape[2] // nh) % nu:
-        raise ValueError(
-            f"heads {q.shape[2]=} ({q.shape[2] // nh} per {head_axis}={nh} shard) are "
-            f"not divisible by ulysses_axis {ulysses_axis}={nu}"
-        )
+    _check_divisible(q, k, layout, names, sizes)
     if reorder:
         q, k, v = (layouts.to_layout(x, layout, n) for x in (q, k, v))
         if segment_ids is not None:
@@ -106,13 +123,13 @@ def sharded_attention(
     spec = P(batch_axis, seq, head_axis, None)
     seg_spec = P(batch_axis, seq)
     strategies.check(strategy)
-    step = q.shape[1] if strategy == "ulysses" else q.shape[1] // n  # keys one step attends to
     used = {
         "softcap": softcap is not None,
         "prefix": prefix is not None,
         "bidirectional": bidirectional,
         "v_head_dim": v.shape[3] != q.shape[3],
     }
+    step = q.shape[1] if strategy == "ulysses" else q.shape[1] // n  # keys one step attends to
     impl = implementations.resolve(
         kwargs.pop("implementation", "auto"),
         mesh,
