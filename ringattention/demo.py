@@ -14,7 +14,7 @@ import sys
 import time
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--devices", type=int, default=8)
@@ -22,12 +22,38 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--layout", default="zigzag")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def _host_devices(n: int) -> None:
+    """n virtual CPU devices, where jax is not imported yet (it reads XLA_FLAGS once)."""
     if "jax" not in sys.modules:
         os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
+            os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
         )
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _time_and_memory(name: str, f, args) -> None:
+    """Compiles and runs ``f(*args)`` once; prints the times and XLA's per-device memory."""
+    import jax
+
+    t0 = time.perf_counter()
+    compiled = f.lower(*args).compile()
+    t1 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    t2 = time.perf_counter()
+    mem = compiled.memory_analysis()
+    per_dev = (mem.temp_size_in_bytes + mem.argument_size_in_bytes) / 2**20
+    print(
+        f"  {name:9s} compile {t1 - t0:5.1f} s, fwd+bwd {t2 - t1:6.2f} s, "
+        f"per-device memory {per_dev:8.1f} MiB"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    _host_devices(args.devices)
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -73,23 +99,13 @@ def main(argv: list[str] | None = None) -> None:
         f"ring attention: L={L} tokens over {n} devices ({args.layout}), H={H} K={K} D={D}, "
         f"causal + 4 packed documents"
     )
-    for name, f, a in (("ring", ring_g, (ql, kl, vl)), ("reference", ref_g, (q, k, v))):
-        t0 = time.perf_counter()
-        compiled = f.lower(*a).compile()
-        t1 = time.perf_counter()
-        jax.block_until_ready(compiled(*a))
-        t2 = time.perf_counter()
-        mem = compiled.memory_analysis()
-        per_dev = (mem.temp_size_in_bytes + mem.argument_size_in_bytes) / 2**20
-        print(
-            f"  {name:9s} compile {t1 - t0:5.1f} s, fwd+bwd {t2 - t1:6.2f} s, "
-            f"per-device memory {per_dev:8.1f} MiB"
-        )
+    _time_and_memory("ring", ring_g, (ql, kl, vl))
+    _time_and_memory("reference", ref_g, (q, k, v))
     (_, gr), (_, gf) = ring_g(ql, kl, vl), ref_g(q, k, v)
     gr = [back(g) for g in gr]
     o, o_ref = back(ring(ql, kl, vl)), ref(q, k, v)
-    out_err = float(jnp.linalg.norm(o - o_ref) / jnp.linalg.norm(o_ref))
-    grad_err = max(float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) for a, b in zip(gr, gf))
+    rel = lambda a, b: float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))  # noqa: E731
+    out_err, grad_err = rel(o, o_ref), max(rel(a, b) for a, b in zip(gr, gf))
     print(f"  relative error vs reference: output {out_err:.2e}, gradients {grad_err:.2e}")
     ok = out_err < 1e-5 and grad_err < 1e-5
     print("  OK: exact within float32 rounding" if ok else "  MISMATCH")
