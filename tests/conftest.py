@@ -1,7 +1,9 @@
 """Test setup: 8 virtual CPU devices, set before jax is imported anywhere (JAX_PLATFORMS=cpu unless
 set otherwise: ``make test-gpu`` sets cuda and runs on the GPU it finds)."""
 
+import importlib
 import os
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if os.environ["JAX_PLATFORMS"] == "cpu":
@@ -20,6 +22,17 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """A script of ``tools/`` as a module, by name (the test_tools_*.py files; test_benchmarks.py has
+    its own, for ``benchmarks/``)."""
+    sys.path.insert(0, TOOLS)
+    yield lambda name: importlib.import_module(name)
+    sys.path.remove(TOOLS)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hopper_cases import needs_interpret
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from ringcheck import BF16_RTOL, F32_RTOL, mosaic_modules, rel_err
 
@@ -27,11 +28,6 @@ from ringattention.kernels.hopper import pallas_hopper as ph
 from ringattention.kernels.hopper import split_bwd as hsb
 from ringattention.kernels.triton import pallas_gpu as pg
 
-needs_interpret = pytest.mark.skipif(
-    ph.interpret_params() is None,
-    reason="this jax has no Mosaic GPU interpret mode; pallas_hopper is checked on the device by "
-    "tools/hopper_check.py",
-)
 RTOL = {"float32": F32_RTOL, "bfloat16": BF16_RTOL, "float16": BF16_RTOL}
 SOFTCAP = 5.0  # small enough that tanh bends logits of unit size
 

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hopper_cases import needs_interpret
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -35,11 +36,6 @@ from ringattention.kernels.hopper import fwd_loops as hfl
 from ringattention.kernels.hopper import pallas_hopper as ph
 from ringattention.kernels.triton import pallas_gpu as pg
 
-needs_interpret = pytest.mark.skipif(
-    ph.interpret_params() is None,
-    reason="this jax has no Mosaic GPU interpret mode; pallas_hopper is checked on the device by "
-    "tools/hopper_check.py",
-)
 LSE_ATOL = 1e-4  # natural-log units: lse is computed in float32 from exact half-precision products
 # tanh.approx.f32 (what jnp.tanh lowers to on the device with approx_math): relative error at most
 # 2^-10.987 (PTX ISA); interpret mode computes the exact tanh

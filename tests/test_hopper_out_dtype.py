@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hopper_cases import needs_interpret
 from ringcheck import Problem, check_ring, mosaic_modules
-from test_hopper_features_fwd import Case, _lower, needs_interpret
+from test_hopper_features_fwd import Case, _lower
 
 from ringattention import blockwise, implementations
 from ringattention.kernels.hopper import pallas_hopper as ph
