@@ -79,6 +79,24 @@ def _scratch(
     ]  # slot free
 
 
+def _check_smem(bs, dims: tuple[int, int], padded: tuple[int, int], itemsize: int) -> None:
+    """ValueError where the dq or the dk/dv kernel would not fit the shared memory (head dims
+    ``dims`` of q/k and v, padded to ``padded``)."""
+    (D, Dv), (d, d_v), c = dims, padded, bs.bwd_block_k
+    tile = (d + d_v) * itemsize  # bytes per row of a [rows, d] and a [rows, dv] tile
+    smem = max(
+        hm.COMPUTE_WGS * ROWS * tile + bs.bwd_stages * c * tile,  # dq kernel
+        (hm.COMPUTE_WGS + bs.bwd_stages) * ROWS * tile,  # dk/dv kernel
+    )
+    if smem > SMEM_LIMIT - 4096:
+        raise ValueError(
+            f"pallas_hopper backward='mosaic': head dims {D}, {Dv} (padded {d}, {d_v}) "
+            f"with bwd_stages={bs.bwd_stages}, bwd_block_k={c} need {smem} bytes of "
+            f"shared memory (limit {SMEM_LIMIT}); use fewer bwd_stages, bwd_block_k=64, "
+            "or backward='triton' for head dims above 128"
+        )
+
+
 def backward(
     q,
     k,
@@ -108,19 +126,8 @@ def backward(
         q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg
     )
     sq, sk, d, d_v = q.shape[1], k.shape[1], q.shape[3], v.shape[3]  # padded
+    _check_smem(bs, (D, Dv), (d, d_v), q.dtype.itemsize)
     c = bs.bwd_block_k  # keys per streamed block of the dq kernel
-    tile = (d + d_v) * q.dtype.itemsize  # bytes per row of a [rows, d] and a [rows, dv] tile
-    smem = max(
-        hm.COMPUTE_WGS * ROWS * tile + bs.bwd_stages * c * tile,  # dq kernel
-        (hm.COMPUTE_WGS + bs.bwd_stages) * ROWS * tile,
-    )  # dk/dv kernel
-    if smem > SMEM_LIMIT - 4096:
-        raise ValueError(
-            f"pallas_hopper backward='mosaic': head dims {D}, {Dv} (padded {d}, {d_v}) "
-            f"with bwd_stages={bs.bwd_stages}, bwd_block_k={c} need {smem} bytes of "
-            f"shared memory (limit {SMEM_LIMIT}); use fewer bwd_stages, bwd_block_k=64, "
-            "or backward='triton' for head dims above 128"
-        )
     segments = q_seg is not None
     positions = causal or window is not None
     extra = ((q_pos, k_pos) if positions else ()) + ((q_seg, k_seg) if segments else ())
@@ -140,17 +147,8 @@ def backward(
         window=window,
         **features(softcap, prefix, bidirectional),
     )
-    table = functools.partial(
-        masks.block_table,
-        q_pos,
-        k_pos,
-        q_seg,
-        k_seg,
-        causal,
-        window=window,
-        prefix=prefix,
-        bidirectional=bidirectional,
-    )
+    mask_kw = dict(window=window, prefix=prefix, bidirectional=bidirectional)
+    table = functools.partial(masks.block_table, q_pos, k_pos, q_seg, k_seg, causal, **mask_kw)
     # dq: own query CTAs, streamed key blocks of c keys.
     *bounds, edge = common.block_bounds(table(CTA, c), B, window)  # [B|1, nq, nk] -> [B, nq] each
     dq_cfg = cfg(block=c, n_cta=sq // CTA)

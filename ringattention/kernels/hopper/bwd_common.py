@@ -174,6 +174,17 @@ def log2_logits(cfg: BwdConfig, s):
     return t * (cfg.softcap * LOG2E), t
 
 
+def query_probs(cfg: BwdConfig, ops: Ops, s, *, lse, own, keys, masked: bool):
+    """The dq kernels' raw logits s [own query rows, streamed keys] -> probabilities (with a soft
+    cap times 1 - tanh^2, ``capped``), 0 where hidden. lse: the own rows' (log2 units); own: their
+    (positions, ids, ``causal_rows``); keys: the slot's key positions and ids (None when unused)."""
+    x, t = log2_logits(cfg, s)
+    p = jnp.exp2(x - lax.broadcast_in_dim(lse, s.shape, [0]))
+    if masked:
+        p = jnp.where(visibility(cfg, ops, s.shape, own, *keys, True), p, 0.0)
+    return capped(p, t)
+
+
 def capped(p, t):
     """What multiplies ``dp - delta`` in ds: p, or with a soft cap (tanh t) p (1 - t^2)."""
     return p if t is None else p * (1.0 - t * t)

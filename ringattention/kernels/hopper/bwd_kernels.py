@@ -52,6 +52,7 @@ from ringattention.kernels.hopper.bwd_common import (
     cta_index,
     log2_logits,
     nothing_masked,
+    query_probs,
     row_prefix,
     split_refs,
     stream,
@@ -80,14 +81,8 @@ def dq_kernel(*refs, cfg: BwdConfig):
     [B, Sq, H, Dv]; k [B, Sk, K, D], v [B, Sk, K, Dv]; lse2, delta f32 [B, H, Sq]; positions / ids
     as in the forward; [edge]; [prefix int32 [B]]. Out: dq f32 [B, Sq, H, D] (the step's layout: no
     transpose after the kernel)."""
-    (
-        bounds,
-        (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref),
-        (qp_ref, kp_ref),
-        (qs_ref, ks_ref),
-        (dq_ref,),
-        scratch,
-    ) = split_refs(refs, cfg, 1)
+    bounds, gmem, (qp_ref, kp_ref), (qs_ref, ks_ref), (dq_ref,), scratch = split_refs(refs, cfg, 1)
+    q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref = gmem
     (q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s, own_bar, loaded, free) = scratch
     b, i, bounds = cta_index(cfg, bounds, reverse=cfg.causal)
     lo, hi = bounds[0], bounds[2]
@@ -95,52 +90,33 @@ def dq_kernel(*refs, cfg: BwdConfig):
     kvh = lax.div(h, jnp.int32(cfg.groups))
     r, c = cfg.rows, cfg.block
 
-    def issue(t, slot, bar):
-        cols = pl.ds((lo + t) * c, c)
-        plgpu.copy_gmem_to_smem(k_ref.at[b, cols, kvh], k_s.at[slot], bar)
-        plgpu.copy_gmem_to_smem(v_ref.at[b, cols, kvh], v_s.at[slot], bar)
-        if cfg.positions:
-            plgpu.copy_gmem_to_smem(kp_ref.at[cols], kp_s.at[slot], bar)
-        if cfg.segments:
-            plgpu.copy_gmem_to_smem(ks_ref.at[b, cols], ks_s.at[slot], bar)
-
     @pl.when(wg == COMPUTE_WGS)
     def _():
+        issue = key_issuer(cfg, b, kvh, lo, (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s))
         stream(cfg, hi - lo, issue, loaded, free)
 
     @pl.when(wg < COMPUTE_WGS)
     def _():
         ops = compute_ops(cfg)
         rows = pl.ds(i * (COMPUTE_WGS * r) + wg * r, r)
-        lse, delta, own_pos, own_seg = _load_queries(
-            cfg,
-            ops,
-            wg,
-            (
-                q_ref.at[b, rows, h],
-                do_ref.at[b, rows, h],
-                lse_ref.at[b, h, rows],
-                dl_ref.at[b, h, rows],
-                qp_ref.at[rows] if cfg.positions else None,
-                qs_ref.at[b, rows] if cfg.segments else None,
-            ),
-            (q_s, do_s, lse_s, dl_s, qp_s, qs_s),
-            own_bar.at[wg],
+        own_rows = (
+            q_ref.at[b, rows, h],
+            do_ref.at[b, rows, h],
+            lse_ref.at[b, h, rows],
+            dl_ref.at[b, h, rows],
+            qp_ref.at[rows] if cfg.positions else None,
+            qs_ref.at[b, rows] if cfg.segments else None,
         )
-        own = (own_pos, own_seg, causal_rows(cfg, own_pos, own_seg, row_prefix(refs, cfg, b), True))
+        own_smem = (q_s, do_s, lse_s, dl_s, qp_s, qs_s)
+        lse, delta, *own = _load_queries(cfg, ops, wg, own_rows, own_smem, own_bar.at[wg])
+        own = (*own, causal_rows(cfg, *own, row_prefix(refs, cfg, b), True))
 
         def body(j, dq, masked: bool):
             slot = lax.rem(j - lo, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
-
-            def probs(s):  # raw logits [r, c] -> probabilities (capped), 0 where hidden
-                x, t = log2_logits(cfg, s)
-                p = jnp.exp2(x - lax.broadcast_in_dim(lse, s.shape, [0]))
-                if masked:
-                    at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
-                    p = jnp.where(visibility(cfg, ops, s.shape, own, at(kp_s), at(ks_s), True), p, 0.0)
-                return capped(p, t)
-
+            at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
+            keys = (at(kp_s), at(ks_s))
+            probs = functools.partial(query_probs, cfg, ops, lse=lse, own=own, keys=keys, masked=masked)
             # s = q k^T and dp = do v^T issued together; p is computed while dp is in flight.
             p, dp = ops.pair(
                 (Smem(q_s.at[wg]), Smem(k_s.at[slot], transposed=True)),
@@ -155,6 +131,25 @@ def dq_kernel(*refs, cfg: BwdConfig):
 
         dq = block_loops(body, bounds, cfg.masked, ops.full((r, q_s.shape[2]), 0.0))  # slots from lo
         dq_ref.at[b, rows, h][...] = dq * cfg.scale
+
+
+def key_issuer(cfg: BwdConfig, b, kvh, lo, gmem, smem):
+    """Producer callback of the dq kernels: stream t loads key block lo + t (k, v, positions, ids;
+    gmem refs and smem slot rings, positions and ids None when unused)."""
+    (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s) = gmem, smem
+
+    def issue(t, slot, bar):
+        cols = pl.ds((lo + t) * cfg.block, cfg.block)
+        for src, dst in (
+            (k_ref.at[b, cols, kvh], k_s),
+            (v_ref.at[b, cols, kvh], v_s),
+            (kp_ref.at[cols] if cfg.positions else None, kp_s),
+            (ks_ref.at[b, cols] if cfg.segments else None, ks_s),
+        ):
+            if src is not None:
+                plgpu.copy_gmem_to_smem(src, dst.at[slot], bar)
+
+    return issue
 
 
 def query_issuer(cfg: BwdConfig, b, kvh, bounds, shift, gmem, smem):
@@ -295,28 +290,15 @@ def group_loop(cfg, ops, body, bounds, masked: bool, d: int, out_refs, dv: int |
 def dkv_kernel(*refs, cfg: BwdConfig):
     """Grid ("h", "i", "b") over kv heads and key CTAs. Inputs as ``dq_kernel`` (lo/mid/hi [B, nk]
     over query blocks). Out: dk f32 [B, Sk, K, D], dv f32 [B, Sk, K, Dv]."""
-    (
-        bounds,
-        (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref),
-        (qp_ref, kp_ref),
-        (qs_ref, ks_ref),
-        (dk_ref, dv_ref),
-        scratch,
-    ) = split_refs(refs, cfg, 2)
+    bounds, gmem, (qp_ref, kp_ref), (qs_ref, ks_ref), (dk_ref, dv_ref), scratch = split_refs(refs, cfg, 2)
+    q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref = gmem
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch
     b, i, bounds = cta_index(cfg, bounds, reverse=False)  # causal: early keys are the heaviest
     lo, mid, hi = bounds[:3]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = query_issuer(
-        cfg,
-        b,
-        kvh,
-        bounds,
-        i,
-        (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
-        (q_s, do_s, lse_s, dl_s, qp_s, qs_s),
-    )
+    slots = (q_s, do_s, lse_s, dl_s, qp_s, qs_s)
+    issue = query_issuer(cfg, b, kvh, bounds, i, (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref), slots)
 
     @pl.when(wg == COMPUTE_WGS)
     def _():
@@ -326,18 +308,8 @@ def dkv_kernel(*refs, cfg: BwdConfig):
     def _():
         ops = compute_ops(cfg)
         rows = pl.ds(i * (COMPUTE_WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
-        own = load_keys(
-            cfg,
-            ops,
-            b,
-            kvh,
-            wg,
-            rows,
-            (k_ref, v_ref, kp_ref, ks_ref),
-            (k_s, v_s, kp_s, ks_s),
-            own_bar.at[wg],
-            row_prefix(refs, cfg, b),
-        )
+        gmem, smem = (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s)
+        own = load_keys(cfg, ops, b, kvh, wg, rows, gmem, smem, own_bar.at[wg], row_prefix(refs, cfg, b))
         smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
         masked = cfg.masked
 
@@ -349,13 +321,5 @@ def dkv_kernel(*refs, cfg: BwdConfig):
             plgpu.barrier_arrive(free.at[slot])
             return carry
 
-        group_loop(
-            cfg,
-            ops,
-            body,
-            bounds,
-            masked,
-            k_s.shape[2],
-            (dk_ref.at[b, rows, kvh], dv_ref.at[b, rows, kvh]),
-            v_s.shape[2],
-        )
+        outs = (dk_ref.at[b, rows, kvh], dv_ref.at[b, rows, kvh])
+        group_loop(cfg, ops, body, bounds, masked, k_s.shape[2], outs, v_s.shape[2])

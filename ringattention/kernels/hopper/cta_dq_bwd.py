@@ -311,25 +311,7 @@ def backward(
                 f"{hb.SMEM_LIMIT}); use fewer bwd_stages"
             )
 
-    return hfb.key_cta_backward(
-        _run,
-        check,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        q_pos,
-        k_pos,
-        q_seg,
-        k_seg,
-        bs=bs,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        interpret=interpret,
-        window=window,
-        softcap=softcap,
-        prefix=prefix,
-        bidirectional=bidirectional,
-    )
+    args = (q, k, v, do, lse, delta, q_pos, k_pos, q_seg, k_seg)
+    kw = dict(bs=bs, causal=causal, softmax_scale=softmax_scale, interpret=interpret, window=window)
+    kw.update(softcap=softcap, prefix=prefix, bidirectional=bidirectional)
+    return hfb.key_cta_backward(_run, check, *args, **kw)

@@ -165,28 +165,15 @@ def key_cta_kernel(refs, cfg: hbc.BwdConfig, compute) -> None:
     warpgroups "wg"; GMEM inputs as ``hbk.dkv_kernel``, then the dq accumulator, a Ref added to;
     out: dk, dv): the producer warpgroup streams the visible query blocks of every head of the kv
     group, each compute warpgroup loads its own 64 keys and runs ``compute(KeyCta)``."""
-    (
-        bounds,
-        (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref),
-        (qp_ref, kp_ref),
-        (qs_ref, ks_ref),
-        outs,
-        scratch,
-    ) = hbc.split_refs(refs, cfg, 3)
+    bounds, gmem, (qp_ref, kp_ref), (qs_ref, ks_ref), outs, scratch = hbc.split_refs(refs, cfg, 3)
+    q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref = gmem
     (k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s, own_bar, loaded, free) = scratch[:13]
     b, i, bounds = hbc.cta_index(cfg, bounds, reverse=False)  # causal: early keys are heaviest
     lo, hi = bounds[0], bounds[2]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = hbk.query_issuer(
-        cfg,
-        b,
-        kvh,
-        bounds,
-        i,
-        (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
-        (q_s, do_s, lse_s, dl_s, qp_s, qs_s),
-    )
+    slots = (q_s, do_s, lse_s, dl_s, qp_s, qs_s)
+    issue = hbk.query_issuer(cfg, b, kvh, bounds, i, (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref), slots)
 
     @pl.when(wg == WGS)
     def _():
@@ -197,39 +184,13 @@ def key_cta_kernel(refs, cfg: hbc.BwdConfig, compute) -> None:
         hm.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
         ops = FusedOps(cfg.interpret)
         rows = pl.ds(i * (WGS * cfg.rows) + wg * cfg.rows, cfg.rows)
+        gmem, smem = (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s)
         own = hbk.load_keys(
-            cfg,
-            ops,
-            b,
-            kvh,
-            wg,
-            rows,
-            (k_ref, v_ref, kp_ref, ks_ref),
-            (k_s, v_s, kp_s, ks_s),
-            own_bar.at[wg],
-            hbc.row_prefix(refs, cfg, b),
+            cfg, ops, b, kvh, wg, rows, gmem, smem, own_bar.at[wg], hbc.row_prefix(refs, cfg, b)
         )
         smem = (k_s, v_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s)
-        compute(
-            KeyCta(
-                cfg,
-                b,
-                i,
-                kvh,
-                wg,
-                bounds,
-                ops,
-                rows,
-                own,
-                smem,
-                loaded,
-                free,
-                q_ref,
-                tuple(outs),
-                tuple(scratch[13:]),
-                n,
-            )
-        )
+        rest = (loaded, free, q_ref, tuple(outs), tuple(scratch[13:]), n)
+        compute(KeyCta(cfg, b, i, kvh, wg, bounds, ops, rows, own, smem, *rest))
 
 
 def _launch(body, out_type, scratch, *, grid, interpret: bool):

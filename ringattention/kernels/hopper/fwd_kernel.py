@@ -47,6 +47,8 @@ kernel, barriers and TMA pipeline run in Mosaic GPU's interpret mode on CPU. Sha
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -271,6 +273,34 @@ def _produce(
     lax.fori_loop(jnp.maximum(lo, hi - cfg.stages), hi, drain, None)
 
 
+def _load_queries(cfg, ops: Ops, src, dst, bar):
+    """Loads a warpgroup's query rows (q, positions, ids: gmem slices ``src`` into its smem slots
+    ``dst``; None when unused) and returns the positions and ids as row vectors [bq] (or None)."""
+    for x, slot, on in zip(src, dst, (True, cfg.positions, cfg.segments), strict=True):
+        if on:
+            plgpu.copy_gmem_to_smem(x, slot, bar)
+    plgpu.barrier_wait(bar)
+    return (ops.rows(dst[1]) if cfg.positions else None), (ops.rows(dst[2]) if cfg.segments else None)
+
+
+def _write(cfg, ops: Ops, q_slot, o_rows, lse_rows, acc, m, l):
+    """o = acc / l (0 where a row sees nothing) into ``o_rows`` [bq, Dv] in its dtype, lse (natural
+    log; -inf where nothing is seen) into ``lse_rows`` [bq]. o in q's dtype and shape (a final o)
+    leaves through the warpgroup's q slot, free once the last q.k^T has landed, and one TMA store."""
+    staged = o_rows.dtype == q_slot.dtype and acc.shape[1] == q_slot.shape[1]
+    seen = l > 0.0
+    inv = 1.0 / jnp.where(seen, l, 1.0)  # [bq]: one reciprocal per row, then multiplies
+    o = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(o_rows.dtype)
+    if staged:
+        ops.stage(q_slot, o)
+        plgpu.copy_smem_to_gmem(q_slot, o_rows)
+    else:
+        ops.store(o_rows, o)  # float32, or q's where o is final
+    lse_rows[...] = jnp.where(seen, m * LN2 - jnp.log(inv), -jnp.inf)
+    if staged and not cfg.interpret:
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
 def _compute(
     cfg,
     wg,
@@ -310,14 +340,17 @@ def _compute(
     row0, owned = cta_rows(cfg.wgs, qi, q_ref.shape[1], bq)
     row0 = row0 + wg * bq
     rows = pl.ds(row0, bq)
-    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[wg], q_bar.at[wg])
-    if cfg.positions:
-        plgpu.copy_gmem_to_smem(qp_ref.at[rows], qpos_smem.at[wg], q_bar.at[wg])
-    if cfg.segments:
-        plgpu.copy_gmem_to_smem(qs_ref.at[b, rows], qseg_smem.at[wg], q_bar.at[wg])
-    plgpu.barrier_wait(q_bar.at[wg])
-    q_pos = ops.rows(qpos_smem.at[wg]) if cfg.positions else None  # [bq]
-    q_seg = ops.rows(qseg_smem.at[wg]) if cfg.segments else None
+    src = (
+        q_ref.at[b, rows, h],
+        qp_ref.at[rows] if cfg.positions else None,
+        qs_ref.at[b, rows] if cfg.segments else None,
+    )
+    dst = (
+        q_smem.at[wg],
+        qpos_smem.at[wg] if cfg.positions else None,
+        qseg_smem.at[wg] if cfg.segments else None,
+    )
+    q_pos, q_seg = _load_queries(cfg, ops, src, dst, q_bar.at[wg])
     q_lim = causal_limit(cfg, q_pos, q_seg, prefix)  # [bq] | None (prefix / bidirectional)
 
     turns = _Turns(cfg, wg, sched)
@@ -331,40 +364,9 @@ def _compute(
         at = lambda ref: None if ref is None else ref.at[slot]  # noqa: E731
         return _mask(cfg, ops, s, q_pos, q_seg, at(kpos_smem), at(kseg_smem), q_lim)
 
-    # o in q's dtype and shape (a final o) leaves through the warpgroup's q slot and one TMA store
-    staged = o_ref.dtype == q_smem.dtype and dv == q_smem.shape[2]
-
-    def write(acc, m, l):
-        seen = l > 0.0
-        inv = 1.0 / jnp.where(seen, l, 1.0)  # [bq]: one reciprocal per row, then multiplies
-        o = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(o_ref.dtype)
-        if staged:  # the last q.k^T has landed: the q slot is free
-            ops.stage(q_smem.at[wg], o)
-            plgpu.copy_smem_to_gmem(q_smem.at[wg], o_ref.at[b, rows, h])
-        else:
-            ops.store(o_ref.at[b, rows, h], o)  # float32, or q's where o is final
-        lse_ref.at[b, h, rows][...] = jnp.where(seen, m * LN2 - jnp.log(inv), -jnp.inf)
-        if staged and not cfg.interpret:
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-    w = hfl.Warpgroup(
-        cfg,
-        ops,
-        q_smem.at[wg],
-        k_smem,
-        v_smem,
-        k_bar,
-        v_bar,
-        k_free,
-        v_free,
-        turns,
-        wait_keys,
-        mask,
-        lo,
-        mid,
-        hi,
-        edge,
-    )
+    write = functools.partial(_write, cfg, ops, q_smem.at[wg], o_ref.at[b, rows, h], lse_ref.at[b, h, rows])
+    ring = (k_smem, v_smem, k_bar, v_bar, k_free, v_free)  # the key / value slots and barriers
+    w = hfl.Warpgroup(cfg, ops, q_smem.at[wg], *ring, turns, wait_keys, mask, lo, mid, hi, edge)
     if owned is not None:  # the last CTA's rows that the CTA before it has written are not written
         write = lambda *carry, write=write: pl.when(row0 >= owned)(lambda: write(*carry))  # noqa: E731
     wait_keys(lo)

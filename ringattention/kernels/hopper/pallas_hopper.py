@@ -201,60 +201,24 @@ def forward_step(
     if not isinstance(bs, BlockSizes):
         raise TypeError(f"pallas_hopper: block_sizes={bs!r} must be a pallas_hopper.BlockSizes")
     if jnp.dtype(q.dtype) not in HALF_DTYPES:  # float32: the Triton step (or XLA's), not wgmma
-        return _triton_or_xla_step().forward_step(  # its o is float32, q's dtype here
-            q,
-            k,
-            v,
-            q_pos,
-            k_pos,
-            q_seg,
-            k_seg,
-            causal=causal,
-            softmax_scale=softmax_scale,
-            block_sizes=bs.triton,
-            interpret=interpret,
-            window=window,
-            softcap=softcap,
-            prefix=prefix,
-            bidirectional=bidirectional,
-        )
+        kw = dict(causal=causal, softmax_scale=softmax_scale, interpret=interpret, window=window)
+        kw.update(softcap=softcap, prefix=prefix, bidirectional=bidirectional, block_sizes=bs.triton)
+        return _triton_or_xla_step().forward_step(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)  # o: float32
     geo = geometry(Sq, k.shape[1], D, bs, Dv)
     q, k, v, q_pos, k_pos, q_seg, k_seg = _pad(geo, q, k, v, q_pos, k_pos, q_seg, k_seg)
     cta_pos, cta_seg = _cta_queries(geo, q_pos, q_seg)
-    table = masks.block_table(
-        cta_pos,
-        k_pos,
-        cta_seg,
-        k_seg,
-        causal,
-        geo.cta_rows,
-        geo.bk,
-        window,
-        prefix=prefix,
-        bidirectional=bidirectional,
-    )  # [B|1, nq, nk]
+    mask_kw = dict(prefix=prefix, bidirectional=bidirectional)
+    table = masks.block_table(cta_pos, k_pos, cta_seg, k_seg, causal, geo.cta_rows, geo.bk, window, **mask_kw)
     *bounds, edge = common.block_bounds(table, B, window)  # 3 x int32 [B, nq]; edge: window only
     extra = (q_pos, k_pos) if causal or window is not None else ()
     extra += (q_seg, k_seg) if q_seg is not None else ()
     extra += (edge,) if window is not None else ()
     extra += (prefix,) if prefix is not None else ()
     features = dict(softcap=softcap, prefix=prefix is not None, bidirectional=bidirectional)
-    o, lse = _fwd_call(
-        geo,
-        bs,
-        *bounds,
-        q,
-        k,
-        v,
-        *extra,
-        causal=causal,
-        segments=q_seg is not None,
-        scale=softmax_scale,
-        interpret=interpret,
-        window=window,
-        out_dtype=out_dtype,
-        **features,
+    kw = dict(
+        causal=causal, segments=q_seg is not None, scale=softmax_scale, interpret=interpret, window=window
     )
+    o, lse = _fwd_call(geo, bs, *bounds, q, k, v, *extra, out_dtype=out_dtype, **kw, **features)
     return o[:, :Sq, :, :Dv], lse[:, :, :Sq]
 
 

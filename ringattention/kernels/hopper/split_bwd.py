@@ -35,6 +35,19 @@ def padded_dims(Dh: int, Dv: int) -> tuple[int, int]:
     return -(-Dh // 64) * 64, -(-Dv // 64) * 64
 
 
+def _check_smem(bs, dtype, positions: bool, segments: bool, dims, padded) -> None:
+    """ValueError where the kernels' buffers (``smem_bytes``: the dk/dv kernel's, at least the dq
+    kernel's) would not fit the shared memory; ``dims``, ``padded``: the head dims of q/k and v."""
+    (Dh, Dv), (d, d_v) = dims, padded
+    smem = smem_bytes(dtype, bs.bwd_stages, positions, segments, d, d_v)
+    if smem > hb.SMEM_LIMIT - 4096:
+        raise ValueError(
+            f"pallas_hopper backward={bs.backward!r}: head dims {Dh}, {Dv} (padded {d}, "
+            f"{d_v}) with bwd_stages={bs.bwd_stages} need {smem} bytes of shared memory "
+            f"(limit {hb.SMEM_LIMIT}); use bwd_stages=2 or backward='triton'"
+        )
+
+
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run_two(q_bounds, k_bounds, last, q, k, v, do, lse2, delta, *extra, cfg: hbc.BwdConfig):
     """dq f32 [B, H, Sq, D] (scaled) from ``dq_kernel``, then dk f32 [B, K, Sk, D], dv
@@ -96,13 +109,7 @@ def backward(
         )
     d, d_v = padded_dims(Dh, Dv)
     positions = causal or window is not None
-    smem = smem_bytes(q.dtype, bs.bwd_stages, positions, q_seg is not None, d, d_v)  # >= dq's
-    if smem > hb.SMEM_LIMIT - 4096:
-        raise ValueError(
-            f"pallas_hopper backward={bs.backward!r}: head dims {Dh}, {Dv} (padded {d}, "
-            f"{d_v}) with bwd_stages={bs.bwd_stages} need {smem} bytes of shared memory "
-            f"(limit {hb.SMEM_LIMIT}); use bwd_stages=2 or backward='triton'"
-        )
+    _check_smem(bs, q.dtype, positions, q_seg is not None, (Dh, Dv), (d, d_v))
     up = lambda x: -(-x // ROWS) * ROWS  # noqa: E731
     geo = common.Geometry(Sq, Sk, Dh, ROWS, ROWS, up(Sq), up(Sk), d, 0 if d_v == d else d_v)
     q, k, v, q_pos, k_pos, q_seg, k_seg, do = common.pad_inputs(geo, q, k, v, q_pos, k_pos, q_seg, k_seg, do)

@@ -53,6 +53,8 @@ Budgets (bf16/fp16, D = 256, per CTA of 2 compute warpgroups + 1 producer):
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -107,46 +109,16 @@ def split_kernel(*refs, cfg: hbc.BwdConfig):
     """Grid ("h", "i", "b") over kv heads and key CTAs of 64 keys, warpgroups "wg". GMEM inputs as
     ``hbk.dkv_kernel``. Out: dk f32 [B, K, Sk, D], dv f32 [B, K, Sk, Dv]
     (``split_bwd.padded_dims``)."""
-    (
-        bounds,
-        (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref),
-        (qp_ref, kp_ref),
-        (qs_ref, ks_ref),
-        (dk_ref, dv_ref),
-        scratch,
-    ) = hbc.split_refs(refs, cfg, 2)
-    (
-        k_s,
-        v_s,
-        kp_s,
-        ks_s,
-        q_s,
-        do_s,
-        lse_s,
-        dl_s,
-        qp_s,
-        qs_s,
-        pt_s,
-        dst_s,
-        own_bar,
-        loaded,
-        free,
-        pds_ready,
-        pds_free,
-    ) = scratch
+    bounds, gmem, (qp_ref, kp_ref), (qs_ref, ks_ref), (dk_ref, dv_ref), scratch = hbc.split_refs(refs, cfg, 2)
+    q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref = gmem
+    k_s, v_s, kp_s, ks_s, q_s, do_s, lse_s, dl_s, qp_s, qs_s = scratch[:10]  # own keys; slots
+    pt_s, dst_s, own_bar, loaded, free, pds_ready, pds_free = scratch[10:]  # shared tiles; barriers
     b, i, bounds = hbc.cta_index(cfg, bounds, reverse=False)  # causal: early keys are heaviest
     lo, hi = bounds[0], bounds[2]
     kvh, wg = lax.axis_index("h"), lax.axis_index("wg")
     n = hi - lo  # query blocks per head of the group
-    issue = hbk.query_issuer(
-        cfg,
-        b,
-        kvh,
-        bounds,
-        i,
-        (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref),
-        (q_s, do_s, lse_s, dl_s, qp_s, qs_s),
-    )
+    slots = (q_s, do_s, lse_s, dl_s, qp_s, qs_s)
+    issue = hbk.query_issuer(cfg, b, kvh, bounds, i, (q_ref, do_ref, lse_ref, dl_ref, qp_ref, qs_ref), slots)
 
     @pl.when(wg == WGS)
     def _():
@@ -185,16 +157,8 @@ def split_kernel(*refs, cfg: hbc.BwdConfig):
             plgpu.barrier_arrive(pds_free)
             return dk, dv
 
-        hbk.group_loop(
-            cfg,
-            ops,
-            body,
-            bounds,
-            cfg.masked,
-            d // WGS,
-            (dk_ref.at[b, kvh, keys, dw], dv_ref.at[b, kvh, keys, dwv]),
-            d_v // WGS,
-        )
+        outs = (dk_ref.at[b, kvh, keys, dw], dv_ref.at[b, kvh, keys, dwv])
+        hbk.group_loop(cfg, ops, body, bounds, cfg.masked, d // WGS, outs, d_v // WGS)
         pl.when(n > 0)(lambda: plgpu.barrier_wait(pds_free))  # observe the last phase
 
 
@@ -205,32 +169,10 @@ def dq_kernel(*refs, cfg: hbc.BwdConfig):
     [64, 64] tile, and after a barrier accumulates dq[:, Dw] += ds k[:, Dw] in registers (64 per
     thread at 256); written once at the end. Inputs as ``hbk.dq_kernel``; out: dq f32
     [B, H, Sq, D]."""
-    (
-        bounds,
-        (q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref),
-        (qp_ref, kp_ref),
-        (qs_ref, ks_ref),
-        (dq_ref,),
-        scratch,
-    ) = hbc.split_refs(refs, cfg, 1)
-    (
-        q_s,
-        do_s,
-        lse_s,
-        dl_s,
-        qp_s,
-        qs_s,
-        k_s,
-        v_s,
-        kp_s,
-        ks_s,
-        own_bar,
-        loaded,
-        free,
-        ds_s,
-        ds_ready,
-        ds_free,
-    ) = scratch
+    bounds, gmem, (qp_ref, kp_ref), (qs_ref, ks_ref), (dq_ref,), scratch = hbc.split_refs(refs, cfg, 1)
+    q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref = gmem
+    q_s, do_s, lse_s, dl_s, qp_s, qs_s, k_s, v_s, kp_s, ks_s = scratch[:10]  # own queries; slots
+    own_bar, loaded, free, ds_s, ds_ready, ds_free = scratch[10:]  # barriers, the shared ds tile
     b, i, bounds = hbc.cta_index(cfg, bounds, reverse=cfg.causal)  # causal: latest rows first
     lo, hi = bounds[0], bounds[2]
     h, wg = lax.axis_index("h"), lax.axis_index("wg")
@@ -238,7 +180,7 @@ def dq_kernel(*refs, cfg: hbc.BwdConfig):
 
     @pl.when(wg == WGS)
     def _():
-        issue = _key_issuer(cfg, b, kvh, lo, (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s))
+        issue = hbk.key_issuer(cfg, b, kvh, lo, (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s))
         hbc.stream(cfg, hi - lo, issue, loaded, free)
 
     @pl.when(wg < WGS)
@@ -246,26 +188,17 @@ def dq_kernel(*refs, cfg: hbc.BwdConfig):
         hm.set_registers(cfg.registers, compute=True, interpret=cfg.interpret)
         ops = hm.Ops(cfg.interpret)
         rows = pl.ds(i * ROWS, ROWS)
-        lse, delta, own_pos, own_seg = _load_own_queries(
-            cfg,
-            ops,
-            wg,
-            (
-                q_ref.at[b, rows, h],
-                do_ref.at[b, rows, h],
-                lse_ref.at[b, h, rows],
-                dl_ref.at[b, h, rows],
-                qp_ref.at[rows] if cfg.positions else None,
-                qs_ref.at[b, rows] if cfg.segments else None,
-            ),
-            (q_s, do_s, lse_s, dl_s, qp_s, qs_s),
-            own_bar,
+        own_rows = (
+            q_ref.at[b, rows, h],
+            do_ref.at[b, rows, h],
+            lse_ref.at[b, h, rows],
+            dl_ref.at[b, h, rows],
+            qp_ref.at[rows] if cfg.positions else None,
+            qs_ref.at[b, rows] if cfg.segments else None,
         )
-        own = (
-            own_pos,
-            own_seg,
-            hbc.causal_rows(cfg, own_pos, own_seg, hbc.row_prefix(refs, cfg, b), queries=True),
-        )
+        own_smem = (q_s, do_s, lse_s, dl_s, qp_s, qs_s)
+        lse, delta, *own = _load_own_queries(cfg, ops, wg, own_rows, own_smem, own_bar)
+        own = (*own, hbc.causal_rows(cfg, *own, hbc.row_prefix(refs, cfg, b), queries=True))
         d = q_s.shape[1]
         half, dw = pl.ds(wg * HALF, HALF), pl.ds(wg * (d // WGS), d // WGS)
 
@@ -274,15 +207,9 @@ def dq_kernel(*refs, cfg: hbc.BwdConfig):
             slot = lax.rem(t, jnp.int32(cfg.stages))
             plgpu.barrier_wait(loaded.at[slot])
 
-            def probs(s):  # raw logits [64 queries, 32 keys] -> probabilities (capped), 0 where hidden
-                x, th = hbc.log2_logits(cfg, s)
-                p = jnp.exp2(x - lax.broadcast_in_dim(lse, s.shape, [0]))
-                if masked:
-                    at = lambda ref: None if ref is None else ref.at[slot, half]  # noqa: E731
-                    vis = hbc.visibility(cfg, ops, s.shape, own, at(kp_s), at(ks_s), True)
-                    p = jnp.where(vis, p, 0.0)
-                return hbc.capped(p, th)
-
+            at = lambda ref: None if ref is None else ref.at[slot, half]  # noqa: E731
+            keys = (at(kp_s), at(ks_s))
+            probs = functools.partial(hbc.query_probs, cfg, ops, lse=lse, own=own, keys=keys, masked=masked)
             p, dp = ops.pair(
                 (hm.Smem(q_s), hm.Smem(k_s.at[slot, half], transposed=True)),
                 (hm.Smem(do_s), hm.Smem(v_s.at[slot, half], transposed=True)),
@@ -302,24 +229,6 @@ def dq_kernel(*refs, cfg: hbc.BwdConfig):
         dq = hbc.block_loops(body, bounds, cfg.masked, ops.full((ROWS, d // WGS), 0.0))  # from lo
         pl.when(hi > lo)(lambda: plgpu.barrier_wait(ds_free))  # observe the last phase
         dq_ref.at[b, h, rows, dw][...] = dq * cfg.scale
-
-
-def _key_issuer(cfg, b, kvh, lo, gmem, smem):
-    """Producer callback of ``dq_kernel``: stream t loads key block lo + t (k, v, positions, ids)."""
-    (k_ref, v_ref, kp_ref, ks_ref), (k_s, v_s, kp_s, ks_s) = gmem, smem
-
-    def issue(t, slot, bar):
-        cols = pl.ds((lo + t) * ROWS, ROWS)
-        for src, dst in (
-            (k_ref.at[b, cols, kvh], k_s),
-            (v_ref.at[b, cols, kvh], v_s),
-            (kp_ref.at[cols] if cfg.positions else None, kp_s),
-            (ks_ref.at[b, cols] if cfg.segments else None, ks_s),
-        ):
-            if dst is not None:
-                plgpu.copy_gmem_to_smem(src, dst.at[slot], bar)
-
-    return issue
 
 
 def _load_own_queries(cfg, ops, wg, gmem, smem, bar):
