@@ -133,26 +133,12 @@ def forward_step(
     hv, hv_v = HeadView.for_dim(D), HeadView.for_dim(Dv)
     kv_blk = lambda b, h, i, j, kr, fr: cfg.fetched(fr, b, i, j)  # noqa: E731
     q_idx = lambda b, h, i, j, kr, fr: (b, i, h)  # noqa: E731
-    kv_idx = lambda b, h, i, j, kr, fr: (
-        b,
-        kv_blk(b, h, i, j, kr, fr),  # noqa: E731
-        lax.div(h, G),
-    )  # GQA: kv head h // G
+    kv_idx = lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr), lax.div(h, G))  # noqa: E731  GQA
     in_specs = [hv.spec(bq, q_idx), hv.spec(bk, kv_idx), hv_v.spec(bk, kv_idx)]
     args = [hv.view(q), hv.view(k), hv_v.view(v)]
-    aux_specs, aux_args = _aux(
-        cfg,
-        q_pos,
-        k_pos,
-        q_seg,
-        k_seg,
-        prefix,
-        bq,
-        bk,
-        lambda b, h, i, j, kr, fr: (b, i),
-        lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr)),
-        True,
-    )
+    q_rows = lambda b, h, i, j, kr, fr: (b, i)  # noqa: E731
+    k_rows = lambda b, h, i, j, kr, fr: (b, kv_blk(b, h, i, j, kr, fr))  # noqa: E731
+    aux_specs, aux_args = _aux(cfg, q_pos, k_pos, q_seg, k_seg, prefix, bq, bk, q_rows, k_rows, True)
     kind_specs, kind_args = cfg.kind_blocks(kind, lambda b, h, i, j, kr, fr: (b, i, j))
     in_specs, args = in_specs + aux_specs + kind_specs, args + aux_args + kind_args
     out_specs = [

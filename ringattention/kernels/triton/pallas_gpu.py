@@ -324,29 +324,10 @@ def backward_step(
     return dq[:, :Sq, :, :D], dk[:, :Sk, :, :D], dv[:, :Sk, :, :Dv]
 
 
-def _dq_call(
-    geo,
-    q,
-    k,
-    v,
-    q_pos,
-    k_pos,
-    q_seg,
-    k_seg,
-    do,
-    lse2,
-    delta,
-    *,
-    scale,
-    bs,
-    interpret,
-    mask: _Mask,
-    prefix=None,
-):
-    B, Sq, H, D = q.shape  # padded
-    Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
-    G, nq, bq = H // K, Sq // geo.bq, geo.bq
-    table = mask.table(q_pos, k_pos, q_seg, k_seg, bq, geo.bk, prefix)  # [B|1, nq, nk]
+def _dq_specs(mask: _Mask, dims, q_seg, k_seg, prefix):
+    """In and out BlockSpecs of the dq kernel (grid (nq, B, H); causal: the latest query blocks
+    first). dims: Sk, G, bq, nq, D, Dv."""
+    Sk, G, bq, nq, D, Dv = dims
     qi = (lambda i: nq - 1 - i) if mask.causal else (lambda i: i)
     scalar = pl.BlockSpec((SQ, SQ), lambda i, b, h: (b, qi(i)))
     q_spec = lambda d: pl.BlockSpec((SQ, bq, SQ, d), lambda i, b, h: (b, qi(i), h, 0))  # noqa: E731
@@ -369,6 +350,33 @@ def _dq_call(
         None if k_seg is None else pl.BlockSpec((SQ, Sk), lambda i, b, h: (b, 0)),
         None if prefix is None else pl.BlockSpec((SQ,), lambda i, b, h: (b,)),
     ]
+    return in_specs, q_spec(D)
+
+
+def _dq_call(
+    geo,
+    q,
+    k,
+    v,
+    q_pos,
+    k_pos,
+    q_seg,
+    k_seg,
+    do,
+    lse2,
+    delta,
+    *,
+    scale,
+    bs,
+    interpret,
+    mask: _Mask,
+    prefix=None,
+):
+    B, Sq, H, D = q.shape  # padded
+    Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
+    nq, bq = Sq // geo.bq, geo.bq
+    table = mask.table(q_pos, k_pos, q_seg, k_seg, bq, geo.bk, prefix)  # [B|1, nq, nk]
+    in_specs, out_spec = _dq_specs(mask, (Sk, H // K, bq, nq, D, Dv), q_seg, k_seg, prefix)
     kernel = functools.partial(
         kern.dq_kernel,
         qk_scale=scale * kern.LOG2E,
@@ -381,7 +389,7 @@ def _dq_call(
         kernel,
         grid=(nq, B, H),
         in_specs=in_specs,
-        out_specs=q_spec(D),
+        out_specs=out_spec,
         out_shape=struct((B, Sq, H, D), F32, q, k, v, do, q_seg, k_seg, prefix),
         compiler_params=_params(bs.bwd_warps, bs.bwd_stages),
         interpret=interpret,
@@ -400,6 +408,34 @@ def _dq_call(
         k_seg,
         prefix,
     )
+
+
+def _dkv_specs(mask: _Mask, dims, q_seg, k_seg, prefix):
+    """In and out BlockSpecs of the dk/dv kernel (grid (nk, B, K); the query side whole, with the
+    G heads of the kv head's group as one axis). dims: Sq, G, bk, D, Dv."""
+    Sq, G, bk, D, Dv = dims
+    scalar = pl.BlockSpec((SQ, SQ), lambda j, b, h: (b, j))  # table_t: [B|1, nk, nq]
+    kv_spec = lambda d: pl.BlockSpec((SQ, bk, SQ, d), lambda j, b, h: (b, j, h, 0))  # noqa: E731
+    group_spec = lambda d: pl.BlockSpec((SQ, Sq, SQ, G, d), lambda j, b, h: (b, 0, h, 0, 0))  # noqa: E731
+    rows_spec = pl.BlockSpec((SQ, SQ, G, Sq), lambda j, b, h: (b, h, 0, 0))
+    in_specs = [
+        scalar,
+        scalar,
+        scalar,
+        None if mask.window is None else scalar,
+        group_spec(D),
+        kv_spec(D),
+        kv_spec(Dv),
+        group_spec(Dv),
+        rows_spec,
+        rows_spec,
+        pl.BlockSpec((Sq,), lambda j, b, h: (0,)) if mask.pos else None,
+        pl.BlockSpec((bk,), lambda j, b, h: (j,)) if mask.pos else None,
+        None if q_seg is None else pl.BlockSpec((SQ, Sq), lambda j, b, h: (b, 0)),
+        None if k_seg is None else pl.BlockSpec((SQ, bk), lambda j, b, h: (b, j)),
+        None if prefix is None else pl.BlockSpec((SQ,), lambda j, b, h: (b,)),
+    ]
+    return in_specs, [kv_spec(D), kv_spec(Dv)]
 
 
 def _dkv_call(
@@ -425,30 +461,7 @@ def _dkv_call(
     Sk, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     G, nk, bk = H // K, Sk // geo.bk, geo.bk
     table_t = jnp.swapaxes(mask.table(q_pos, k_pos, q_seg, k_seg, geo.bq, bk, prefix), 1, 2)
-    scalar = pl.BlockSpec((SQ, SQ), lambda j, b, h: (b, j))  # table_t: [B|1, nk, nq]
-    kv_spec = lambda d: pl.BlockSpec((SQ, bk, SQ, d), lambda j, b, h: (b, j, h, 0))  # noqa: E731
-    group_spec = lambda d: pl.BlockSpec(
-        (SQ, Sq, SQ, G, d),  # noqa: E731
-        lambda j, b, h: (b, 0, h, 0, 0),
-    )
-    rows_spec = pl.BlockSpec((SQ, SQ, G, Sq), lambda j, b, h: (b, h, 0, 0))
-    in_specs = [
-        scalar,
-        scalar,
-        scalar,
-        None if mask.window is None else scalar,
-        group_spec(D),
-        kv_spec(D),
-        kv_spec(Dv),
-        group_spec(Dv),
-        rows_spec,
-        rows_spec,
-        pl.BlockSpec((Sq,), lambda j, b, h: (0,)) if mask.pos else None,
-        pl.BlockSpec((bk,), lambda j, b, h: (j,)) if mask.pos else None,
-        None if q_seg is None else pl.BlockSpec((SQ, Sq), lambda j, b, h: (b, 0)),
-        None if k_seg is None else pl.BlockSpec((SQ, bk), lambda j, b, h: (b, j)),
-        None if prefix is None else pl.BlockSpec((SQ,), lambda j, b, h: (b,)),
-    ]
+    in_specs, out_specs = _dkv_specs(mask, (Sq, G, bk, D, Dv), q_seg, k_seg, prefix)
     group = lambda x: x.reshape(B, Sq, K, G, x.shape[3])  # noqa: E731  free reshape, no copy of kv
     rows = lambda x: x.reshape(B, K, G, Sq)  # noqa: E731
     kernel = functools.partial(
@@ -469,7 +482,7 @@ def _dkv_call(
         kernel,
         grid=(nk, B, K),
         in_specs=in_specs,
-        out_specs=[kv_spec(D), kv_spec(Dv)],
+        out_specs=out_specs,
         out_shape=out_shape,
         compiler_params=_params(bs.bwd_warps, bs.bwd_stages),
         interpret=interpret,
