@@ -102,54 +102,64 @@ def train_stage(
         keep=config.checkpoint.keep,
         async_save=config.checkpoint.async_save,
     ) as ckpt:
-        rng = jax.random.key(config.seed)
-        start = _resume_step(ckpt, config.checkpoint.resume)
-        final_eval = False  # a resumed run that stopped after its last checkpoint, before its eval
-        if start is not None:
-            final_eval = (
-                start == stop
-                and data.eval_packer is not None
-                and not metrics_lib.has_eval(config.run_dir, start)
-            )
-            resume.check_steps(config, start, stop, final_eval, done_ok)
-            record_changes = resume.check_changes(config, start, log0)
-            _set_aside(ckpt, start)
-            params, opt_state, rng = _restore(ckpt, start, fns, data, rng)
-            record_changes()
-            _forget_after(config.run_dir, start, stop, final_eval)
-        else:
-            start = 0
-            params = _initial_params(config, fns, rng, previous)
-            opt_state = jax.jit(fns.tx.init, out_shardings=fns.opt_shardings)(params)
-            resume.write_config(config)
+        start, state, final_eval = _resume_or_start(config, ckpt, fns, data, stop, previous, done_ok)
 
         # --- Train (the first step compiles), checkpoint, evaluate.
         log = _Logger(config, model_cfg, start, stop, data.maker.owned_rows())
-        params, eval_loss = _train(
-            config, fns, data, ckpt, log, (params, opt_state, rng), start, stop, final_eval
-        )
+        params, eval_loss = _train(config, fns, data, ckpt, log, state, start, stop, final_eval)
         log.close()
 
     # --- A short sample from the trained model (not from a finished stage passed on).
     text = None
     if config.sample.tokens and (start < stop or final_eval):
-        text = sample.generate(
-            model_cfg,
-            params,
-            mesh,
-            tokenizer,
-            config.sample.prompt,
-            tokens=config.sample.tokens,
-            temperature=config.sample.temperature,
-            length=config.data.seq_len,
-            rng=jax.random.fold_in(rng, stop),
-        )
-        log0(f"sample: {config.sample.prompt!r} -> {text!r}")
+        text = _sample(config, model_cfg, params, mesh, tokenizer, jax.random.fold_in(state[2], stop))
     log0(
         f"done: step {stop}, run_dir {config.run_dir}"
         + (f", eval loss {eval_loss:.4f}" if eval_loss is not None else "")
     )
     return Result(config.run_dir, stop, log.losses, eval_loss, params, text)
+
+
+def _resume_or_start(config, ckpt, fns, data, stop: int, previous: Result | None, done_ok: bool):
+    """(start step, (params, opt_state, rng), final_eval): the newest complete checkpoint restored
+    (what may change: train.resume; checkpoints after it set aside), else a new state (from the
+    previous stage's params) and the config written. ``final_eval``: a resumed run that stopped
+    after its last checkpoint, before its eval."""
+    rng = jax.random.key(config.seed)
+    start = _resume_step(ckpt, config.checkpoint.resume)
+    if start is None:
+        params = _initial_params(config, fns, rng, previous)
+        opt_state = jax.jit(fns.tx.init, out_shardings=fns.opt_shardings)(params)
+        resume.write_config(config)
+        return 0, (params, opt_state, rng), False
+    final_eval = (
+        start == stop and data.eval_packer is not None and not metrics_lib.has_eval(config.run_dir, start)
+    )
+    resume.check_steps(config, start, stop, final_eval, done_ok)
+    record_changes = resume.check_changes(config, start, log0)
+    _set_aside(ckpt, start)
+    params, opt_state, rng = _restore(ckpt, start, fns, data, rng)
+    record_changes()
+    _forget_after(config.run_dir, start, stop, final_eval)
+    return start, (params, opt_state, rng), final_eval
+
+
+def _sample(config, model_cfg, params, mesh, tokenizer, rng) -> str:
+    """A short sample from the trained model, logged."""
+    s = config.sample
+    text = sample.generate(
+        model_cfg,
+        params,
+        mesh,
+        tokenizer,
+        s.prompt,
+        tokens=s.tokens,
+        temperature=s.temperature,
+        length=config.data.seq_len,
+        rng=rng,
+    )
+    log0(f"sample: {s.prompt!r} -> {text!r}")
+    return text
 
 
 def _train(
