@@ -59,9 +59,9 @@ MATRIX_PYTHON ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
 MATRIX_COMMON := tests/test_contract.py tests/test_gpu_aot.py tests/test_model.py \
 	tests/test_model_window.py tests/test_remat.py
-MATRIX_TESTS_GPU := $(wildcard tests/test_pallas_gpu.py tests/test_hopper_*.py) \
+MATRIX_TESTS_GPU := $(wildcard tests/test_pallas_gpu*.py tests/test_hopper_*.py) \
 	$(MATRIX_COMMON)
-MATRIX_TESTS_NEWEST := tests/test_pallas_tpu.py $(MATRIX_COMMON)
+MATRIX_TESTS_NEWEST := $(wildcard tests/test_pallas_tpu*.py) $(MATRIX_COMMON)
 MAIN_MARKS = $(if $(and $(strip $(MATRIX_PYTHON)),$(strip $(MATRIX_JAX))),-m "not slow and (once or not gpu_jax)",)
 MATRIX_DEPS := einops "flax>=0.10" "optax>=0.2" "safetensors>=0.4" numpy "orbax-checkpoint>=0.11" \
 	"pyyaml>=6" fsspec tqdm "chex>=0.1.88" "pytest>=8" "pytest-xdist>=3"

@@ -28,8 +28,8 @@ TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def bench():
-    """A script of ``tools/`` as a module, by name (the test_tools_*.py files; test_benchmarks.py has
-    its own, for ``benchmarks/``)."""
+    """A script of ``tools/`` as a module, by name (the test_tools_*.py files; the
+    test_benchmarks_*.py files take bench_cases.py's, for ``benchmarks/``)."""
     sys.path.insert(0, TOOLS)
     yield lambda name: importlib.import_module(name)
     sys.path.remove(TOOLS)
@@ -53,3 +53,12 @@ def forward_loops_used(monkeypatch):
     for name in ("loops", "overlap_loops"):
         monkeypatch.setattr(hfl, name, recorded(name, getattr(hfl, name)))
     return used
+
+
+@pytest.fixture
+def registered():
+    """pallas_hopper claims every optional feature (implementations.py); for the tests of the
+    features in the Hopper forward (test_hopper_features_fwd*.py)."""
+    from ringattention import implementations
+
+    assert implementations.resolve("pallas_hopper").features == frozenset(implementations.FEATURES)

@@ -2,7 +2,7 @@
 the training config; two training runs and a stop/resume are bitwise equal (CPU).
 
 On the device: ``benchmarks/determinism.py`` (two runs and a stop/resume of ``python -m train``
-on one GPU, compared bitwise); its CPU smoke mode runs in tests/test_benchmarks.py (slow).
+on one GPU, compared bitwise); its CPU smoke mode runs in tests/test_benchmarks_model.py (slow).
 """
 
 from __future__ import annotations

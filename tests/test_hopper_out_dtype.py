@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hopper_cases import needs_interpret
+from hopper_feature_cases import Case, _lower
 from ringcheck import Problem, check_ring, mosaic_modules
-from test_hopper_features_fwd import Case, _lower
 
 from ringattention import blockwise, implementations
 from ringattention.kernels.hopper import pallas_hopper as ph
