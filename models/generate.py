@@ -153,6 +153,21 @@ def _start(config, params, prompts, T, mesh, share_prefix, min_prefix):
     return logits, cache, p
 
 
+def _accept(tok, out, done, finish, stops, stream, stop_check) -> None:
+    """Each running row's sampled token: a stop id ends the row (not kept); otherwise it is kept
+    (and streamed), and ``stop_check`` may end the row after it. Updates out, done, finish."""
+    for i in np.flatnonzero(~done):
+        t = int(tok[i])
+        if t in stops:
+            done[i], finish[i] = True, "stop"
+            continue
+        out[i].append(t)
+        if stream is not None:
+            stream(int(i), t)
+        if stop_check is not None and stop_check(int(i), out[i]):
+            done[i], finish[i] = True, "stop"
+
+
 def generate(
     config: LlamaConfig,
     params,
@@ -199,25 +214,9 @@ def generate(
     for step in range(max_new_tokens):
         if return_logits:
             kept.append(np.asarray(logits[:rows]))
-        tok = np.asarray(
-            sample_logits(
-                logits,
-                jax.random.fold_in(key, step),
-                temperature=sampling.temperature,
-                top_k=sampling.top_k,
-                top_p=sampling.top_p,
-            )
-        )
-        for i in np.flatnonzero(~done):
-            t = int(tok[i])
-            if t in stops:
-                done[i], finish[i] = True, "stop"
-                continue
-            out[i].append(t)
-            if stream is not None:
-                stream(int(i), t)
-            if stop_check is not None and stop_check(int(i), out[i]):
-                done[i], finish[i] = True, "stop"
+        knobs = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+        tok = np.asarray(sample_logits(logits, jax.random.fold_in(key, step), **knobs))
+        _accept(tok, out, done, finish, stops, stream, stop_check)
         if done.all() or step == max_new_tokens - 1:
             break
         logits, cache = extend(
@@ -313,6 +312,33 @@ def _read_prompts(parser, args) -> list[str]:
     return prompts
 
 
+def _streamer(tok, rows: int) -> Callable[[int, int], None]:
+    """``stream(row, token)`` for ``generate``: writes each row's new text as its tokens arrive
+    (decoded whole, so multi-token characters print once complete; rows prefixed [i] where
+    several)."""
+    import sys
+
+    printed = [0] * rows
+    partial: list[list[int]] = [[] for _ in range(rows)]
+
+    def stream_fn(row: int, token: int) -> None:
+        partial[row].append(token)
+        text = tok.decode(partial[row])
+        delta, printed[row] = text[printed[row] :], len(text)
+        prefix = "" if rows == 1 else f"[{row}] "
+        sys.stdout.write(prefix + delta + ("" if rows == 1 else "\n"))
+        sys.stdout.flush()
+
+    return stream_fn
+
+
+def _cut(text: str, stops: Sequence[str]) -> str:
+    """The text before the first of ``stops`` (each in turn)."""
+    for s in stops:
+        text = text.split(s)[0] if s in text else text
+    return text
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -343,17 +369,6 @@ def main(
     stop_check = None
     if args.stop:
         stop_check = lambda row, ids: any(s in tok.decode(ids) for s in args.stop)  # noqa: E731
-    printed = [0] * len(prompts)
-    partial: list[list[int]] = [[] for _ in prompts]
-
-    def stream_fn(row: int, token: int) -> None:
-        partial[row].append(token)
-        text = tok.decode(partial[row])
-        delta, printed[row] = text[printed[row] :], len(text)
-        prefix = "" if len(prompts) == 1 else f"[{row}] "
-        sys.stdout.write(prefix + delta + ("" if len(prompts) == 1 else "\n"))
-        sys.stdout.flush()
-
     gen = generate(
         config,
         params,
@@ -363,16 +378,11 @@ def main(
         sampling=sampling,
         stop_ids=stop_ids,
         stop_check=stop_check,
-        stream=stream_fn if args.stream else None,
+        stream=_streamer(tok, len(prompts)) if args.stream else None,
         share_prefix=not args.no_share_prefix,
         cache_len=args.cache_len,
     )
-    texts = []
-    for ids in gen.tokens:
-        text = tok.decode(ids)
-        for s in args.stop:
-            text = text.split(s)[0] if s in text else text
-        texts.append(text)
+    texts = [_cut(tok.decode(ids), args.stop) for ids in gen.tokens]
     if args.stream:
         sys.stdout.write("\n")
     else:
