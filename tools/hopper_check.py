@@ -327,7 +327,7 @@ def run_parts(args, parts: set[str]) -> None:
         hopper_run.guarded("sweep", hopper_bench.bench, seqs[0], True, 32, 32, 128, True)
 
 
-def main():
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="hopper_check", help="path prefix for .json and .txt")
     ap.add_argument("--seqs", default="16384,65536")
@@ -387,11 +387,15 @@ def main():
         default=hopper_run.HARD_LIMIT_S,
         help="seconds after which the watchdog writes the output and exits",
     )
-    args = ap.parse_args()
+    return ap
+
+
+def _configure(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Sets the run's module-level knobs (hopper_run, hopper_bench, INTERPRET) from the arguments
+    and starts the watchdog."""
     hopper_run.BUDGET_S = args.hard_limit - (
         hopper_run.HARD_LIMIT_S - hopper_run.BUDGET_S
     )  # start nothing new near the limit
-    parts = set(args.parts.split(","))
     hopper_run.BACKWARDS[:] = [b for b in args.backwards.split(",") if b]
     for spec in hopper_run.BACKWARDS:
         try:
@@ -405,6 +409,13 @@ def main():
     hopper_bench.CUDNN_DET["on"] = args.cudnn_deterministic
     INTERPRET["on"] = args.interpret
     threading.Thread(target=hopper_run.watchdog, args=(args.hard_limit,), daemon=True).start()
+
+
+def main():
+    ap = _parser()
+    args = ap.parse_args()
+    _configure(ap, args)
+    parts = set(args.parts.split(","))
     if args.interpret and jax.device_count() < 2:
         hopper_run.log(
             "WARNING: --interpret with one CPU device may hang; set "
