@@ -31,7 +31,6 @@ import datetime
 import json
 import math
 import os
-import re
 import sys
 import time
 
@@ -93,6 +92,7 @@ if __name__ == "__main__":  # before jax starts: enough virtual CPU devices for 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from hlo_collectives import COLLECTIVES, hlo_collective_bytes  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -102,21 +102,6 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MIB = 2**20
 TINY = (8, 2, 16)  # heads, kv heads, head dim of the smoke test
 ACC_BYTES = 4  # the ring's dk/dv accumulators travel in float32
-DTYPE_BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "bf16": 2,
-    "f16": 2,
-    "s16": 2,
-    "u16": 2,
-    "f32": 4,
-    "s32": 4,
-    "u32": 4,
-    "f64": 8,
-    "s64": 8,
-    "u64": 8,
-}
 
 
 # ---- the formula ---------------------------------------------------------------------------------
@@ -162,99 +147,6 @@ def analytic(
 
 def total(parts: dict) -> float:
     return float(sum(parts.values()))
-
-
-# ---- the HLO -------------------------------------------------------------------------------------
-
-_COMP = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([\w\-]+)\((.*)$")
-_CALLS = re.compile(r"\b(?:body|to_apply|calls|true_computation|false_computation)=%?([\w.\-]+)")
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-_ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
-COLLECTIVES = ("collective-permute", "all-to-all", "all-gather", "all-reduce", "reduce-scatter")
-
-
-def _bytes(type_str: str) -> int:
-    total = 0
-    for dt, dims in _ARRAY.findall(type_str):
-        if dt in DTYPE_BYTES:
-            total += DTYPE_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d)
-    return total
-
-
-def _group_size(rest: str) -> int:
-    m = re.search(r"replica_groups=\{\{([\d,]*)\}", rest)
-    if m:
-        return len(m.group(1).split(","))
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", rest)
-    if m:
-        return int(m.group(2))
-    # jax >= 0.12 prints mesh-based groups: replica_groups=mesh['sp'=2,'usp'=2] {'usp'}, a group
-    # per combination of the other axes, spanning the axes in braces
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", rest)
-    if m:
-        sizes = {name: int(n) for name, n in re.findall(r"'([^']+)'=(\d+)", m.group(1))}
-        axes = re.findall(r"'([^']+)'", m.group(2))
-        if axes and all(a in sizes for a in axes):
-            return math.prod(sizes[a] for a in axes)
-    raise ValueError(f"cannot read the replica groups of {rest[:200]!r}")
-
-
-def _computations(text: str) -> tuple[dict, str]:
-    comps, entry, name = {}, None, None
-    for line in text.splitlines():
-        if name is None:
-            m = _COMP.match(line)
-            if m:
-                name = m.group(1)
-                comps[name] = []
-                entry = name if line.startswith("ENTRY") else entry
-        elif line.strip() == "}":
-            name = None
-        else:
-            m = _INSTR.match(line)
-            if m:
-                comps[name].append(m.groups()[1:])  # (type, op, rest)
-    return comps, entry
-
-
-def hlo_collective_bytes(text: str) -> dict:
-    """Bytes one device sends, by collective kind, in an optimized HLO module's text."""
-    comps, entry = _computations(text)
-    times = {}
-
-    def visit(name, m):
-        times[name] = times.get(name, 0) + m
-        for _, op, rest in comps.get(name, ()):
-            trips = 1
-            if op == "while":
-                hit = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', rest)
-                if not hit:
-                    raise ValueError(f"while loop without a known trip count in {name}")
-                trips = int(hit.group(1))
-            callees = _CALLS.findall(rest)
-            for group in _BRANCHES.findall(rest):
-                callees += [c.strip().lstrip("%") for c in group.split(",")]
-            for callee in callees:
-                if callee in comps:
-                    visit(callee, m * (trips if op == "while" else 1))
-
-    visit(entry, 1)
-    out = dict.fromkeys(COLLECTIVES, 0.0)
-    for name, m in times.items():
-        for type_str, op, rest in comps[name]:
-            if op.endswith(("-start", "-done")) and op.rsplit("-", 1)[0] in COLLECTIVES:
-                raise ValueError(f"async collective {op} is not handled (CPU emits none)")
-            if op not in COLLECTIVES:
-                continue
-            sent = _bytes(type_str)
-            if op in ("all-to-all", "all-gather"):  # of the (gathered) result
-                g = _group_size(rest)
-                sent = sent * (g - 1) / g
-            elif op == "reduce-scatter":  # every other member's share of the input
-                sent = sent * (_group_size(rest) - 1)
-            out[op] += m * sent
-    return out
 
 
 # ---- compiling one scheme -----------------------------------------------------------------------
@@ -357,21 +249,17 @@ def _mib(x: float) -> str:
     return f"{x / MIB:,.0f}" if x >= 10 * MIB else f"{x / MIB:,.2f}"
 
 
-def markdown(result: dict) -> str:
-    rows = result["rows"]
-    present = {r["scheme"].split()[0] for r in rows}
-    names = [n for n in ("ring", "all_gather", "ulysses", "hybrid") if n in present or n != "all_gather"]
-    kinds = ["all-to-all", "collective-permute"] + (
-        ["all-gather", "reduce-scatter"] if "all_gather" in present else []
-    )
-    short = {
-        "all-to-all": "a2a",
-        "collective-permute": "permute",
-        "all-gather": "gather",
-        "reduce-scatter": "scatter",
-    }
+_SHORT = {
+    "all-to-all": "a2a",
+    "collective-permute": "permute",
+    "all-gather": "gather",
+    "reduce-scatter": "scatter",
+}
+
+
+def _head(result: dict) -> str:
     cmd = " ".join(["python benchmarks/cp_bytes.py", result["argv"]]).strip()
-    head = (
+    return (
         f"Bytes sent per device for one layer's causal attention (MiB, batch 1, bfloat16 q/k/v), "
         f"ring vs Ulysses vs Ulysses x ring; {result['date']}, jax {result['jax']}, `{cmd}`. "
         "Shapes (heads, kv heads, head dim): "
@@ -383,9 +271,11 @@ def markdown(result: dict) -> str:
         "the ring hides its permutes behind the compute of each step, the all-to-all runs "
         "between the layer's projections and attention."
     )
+
+
+def _totals(rows: list, names: list) -> list[str]:
+    """Per (model, tokens, P): the bfloat16 total of each scheme, forward and forward+backward."""
     lines = [
-        head,
-        "",
         "| model | tokens | P | "
         + " | ".join(f"fwd {n}" for n in names)
         + " | "
@@ -404,14 +294,15 @@ def markdown(result: dict) -> str:
                 r = hit.get(n)
                 cells.append("n/a" if r is None or "skipped" in r else _mib(total(r["bf16"][key])))
         lines.append(f"| {model} | {_tokens(seq)} | {p} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "Split by kind at the largest length, bfloat16 (formula): the Ulysses all-to-all "
-        "stays within a group (a host), the ring's collective-permutes cross groups.",
-        "",
+    return lines
+
+
+def _by_kind(rows: list, kinds: list) -> list[str]:
+    """At the largest length: each scheme's bfloat16 bytes by collective kind."""
+    lines = [
         "| model | P | scheme | "
         + " | ".join(
-            f"{k} {kind if kind == 'all-to-all' else short[kind]}"
+            f"{k} {kind if kind == 'all-to-all' else _SHORT[kind]}"
             for k in ("fwd", "fwd+bwd")
             for kind in kinds
         )
@@ -423,15 +314,14 @@ def markdown(result: dict) -> str:
         if r["seq"] == longest and "skipped" not in r:
             cells = [_mib(r["bf16"][k].get(kind, 0.0)) for k in ("fwd", "fwd_bwd") for kind in kinds]
             lines.append(f"| {r['model']} | {r['devices']} | {r['scheme']} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "HLO check (float32 inputs, the CPU compiler's dtype): bytes of the optimized HLO's "
-        "collective-permute and all-to-all ops (loop bodies times their trip counts) against "
-        "the formula at 4 bytes per element, each kind on its own; no other collective "
-        "appears.",
-        "",
+    return lines
+
+
+def _hlo_check(rows: list, kinds: list) -> list[str]:
+    """Each measured row's float32 HLO bytes by kind against the formula's."""
+    lines = [
         "| model | tokens | P | scheme | "
-        + " | ".join(f"{k} {short[kind]} HLO / formula" for k in ("fwd", "fwd+bwd") for kind in kinds)
+        + " | ".join(f"{k} {_SHORT[kind]} HLO / formula" for k in ("fwd", "fwd+bwd") for kind in kinds)
         + " | match | compile s |",
         "|---" * (6 + 2 * len(kinds)) + "|",
     ]
@@ -448,6 +338,28 @@ def markdown(result: dict) -> str:
             + " | ".join(cells)
             + f" | {'yes' if r['hlo_matches'] else 'NO'} | {r['compile_s']} |"
         )
+    return lines
+
+
+def markdown(result: dict) -> str:
+    rows = result["rows"]
+    present = {r["scheme"].split()[0] for r in rows}
+    names = [n for n in ("ring", "all_gather", "ulysses", "hybrid") if n in present or n != "all_gather"]
+    kinds = ["all-to-all", "collective-permute"] + (
+        ["all-gather", "reduce-scatter"] if "all_gather" in present else []
+    )
+    by_kind = (
+        "Split by kind at the largest length, bfloat16 (formula): the Ulysses all-to-all "
+        "stays within a group (a host), the ring's collective-permutes cross groups."
+    )
+    hlo = (
+        "HLO check (float32 inputs, the CPU compiler's dtype): bytes of the optimized HLO's "
+        "collective-permute and all-to-all ops (loop bodies times their trip counts) against "
+        "the formula at 4 bytes per element, each kind on its own; no other collective "
+        "appears."
+    )
+    lines = [_head(result), "", *_totals(rows, names), "", by_kind, "", *_by_kind(rows, kinds)]
+    lines += ["", hlo, "", *_hlo_check(rows, kinds)]
     return "\n".join(lines) + "\n"
 
 

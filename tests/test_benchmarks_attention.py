@@ -117,7 +117,7 @@ def test_cp_bytes_all_gather_matches_the_formula(bench, tmp_path):
 def test_cp_bytes_reads_every_replica_group_format(bench):
     """The group size of a collective in each form XLA prints it: explicit groups, iota groups
     (jax 0.10-0.11) and mesh axes (jax 0.12, which the CPU CI does not run)."""
-    size = bench("cp_bytes")._group_size
+    size = bench("hlo_collectives").group_size
     assert size("x), replica_groups={{0,1,2},{3,4,5}}, dimensions={0}") == 3
     assert size("x), channel_id=1, replica_groups=[2,4]<=[8], dimensions={0}") == 4
     assert size("x), channel_id=1, replica_groups=mesh['sp'=2,'usp'=2] {'usp'}, metadata={}") == 2
