@@ -406,7 +406,7 @@ def ptxas_summary(path: str) -> list[dict]:
     return kernels
 
 
-def main(argv: list[str]) -> dict:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--shape", default="32:8:128", help="heads:kv_heads:head_dim")
     ap.add_argument("--seq", type=int, default=65536)
@@ -433,7 +433,12 @@ def main(argv: list[str]) -> dict:
     ap.add_argument(
         "--sass", metavar="CSV", help="print where the warps of an ncu source-page CSV (SASS) wait"
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _report(args: argparse.Namespace) -> dict | None:
+    """Where a report option is given (--ptxas, --sass, --pipes, --durations, --summarize), prints
+    that report of the file and returns it; else None (profile a run)."""
     if args.ptxas:
         kernels = ptxas_summary(args.ptxas)
         for row in kernels:
@@ -455,6 +460,14 @@ def main(argv: list[str]) -> dict:
         text = summarize(args.summarize)
         print(text)
         return {"summary": text}
+    return None
+
+
+def main(argv: list[str]) -> dict:
+    args = _parser().parse_args(argv)
+    report = _report(args)
+    if report is not None:
+        return report
     h, kvh, d = parse_shape(args.shape)
     if args.seq < 1:
         raise ValueError(f"--seq {args.seq}: must be positive")
