@@ -118,45 +118,36 @@ def problem(length: int, h: int, kvh: int, d: int, seed: int):
     return q, k, v, do
 
 
-def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128, sweep: bool = False):
-    q, k, v, do = problem(length, h, kvh, d, seed=length)
+def _functions(length: int, causal: bool, d: int, sweep: bool, problem_args) -> dict:
+    """{name: (forward, gradient | None)}: cuDNN (and its deterministic gradient), then the timed
+    variants, or with ``sweep`` the forward tilings and the two-kernel backward's stage counts."""
     mosaic_bwd = dataclasses.replace(ph.default_block_sizes(d), backward="mosaic")
     fns = {"cudnn": cudnn_fns(causal)}
     if CUDNN_DET["on"] and not sweep:
-        fns["cudnn deterministic"] = (None, cudnn_deterministic_grad(causal, (q, k, v, do)))
+        fns["cudnn deterministic"] = (None, cudnn_deterministic_grad(causal, problem_args))
     if not sweep:
         fns.update(timed_variants(d, causal))
         if "triton" in hopper_run.BACKWARDS:
             fns["pallas_gpu"] = step_fns(pg, causal)
-    else:
-        for bk, st, sched in (
-            (128, 2, "overlap"),
-            (64, 2, "pingpong"),
-            (64, 3, "pingpong"),
-            (64, 4, "pingpong"),
-        ):
-            bs = ph.BlockSizes(block_k=bk, stages=st, schedule=sched)
-            fns[f"pallas_hopper bk={bk} stages={st} schedule={sched}"] = (step_fns(ph, causal, bs)[0], None)
-        for st in (3, 4):
-            bs = dataclasses.replace(mosaic_bwd, bwd_stages=st)
-            fns[f"pallas_hopper backward=mosaic bwd_stages={st}"] = step_fns(ph, causal, bs)
-    shape = f"{h}:{kvh}:{d}"
-    todo = [
-        (name, mode, g, args)
-        for name, (f, fb) in fns.items()
-        for mode, g, args in (("fwd", f, (q, k, v)), ("fwdbwd", fb, (q, k, v, do)))
-        if g is not None
-    ]
-    rounds = []  # one {(name, mode): seconds} per pass; passes interleave the functions
-    for r in range(ROUNDS["n"]):
-        rounds.append(time_round(todo, f"L={length} {shape}", compiled=r > 0))
-    meta = dict(seq=length, heads=h, kv_heads=kvh, head_dim=d, causal=causal)
+        return fns
+    for bk, st, sched in ((128, 2, "overlap"), (64, 2, "pingpong"), (64, 3, "pingpong"), (64, 4, "pingpong")):
+        bs = ph.BlockSizes(block_k=bk, stages=st, schedule=sched)
+        fns[f"pallas_hopper bk={bk} stages={st} schedule={sched}"] = (step_fns(ph, causal, bs)[0], None)
+    for st in (3, 4):
+        bs = dataclasses.replace(mosaic_bwd, bwd_stages=st)
+        fns[f"pallas_hopper backward=mosaic bwd_stages={st}"] = step_fns(ph, causal, bs)
+    return fns
+
+
+def _log_times(rounds: list, todo: list, shape: str, meta: dict) -> None:
+    """One ``time`` record per (variant, mode): the median over passes, and the median of each
+    pass's ratio to cuDNN (and to cuDNN's deterministic gradient where timed)."""
+    length, h, d, causal = meta["seq"], meta["heads"], meta["head_dim"], meta["causal"]
     for name, mode, _, _ in todo:
         ts = [t[(name, mode)] for t in rounds if (name, mode) in t]
         if not ts:
             continue
         sec = statistics.median(ts)
-        # the ratio: the median over passes of each pass's own ratio to cuDNN
         ratios = [
             t[("cudnn", mode)] / t[(name, mode)] for t in rounds if (name, mode) in t and ("cudnn", mode) in t
         ]
@@ -184,6 +175,23 @@ def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128, s
             rounds=len(ts),
             **meta,
         )
+
+
+def bench(length: int, causal: bool, h: int = 32, kvh: int = 32, d: int = 128, sweep: bool = False):
+    q, k, v, do = problem(length, h, kvh, d, seed=length)
+    fns = _functions(length, causal, d, sweep, (q, k, v, do))
+    shape = f"{h}:{kvh}:{d}"
+    todo = [
+        (name, mode, g, args)
+        for name, (f, fb) in fns.items()
+        for mode, g, args in (("fwd", f, (q, k, v)), ("fwdbwd", fb, (q, k, v, do)))
+        if g is not None
+    ]
+    rounds = []  # one {(name, mode): seconds} per pass; passes interleave the functions
+    for r in range(ROUNDS["n"]):
+        rounds.append(time_round(todo, f"L={length} {shape}", compiled=r > 0))
+    meta = dict(seq=length, heads=h, kv_heads=kvh, head_dim=d, causal=causal)
+    _log_times(rounds, todo, shape, meta)
 
 
 def time_round(todo: list, label: str, compiled: bool) -> dict:
