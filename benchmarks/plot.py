@@ -64,6 +64,62 @@ def _shape_label(shape: tuple[int, int, int]) -> str:
     return f"head dim {d}, {h}:{k}:{d} ({kind})"
 
 
+def _panel(ax, series: dict, seqs: list, title: str, row: int, col: int) -> None:
+    """One panel: each shape's ratios against sequence length, with the cuDNN = 1.0x line."""
+    ax.axhline(1.0, color="black", lw=1.2)
+    ax.annotate(
+        "cuDNN = 1.0x",
+        (0.01, 1.0),
+        xycoords=("axes fraction", "data"),
+        xytext=(0, 2),
+        textcoords="offset points",
+        fontsize=8,
+        va="bottom",
+    )
+    for shape, pts in series.items():
+        mha = shape[0] == shape[1]
+        ax.plot(
+            [s for s, _ in pts],
+            [v for _, v in pts],
+            "-" if mha else "--",
+            marker="o" if mha else "s",
+            ms=5,
+            color=HEAD_DIM_COLORS.get(shape[2], "C3"),
+            label=_shape_label(shape),
+        )
+    ax.set_title(title, fontsize=11)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(seqs, [f"{s // 1024}K" for s in seqs])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+    if row == 1:
+        ax.set_xlabel("sequence length (tokens)")
+    if col == 0:
+        ax.set_ylabel("throughput / cuDNN's (x)")
+
+
+def _legend(fig, axes, ratios: Ratios) -> None:
+    """One legend entry per series (from whichever panel draws it), a column per head dim, MHA
+    first."""
+    by_label = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            by_label.setdefault(label, handle)
+    shapes = sorted(
+        {shape for by_shape in ratios.values() for shape in by_shape},
+        key=lambda sh: (sh[2], sh[0] != sh[1], sh),
+    )
+    labels = [_shape_label(sh) for sh in shapes]
+    fig.legend(
+        [by_label[label] for label in labels],
+        labels,
+        loc="lower center",
+        ncol=len({sh[2] for sh in shapes}),
+        fontsize=9,
+        frameon=False,
+    )
+
+
 def plot_hopper_vs_cudnn(source: str, png: str) -> Ratios:
     """The 2 x 2 chart (mode x mask) of ``hopper_ratios(source)``, written to ``png``; returns the
     plotted ratios."""
@@ -74,56 +130,11 @@ def plot_hopper_vs_cudnn(source: str, png: str) -> Ratios:
     for (row, (mode, mode_name)), (col, (causal, mask_name)) in (
         (m, c) for m in enumerate(MODES) for c in enumerate(MASKS)
     ):
-        ax = axes[row, col]
-        ax.axhline(1.0, color="black", lw=1.2)
-        ax.annotate(
-            "cuDNN = 1.0x",
-            (0.01, 1.0),
-            xycoords=("axes fraction", "data"),
-            xytext=(0, 2),
-            textcoords="offset points",
-            fontsize=8,
-            va="bottom",
-        )
-        for shape, pts in ratios.get((mode, causal), {}).items():
-            mha = shape[0] == shape[1]
-            ax.plot(
-                [s for s, _ in pts],
-                [v for _, v in pts],
-                "-" if mha else "--",
-                marker="o" if mha else "s",
-                ms=5,
-                color=HEAD_DIM_COLORS.get(shape[2], "C3"),
-                label=_shape_label(shape),
-            )
-        ax.set_title(f"{mode_name}, {mask_name}", fontsize=11)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(seqs, [f"{s // 1024}K" for s in seqs])
-        ax.minorticks_off()
-        ax.grid(alpha=0.3)
-        if row == 1:
-            ax.set_xlabel("sequence length (tokens)")
-        if col == 0:
-            ax.set_ylabel("throughput / cuDNN's (x)")
+        series = ratios.get((mode, causal), {})
+        _panel(axes[row, col], series, seqs, f"{mode_name}, {mask_name}", row, col)
     pad = 0.03
     axes[0, 0].set_ylim(min(min(values), 1.0) - pad, max(max(values), 1.0) + pad)
-    by_label = {}  # one legend entry per series, from whichever panel draws it
-    for ax in axes.flat:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            by_label.setdefault(label, handle)
-    shapes = sorted(
-        {shape for by_shape in ratios.values() for shape in by_shape},
-        key=lambda sh: (sh[2], sh[0] != sh[1], sh),
-    )  # a column per head dim, MHA first
-    labels = [_shape_label(sh) for sh in shapes]
-    fig.legend(
-        [by_label[label] for label in labels],
-        labels,
-        loc="lower center",
-        ncol=len({sh[2] for sh in shapes}),
-        fontsize=9,
-        frameon=False,
-    )
+    _legend(fig, axes, ratios)
     fig.suptitle(
         f"pallas_hopper vs cuDNN on one {provenance.get('device', '?')}: bf16, batch 1, "
         "the ring step alone; above 1.0x = faster",
