@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +39,9 @@ from models.modules import (
 from models.sharding import axis_size, constrain
 from ringattention import layouts
 from ringattention.ring import merge
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 F32 = jnp.float32
 CACHE_MODES = ("allreduce", "rotate")
@@ -119,7 +122,9 @@ def _prefill_fn(config: LlamaConfig, mesh: Mesh | None):
     return jax.jit(run)
 
 
-def prefill(config: LlamaConfig, params, tokens, lengths, *, mesh: Mesh | None = None):
+def prefill(
+    config: LlamaConfig, params: Any, tokens: ArrayLike, lengths: ArrayLike, *, mesh: Mesh | None = None
+) -> tuple[jax.Array, KVCache]:
     """Runs right-padded prompts tokens int [B, T] (natural order; T = the cache length) through
     the model with ring attention over "sp". Returns (float32 logits [B, V] of each prompt's last
     token ``lengths[b] - 1``, a KVCache of length T holding positions ``< lengths``)."""
@@ -167,14 +172,14 @@ def _extend_fn(config: LlamaConfig, mesh: Mesh | None, mode: str):
 
 def extend(
     config: LlamaConfig,
-    params,
+    params: Any,
     cache: KVCache,
-    tokens,
-    counts=None,
+    tokens: ArrayLike,
+    counts: ArrayLike | None = None,
     *,
     mesh: Mesh | None = None,
     mode: str = "allreduce",
-):
+) -> tuple[jax.Array, KVCache]:
     """Appends tokens int [B, C] (the first ``counts[b]`` of row b; default all) at positions
     ``cache.lengths[b] + i``. Returns (float32 logits [B, V] after each row's last new token, the
     updated cache). ``cache`` is donated. ``mode`` "rotate" is the per-token ring-rotation baseline.

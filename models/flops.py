@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
     from models.config import LlamaConfig
 
 
@@ -56,7 +58,7 @@ def _attention_flops(config: LlamaConfig, training: bool, pairs_of) -> int:
     return sum(layers * per_pair * int(pairs_of(w)) for w, layers in windows.items())
 
 
-def segment_lengths(segment_ids) -> np.ndarray:
+def segment_lengths(segment_ids: ArrayLike) -> np.ndarray:
     """Tokens per (row, segment id) of int segment ids [..., seq]: int64 [number of segments].
 
     Counts per id, so any reordering of a row (ring layouts) gives the same lengths; tokens that
@@ -76,7 +78,7 @@ def segment_lengths(segment_ids) -> np.ndarray:
     return np.diff(np.append(first, rows.size)).astype(np.int64)
 
 
-def document_pairs(n, *, causal: bool = True, window: int | None = None) -> np.ndarray:
+def document_pairs(n: ArrayLike, *, causal: bool = True, window: int | None = None) -> np.ndarray:
     """Visible (query, key) pairs of documents of ``n`` tokens (int64, elementwise): causal
     ``n (n + 1) / 2``, else ``n * n``; with a sliding window W (key j visible to query i only if
     ``|i - j| < W``) causal ``W (W + 1) / 2 + (n - W) W`` and otherwise ``n (2W - 1) - W (W - 1)``
@@ -90,13 +92,15 @@ def document_pairs(n, *, causal: bool = True, window: int | None = None) -> np.n
     return np.where(n <= w, n * n, n * (2 * w - 1) - w * (w - 1))
 
 
-def attention_pairs(segment_ids, *, causal: bool = True, window: int | None = None) -> int:
+def attention_pairs(segment_ids: ArrayLike, *, causal: bool = True, window: int | None = None) -> int:
     """Visible (query, key) pairs of a batch (:func:`document_pairs` of every document, summed over
     documents and rows). Exact (a Python int)."""
     return int(document_pairs(segment_lengths(segment_ids), causal=causal, window=window).sum())
 
 
-def batch_flops(config: LlamaConfig, segment_ids, *, causal: bool = True, training: bool = True) -> int:
+def batch_flops(
+    config: LlamaConfig, segment_ids: ArrayLike, *, causal: bool = True, training: bool = True
+) -> int:
     """Model FLOPs of a batch with int ``segment_ids`` [..., seq] (one id per row when nothing is
     packed): matmuls of every token plus attention over the visible pairs (within each layer's
     sliding window, ``config.layer_window``). Exact (a Python int)."""

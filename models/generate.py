@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,11 @@ from models.config import LlamaConfig
 from models.decode import CACHE_MODES, extend, prefill
 from models.kvcache import KVCache
 from models.sharding import axis_size
+
+if TYPE_CHECKING:
+    import argparse
+
+    from models.tokenizer import Tokenizer
 
 __all__ = [  # prefill, extend and CACHE_MODES are models.decode's
     "CACHE_MODES",
@@ -49,7 +55,9 @@ MAX_SHARED_SUFFIX = 2048  # longer suffixes after a shared prefix: a plain prefi
 
 
 @functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p"))
-def sample_logits(logits, key, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
+def sample_logits(
+    logits: jax.Array, key: jax.Array, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
+) -> jax.Array:
     """Next tokens int32 [B] from float32 logits [B, V]: greedy when ``temperature`` <= 0, else
     softmax(logits / temperature) restricted to the ``top_k`` largest and the smallest set of
     tokens whose probability reaches ``top_p`` (nucleus)."""
@@ -170,7 +178,7 @@ def _accept(tok, out, done, finish, stops, stream, stop_check) -> None:
 
 def generate(
     config: LlamaConfig,
-    params,
+    params: Any,
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
@@ -225,7 +233,9 @@ def generate(
     return Generation(out[:rows], finish, np.stack(kept) if return_logits else None, T, shared)
 
 
-def load_model(*, hf: str | None = None, preset: str | None = None, mesh: Mesh | None = None, **overrides):
+def load_model(
+    *, hf: str | None = None, preset: str | None = None, mesh: Mesh | None = None, **overrides: Any
+) -> tuple[LlamaConfig, Any, Tokenizer]:
     """(config, params, tokenizer) from a Hugging Face directory or a preset with random weights.
 
     A training run directory is read on the training side: ``train.generate.load_run`` (CLI:
@@ -257,7 +267,7 @@ def load_model(*, hf: str | None = None, preset: str | None = None, mesh: Mesh |
 RunLoader = Callable[..., tuple]
 
 
-def add_source_args(ap, load_run: RunLoader | None) -> None:
+def add_source_args(ap: argparse.ArgumentParser, load_run: RunLoader | None) -> None:
     """The model source options of the CLIs here: --hf, --preset (and --run_dir with a loader)."""
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--hf", help="Hugging Face LLaMA directory (config.json, safetensors)")
@@ -266,7 +276,9 @@ def add_source_args(ap, load_run: RunLoader | None) -> None:
         src.add_argument("--run_dir", help="training run directory (config.yaml + checkpoints/)")
 
 
-def load_from_args(args, mesh: Mesh | None, load_run: RunLoader | None, **overrides):
+def load_from_args(
+    args: argparse.Namespace, mesh: Mesh | None, load_run: RunLoader | None, **overrides: Any
+) -> tuple[LlamaConfig, Any, Tokenizer]:
     """(config, params, tokenizer) from the options of :func:`add_source_args`."""
     if getattr(args, "run_dir", None):
         return load_run(args.run_dir, mesh=mesh, **overrides)

@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import struct
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,9 @@ from einops import rearrange
 
 from models import hf_families
 from models.config import LlamaConfig, RopeScaling
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 _ST_DTYPES = {
     "F32": np.float32,
@@ -75,7 +79,7 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
             f.write(np.ascontiguousarray(x).tobytes())
 
 
-def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
+def config_from_hf(hf: dict, **overrides: Any) -> LlamaConfig:
     """LlamaConfig from a transformers config.json dict (4.x or 5.x; model_type "llama",
     "mistral", "qwen3", "gemma2" or "gpt_oss")."""
     family = hf_families.family_of(hf)
@@ -227,7 +231,7 @@ def _read_dir(path: str) -> dict[str, np.ndarray]:
     return tensors
 
 
-def params_from_hf(config: LlamaConfig, tensors: dict, dtype) -> dict:
+def params_from_hf(config: LlamaConfig, tensors: dict, dtype: DTypeLike) -> dict:
     """Our parameter tree (numpy, ``dtype``) from Hugging Face tensor names."""
     get = lambda name: np.asarray(tensors[name]).astype(dtype)
     missing = [n for n in ("model.embed_tokens.weight", "model.norm.weight") if n not in tensors]
@@ -255,7 +259,7 @@ def params_from_hf(config: LlamaConfig, tensors: dict, dtype) -> dict:
     return params
 
 
-def params_to_hf(config: LlamaConfig, params, dtype) -> dict[str, np.ndarray]:
+def params_to_hf(config: LlamaConfig, params: Any, dtype: DTypeLike) -> dict[str, np.ndarray]:
     """Hugging Face tensor names -> numpy arrays in ``dtype``."""
     host = jax.tree.map(lambda x: np.asarray(jax.device_get(x)).astype(dtype), params)
     out = {"model.embed_tokens.weight": host["embedding"]}
@@ -270,7 +274,7 @@ def params_to_hf(config: LlamaConfig, params, dtype) -> dict[str, np.ndarray]:
     return out
 
 
-def load_hf(path: str, **overrides) -> tuple[LlamaConfig, dict]:
+def load_hf(path: str, **overrides: Any) -> tuple[LlamaConfig, dict]:
     """Reads a local Hugging Face LLaMA, Mistral, Qwen3, Gemma 2 or gpt-oss checkpoint directory ->
     (config, params as jax arrays).
 
@@ -287,7 +291,7 @@ def load_hf(path: str, **overrides) -> tuple[LlamaConfig, dict]:
 
 
 def save_hf(
-    config: LlamaConfig, params, path: str, *, dtype: str | None = None, max_shard_bytes: int = 5 * 2**30
+    config: LlamaConfig, params: Any, path: str, *, dtype: str | None = None, max_shard_bytes: int = 5 * 2**30
 ) -> None:
     """Writes config.json + safetensors (sharded with an index above ``max_shard_bytes``)."""
     dtype = dtype or config.param_dtype

@@ -74,7 +74,7 @@ def granularity(layout: str, ring: int) -> int:
     return layouts.parts(layout, ring)
 
 
-def slot(pos: jax.Array, layout: str, shard_len: int, ring: int):
+def slot(pos: jax.Array, layout: str, shard_len: int, ring: int) -> tuple[jax.Array, jax.Array]:
     """(owner device, index within its shard) of global positions ``pos`` (int32, any shape)."""
     pos = pos.astype(jnp.int32)
     if layout == "contiguous" or ring == 1:  # a ring of one: natural order under every layout
@@ -127,7 +127,7 @@ def check_cache_mesh(config: LlamaConfig, mesh: Mesh | None, batch: int, max_len
         )
 
 
-def cache_sharding(mesh: Mesh | None):
+def cache_sharding(mesh: Mesh | None) -> NamedSharding | None:
     return None if mesh is None else NamedSharding(mesh, CACHE_SPEC)
 
 
@@ -146,7 +146,9 @@ def _run_sharded(fn, mesh: Mesh | None, in_specs, out_specs, *args):
     return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)(*args)
 
 
-def dense_partial(q, k, v, mask, scale: float):
+def dense_partial(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float
+) -> tuple[jax.Array, jax.Array]:
     """Attention of q [B, C, H, D] to k/v [B, S, K, D] under mask [B, C, S].
 
     Returns o float32 [B, C, H, D] (0 where nothing is visible) and lse float32 [B, H, C] (-inf).
@@ -185,8 +187,16 @@ def _allreduce_merge(o, lse, axis_name):
 
 
 def cache_attention(
-    cache_k, cache_v, q, lengths, *, layout: str, mesh: Mesh | None, scale: float, window: int | None = None
-):
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    q: jax.Array,
+    lengths: jax.Array,
+    *,
+    layout: str,
+    mesh: Mesh | None,
+    scale: float,
+    window: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """Attention of new queries q [B, C, H, D] to the cached positions ``< lengths`` [B].
 
     cache_k/v: one layer's [B, T, K, D] in layout order, sharded over "sp". Each device attends to
@@ -221,17 +231,17 @@ def cache_attention(
 
 
 def rotating_cache_attention(
-    cache_k,
-    cache_v,
-    q,
-    lengths,
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    q: jax.Array,
+    lengths: jax.Array,
     *,
     layout: str,
     mesh: Mesh | None,
     scale: float,
     implementation: str = "xla",
     block_sizes: BlockSizes | None = None,
-):
+) -> tuple[jax.Array, jax.Array]:
     """Baseline with the results of :func:`cache_attention`: the cache shards travel around the
     ring (one ``ppermute`` of the whole shard per ring step, per layer, per token), each device
     attending its queries to the shard it holds with ring attention's per-step kernel."""
@@ -279,7 +289,9 @@ def rotating_cache_attention(
     )(cache_k, cache_v, q, lengths)
 
 
-def chunk_attention(q, k, v, scale: float, window: int | None = None):
+def chunk_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, scale: float, window: int | None = None
+) -> tuple[jax.Array, jax.Array]:
     """Causal attention of new queries q [B, C, H, D] to the new keys k/v [B, C, K, D] alone
     (within ``window`` positions when given)."""
     C = q.shape[1]
@@ -290,7 +302,14 @@ def chunk_attention(q, k, v, scale: float, window: int | None = None):
     return dense_partial(q, k, v, jnp.broadcast_to(tri, (q.shape[0], C, C)), scale)
 
 
-def write(cache: KVCache, k_new, v_new, positions, valid, mesh: Mesh | None) -> KVCache:
+def write(
+    cache: KVCache,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    positions: jax.Array,
+    valid: jax.Array,
+    mesh: Mesh | None,
+) -> KVCache:
     """Stores k/v_new [layers, B, C, K, D] at global ``positions`` [B, C] where ``valid`` [B, C].
 
     Only the device that owns a position writes it (positions >= T are dropped); ``lengths`` are

@@ -56,7 +56,7 @@ def _token_losses(h, w, targets, soft_cap: float | None = None):
 
 def cross_entropy_sum(
     h: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array, *, soft_cap: float | None = None
-):
+) -> tuple[jax.Array, jax.Array]:
     """Plain loss: h [B, S, E], w [E, V], targets [B, S], mask [B, S] -> (loss_sum, tokens) f32."""
     mask = mask.astype(F32)
     return jnp.sum(_token_losses(h, w, targets, soft_cap) * mask), jnp.sum(mask)
@@ -71,7 +71,7 @@ def chunked_cross_entropy_sum(
     *,
     mesh: Mesh | None = None,
     soft_cap: float | None = None,
-):
+) -> tuple[jax.Array, jax.Array]:
     """Same as :func:`cross_entropy_sum`, one ``chunk`` of every sp shard at a time.
 
     ``chunk`` is clamped to the largest divisor of the per-device shard length.

@@ -13,6 +13,7 @@ output would make every backward GEMM a float32 (TF32 on GPU) one (benchmarks/re
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +60,7 @@ def largest_divisor(length: int, request: int) -> int:
     return c
 
 
-def rope_tables(config: LlamaConfig, positions: jax.Array):
+def rope_tables(config: LlamaConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """cos, sin float32 [batch, seq, head_dim // 2] for int positions [batch, seq] (times YaRN's
     attention factor when configured)."""
     inv = jnp.asarray(rope_inv_freq(config))  # [head_dim // 2]
@@ -100,13 +101,13 @@ def attention_needs(config: LlamaConfig) -> frozenset[str]:
 def attend(
     config: LlamaConfig,
     mesh: Mesh | None,
-    q,
-    k,
-    v,
-    segment_ids,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array | None,
     layer: int = 0,
     sinks: jax.Array | None = None,
-):
+) -> jax.Array:
     """Causal attention of q/k [B, S, H | K, D], v [B, S, K, Dv] in ring-layout order -> [B, S, H,
     Dv] over the last ``config.layer_window(layer)`` positions when set, with the family's options
     (``sinks`` [H] float32: one extra softmax logit per head that takes weight but has no value)."""
@@ -413,7 +414,15 @@ def _layer_group(config: LlamaConfig, mesh: Mesh | None, period: int):
     return group
 
 
-def scan_blocks(config: LlamaConfig, mesh: Mesh | None, stacked, x, cos, sin, segment_ids):
+def scan_blocks(
+    config: LlamaConfig,
+    mesh: Mesh | None,
+    stacked: Any,
+    x: jax.Array,
+    cos: jax.Array,
+    sin: jax.Array,
+    segment_ids: jax.Array | None,
+) -> jax.Array:
     """Runs the blocks with a scan over stacked params [layers, ...].
 
     Layers whose windows differ (``config.layer_types``) run as a scan over groups of
@@ -476,7 +485,7 @@ def soft_cap_logits(config: LlamaConfig, logits: jax.Array) -> jax.Array:
     return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
-def head_weight(config: LlamaConfig, params) -> jax.Array:
+def head_weight(config: LlamaConfig, params: Any) -> jax.Array:
     """The output projection [embed, vocab] (the transposed embedding when tied)."""
     if config.tie_embeddings:
         return params["embedding"].T

@@ -15,12 +15,16 @@ import dataclasses
 import json
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from jax.sharding import Mesh
 
 from models import generate as gen
 from models.config import LlamaConfig
+
+if TYPE_CHECKING:
+    from models.tokenizer import Tokenizer
 
 FILLER = (
     "The river bends twice before it reaches the old mill.",
@@ -57,7 +61,9 @@ def _question(needles) -> str:
     )
 
 
-def make_case(tokenizer, length: int, depth: float, num_needles: int, rng: np.random.Generator) -> Case:
+def make_case(
+    tokenizer: Tokenizer, length: int, depth: float, num_needles: int, rng: np.random.Generator
+) -> Case:
     """A prompt of exactly ``length`` tokens with needles from ``depth`` (0: start, 1: end of the
     haystack) on, spread evenly over the rest of it when there are several."""
     if not 0.0 <= depth <= 1.0:
@@ -88,15 +94,15 @@ def make_case(tokenizer, length: int, depth: float, num_needles: int, rng: np.ra
     return Case(length, float(depth), needles, tuple(ids))
 
 
-def score(needles, text: str) -> float:
+def score(needles: Sequence[tuple[str, int]], text: str) -> float:
     """The fraction of needle numbers that appear in the answer ``text``."""
     return sum(str(n) in text for _, n in needles) / len(needles)
 
 
 def run(
     config: LlamaConfig,
-    params,
-    tokenizer,
+    params: Any,
+    tokenizer: Tokenizer,
     *,
     lengths: Sequence[int],
     depths: Sequence[float],

@@ -91,7 +91,7 @@ def logits_soft_cap(value: Any) -> float | None:
     return _positive_number("logits_soft_cap", value)
 
 
-def prefix_length(value: Any, batch: int, is_causal: bool):
+def prefix_length(value: Any, batch: int, is_causal: bool) -> jax.Array | None:
     """``prefix_length`` as int32 [batch] (a Python int: the same for every row), or None. It
     relaxes the causal mask, so it needs ``causal=True``."""
     if value is None:

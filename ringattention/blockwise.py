@@ -73,23 +73,23 @@ def _mask(qp, kp, qs, ks, causal, window=None, prefix=None, bidirectional=False)
 
 
 def forward_step(
-    q,
-    k,
-    v,
-    q_pos,
-    k_pos,
-    q_seg,
-    k_seg,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
     *,
-    causal,
-    softmax_scale,
-    block_sizes=None,
-    interpret=False,
-    window=None,
-    softcap=None,
-    prefix=None,
-    bidirectional=False,
-):
+    causal: bool,
+    softmax_scale: float,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    prefix: jax.Array | None = None,
+    bidirectional: bool = False,
+) -> tuple[jax.Array, jax.Array]:
     """One ring step forward (contract in ``implementations.py``). Returns (o f32, lse f32)."""
     del interpret
     bs = block_sizes or BlockSizes()
@@ -147,26 +147,26 @@ def forward_step(
 
 
 def backward_step(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    delta,
-    q_pos,
-    k_pos,
-    q_seg,
-    k_seg,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    do: jax.Array,
+    lse: jax.Array,
+    delta: jax.Array,
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
     *,
-    causal,
-    softmax_scale,
-    block_sizes=None,
-    interpret=False,
-    window=None,
-    softcap=None,
-    prefix=None,
-    bidirectional=False,
-):
+    causal: bool,
+    softmax_scale: float,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    prefix: jax.Array | None = None,
+    bidirectional: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One ring step backward (contract in ``implementations.py``). Returns float32 dq, dk, dv."""
     del interpret
     bs = block_sizes or BlockSizes()

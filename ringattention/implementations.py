@@ -59,8 +59,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import jax
+from jax.sharding import Mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +78,7 @@ class Implementation:
     features: frozenset[str] = frozenset()
     out_dtype: bool = False  # forward_step takes out_dtype (module docstring)
 
-    def load(self):
+    def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
 
@@ -93,7 +96,7 @@ def names() -> tuple[str, ...]:
     return ("auto", *_REGISTRY)
 
 
-def mesh_device(mesh=None):
+def mesh_device(mesh: Mesh | None = None) -> Any:
     """The device (platform, device_kind) that the code being traced runs on: the devices of the
     enclosing ``shard_map``'s mesh (or ``jax.sharding.use_mesh``), else ``jax.devices()[0]``. So a
     ring traced on a CPU host for a TPU or GPU mesh (ahead-of-time compilation) picks that mesh's
@@ -107,7 +110,7 @@ def mesh_device(mesh=None):
     return jax.devices()[0]
 
 
-def platform(mesh=None) -> str:
+def platform(mesh: Mesh | None = None) -> str:
     """The platform of :func:`mesh_device`: "cpu", "gpu" or "tpu"."""
     name = mesh_device(mesh).platform
     return "gpu" if name in ("cuda", "rocm") else name
@@ -117,7 +120,7 @@ FEATURES = ("softcap", "prefix", "bidirectional", "v_head_dim")
 
 
 def resolve(
-    name: str, mesh=None, shard: int | None = None, needs: frozenset[str] = frozenset()
+    name: str, mesh: Mesh | None = None, shard: int | None = None, needs: frozenset[str] = frozenset()
 ) -> Implementation:
     """Returns the implementation called ``name`` ("auto": the best for the platform of ``mesh``,
     or of the mesh being traced; see :func:`mesh_device`). ``shard``:
@@ -151,7 +154,9 @@ def resolve(
     return impl
 
 
-def deterministic_block_sizes(impl: Implementation, block_sizes, head_dim: int, causal: bool = True):
+def deterministic_block_sizes(
+    impl: Implementation, block_sizes: Any, head_dim: int, causal: bool = True
+) -> Any:
     """``block_sizes`` for ``deterministic=True``: the module's hook (contract above) if it has one."""
     hook = getattr(impl.load(), "deterministic_block_sizes", None)
     return block_sizes if hook is None else hook(block_sizes, head_dim, causal)

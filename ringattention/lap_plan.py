@@ -20,7 +20,7 @@ def runs(layout: str) -> int:
     return 2 if layout == "zigzag" else 1
 
 
-def lap_plan(positions, runs: int, causal: bool, window: int | None):
+def lap_plan(positions: np.ndarray, runs: int, causal: bool, window: int | None) -> tuple[int, int] | None:
     """(forward, backward) ring hops that reach every shard some query can see; None: a full lap.
 
     Static (numpy, at trace time). ``positions``: int [n, S], the global positions of every ring
@@ -45,7 +45,9 @@ def lap_plan(positions, runs: int, causal: bool, window: int | None):
     return -fwd, cost + fwd
 
 
-def window_plan(sliding_window, layout: str, n: int, shard: int, causal: bool):
+def window_plan(
+    sliding_window: int | None, layout: str, n: int, shard: int, causal: bool
+) -> tuple[int | None, tuple[int, int] | None]:
     """(window, hops) of ``ring._Config``: None for a window that hides nothing (>= the sequence)."""
     if sliding_window is None or sliding_window >= n * shard:
         return None, None

@@ -17,6 +17,7 @@ order (what RoPE needs); ``shard_positions`` gives one shard's positions and acc
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from einops import rearrange
@@ -71,19 +72,19 @@ def positions(seq_len: int, layout: str, ring_size: int) -> np.ndarray:
     return permutation(seq_len, layout, ring_size)
 
 
-def to_layout(x, layout: str, ring_size: int, axis: int = 1):
+def to_layout(x: jax.Array | np.ndarray, layout: str, ring_size: int, axis: int = 1) -> jax.Array:
     """Reorders a global array (natural order along ``axis``) into layout order."""
     perm = permutation(x.shape[axis], layout, ring_size)
     return jnp.take(x, jnp.asarray(perm), axis=axis)
 
 
-def from_layout(x, layout: str, ring_size: int, axis: int = 1):
+def from_layout(x: jax.Array | np.ndarray, layout: str, ring_size: int, axis: int = 1) -> jax.Array:
     """Inverse of :func:`to_layout`."""
     perm = permutation(x.shape[axis], layout, ring_size)
     return jnp.take(x, jnp.asarray(np.argsort(perm)), axis=axis)
 
 
-def shard_positions(layout: str, shard_len: int, ring_size: int, ring_index) -> jnp.ndarray:
+def shard_positions(layout: str, shard_len: int, ring_size: int, ring_index: int | jax.Array) -> jnp.ndarray:
     """Global positions of shard ``ring_index`` (may be traced). int32 [shard_len], increasing."""
     check_layout(layout)
     i = jnp.arange(shard_len, dtype=jnp.int32)

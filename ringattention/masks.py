@@ -25,13 +25,16 @@ exact for blocks of consecutive positions and conservative (PARTIAL) otherwise.
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 SKIP, PARTIAL, FULL = 0, 1, 2
 
 
-def check_window(window) -> None:
+def check_window(window: Any) -> None:
     """Raises ValueError unless ``window`` is None or a positive int (not a bool)."""
     if window is None:
         return
@@ -40,15 +43,15 @@ def check_window(window) -> None:
 
 
 def visible(
-    q_pos,
-    k_pos,
-    q_seg,
-    k_seg,
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
     causal: bool,
     window: int | None = None,
-    prefix=None,
+    prefix: jax.Array | None = None,
     bidirectional: bool = False,
-):
+) -> jax.Array:
     """Elementwise visibility. q_pos [Sq], k_pos [Sk], q_seg [B, Sq] | None, k_seg [B, Sk] | None,
     prefix int [B] | None; ``bidirectional`` needs segment ids.
 
@@ -77,17 +80,17 @@ def _block_min_max(x, block: int):
 
 
 def block_table(
-    q_pos,
-    k_pos,
-    q_seg,
-    k_seg,
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
     causal: bool,
     block_q: int,
     block_k: int,
     window: int | None = None,
-    prefix=None,
+    prefix: jax.Array | None = None,
     bidirectional: bool = False,
-):
+) -> jax.Array:
     """Classifies block pairs as SKIP / PARTIAL / FULL. int32 [B or 1, Sq // block_q, Sk // block_k].
 
     q_pos [Sq], k_pos [Sk] int32; q_seg [B, Sq], k_seg [B, Sk] int or None. Sq and Sk must be multiples

@@ -15,6 +15,8 @@ is enough for the backward pass never to run the forward lap again. ``ring.py`` 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -24,12 +26,12 @@ LSE_NAME = "ring_attention_lse"  # [batch, heads, shard], float32
 NAMES = (OUT_NAME, LSE_NAME)
 
 
-def save_attention():
+def save_attention() -> Callable[..., bool]:
     """A ``jax.checkpoint`` policy saving ring attention's output and lse; all else is recomputed."""
     return jax.checkpoint_policies.save_only_these_names(*NAMES)
 
 
-def offload_attention(src: str = "device", dst: str = "pinned_host"):
+def offload_attention(src: str = "device", dst: str = "pinned_host") -> Callable[..., Any]:
     """Like :func:`save_attention`, but the saved arrays move to ``dst`` memory (host RAM) between
     the forward and backward passes, so device memory holds only the blocks' inputs.
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -344,17 +345,17 @@ def ring_attention(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    axis_name,
+    axis_name: str | tuple[str, ...],
     *,
     causal: bool = False,
     segment_ids: jax.Array | None = None,
     layout: str = "contiguous",
     softmax_scale: float | None = None,
     implementation: str = "auto",
-    block_sizes=None,
+    block_sizes: Any = None,
     interpret: bool = False,
     deterministic: bool = False,
-    ulysses_axis=None,
+    ulysses_axis: str | tuple[str, ...] | None = None,
     sliding_window: int | None = None,
     sinks: jax.Array | None = None,
     logits_soft_cap: float | None = None,

@@ -11,7 +11,9 @@ softmax (Dao et al. 2022) across shards instead of blocks.
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -19,7 +21,7 @@ from ringattention import layouts, masks
 from ringattention.lap_plan import runs
 
 
-def merge(o1, lse1, o2, lse2):
+def merge(o1: jax.Array, lse1: jax.Array, o2: jax.Array, lse2: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Merges two normalised partial attentions. o [B, S, H, D] f32, lse [B, H, S] f32 (-inf: none)."""
     m = jnp.maximum(lse1, lse2)
     m_safe = jnp.where(jnp.isneginf(m), 0.0, m)
@@ -33,7 +35,14 @@ def merge(o1, lse1, o2, lse2):
     return o, lse
 
 
-def step_visible(cfg, q_pos, k_pos, q_seg, k_seg, prefix=None):
+def step_visible(
+    cfg: Any,
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
+    prefix: jax.Array | None = None,
+) -> jax.Array:
     """Scalar bool: can any query of this shard see any key of the held shard? (else the lap skips
     the step). ``cfg``: the ring's config (``ring._Config``); positions int32 [S], segment ids
     int32 [B, S] | None, ``prefix`` int32 [B] | None."""
@@ -58,7 +67,9 @@ def step_visible(cfg, q_pos, k_pos, q_seg, k_seg, prefix=None):
     return vis
 
 
-def step_args(cfg, q, q_seg, k_seg, t):
+def step_args(
+    cfg: Any, q: jax.Array, q_seg: jax.Array | None, k_seg: jax.Array | None, t: int | jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]:
     """Global positions of this shard and of the shard held at ring step t (it came from r - t),
     and the segment ids, all tied to q: (q_pos int32 [S], k_pos int32 [S], q_seg, k_seg)."""
     n, s = cfg.ring_size, q.shape[1]
@@ -72,7 +83,7 @@ def step_args(cfg, q, q_seg, k_seg, t):
     return q_pos, k_pos, q_seg, k_seg
 
 
-def step_kwargs(cfg, prefix=None) -> dict:
+def step_kwargs(cfg: Any, prefix: jax.Array | None = None) -> dict:
     """The keywords of a step call (``implementations.py``'s contract): window and the optional
     features only where used."""
     kw = dict(

@@ -8,6 +8,8 @@ ulysses_axis)``, ring axis major, for 2-D context parallelism (``ringattention.u
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -86,7 +88,7 @@ def sharded_attention(
     prefix_length: jax.Array | int | None = None,
     bidirectional_segments: bool = False,
     strategy: str = "ring",
-    **kwargs,
+    **kwargs: Any,
 ) -> jax.Array:
     """Ring attention over global arrays. q [B, L, H, D], k [B, L, K, D], v [B, L, K, Dv] ->
     [B, L, H, Dv] (Dv = D but for MLA shapes).

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 F32 = jnp.float32
 
 
-def merge(o: jax.Array, lse: jax.Array, sinks: jax.Array):
+def merge(o: jax.Array, lse: jax.Array, sinks: jax.Array) -> tuple[jax.Array, jax.Array]:
     """o float32 [B, S, H, Dv], lse float32 [B, H, S] (-inf: no key), sinks [H] -> (o, lse_total)."""
     sink = sinks.astype(F32)[None, :, None]  # [1, H, 1]
     total = jnp.logaddexp(lse, sink)  # [B, H, S]; finite where the sink is

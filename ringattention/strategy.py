@@ -64,6 +64,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -115,7 +117,7 @@ PLATFORMS = {
 }
 
 
-def platform_of(device) -> Platform:
+def platform_of(device: Any) -> Platform:
     """The constants for a jax device (its ``platform`` and ``device_kind``); other GPUs: H100's."""
     kind = str(getattr(device, "device_kind", "")).lower()
     if getattr(device, "platform", "cpu") == "cpu":
@@ -361,7 +363,7 @@ def choose(
     return Decision("ring", why, rows)
 
 
-def check(strategy) -> str:
+def check(strategy: str) -> str:
     """``strategy`` if it is one of :data:`CHOICES`; ValueError listing them otherwise."""
     if strategy not in CHOICES:
         raise ValueError(f"strategy={strategy!r} is not known; choose one of {CHOICES}")
@@ -369,15 +371,15 @@ def check(strategy) -> str:
 
 
 def resolve(
-    strategy,
-    q_shape,
-    k_shape,
+    strategy: str,
+    q_shape: tuple[int, ...],
+    k_shape: tuple[int, ...],
     dtype_bytes: int,
-    axis_name,
+    axis_name: str | tuple[str, ...],
     ring_size: int,
     ulysses_size: int | None,
     causal: bool,
-    device=None,
+    device: Any = None,
     *,
     layout: str = "contiguous",
     window: int | None = None,
@@ -427,7 +429,9 @@ def resolve(
     return choose(shape, platform_of(device), allowed=allowed).strategy
 
 
-def gather_chunks(requested, shard: int, takes_shard=lambda n: True) -> int:
+def gather_chunks(
+    requested: int | None, shard: int, takes_shard: Callable[[int], bool] = lambda n: True
+) -> int:
     """Pieces of the shard the all-gather sends one by one. None: 2 where the shard halves (and the
     kernel takes the half), else 1. ValueError unless a positive int dividing the shard."""
     if requested is None:

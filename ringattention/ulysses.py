@@ -52,7 +52,7 @@ from jax import lax
 from ringattention import layouts
 
 
-def axis_size(axis_name, what: str = "ulysses_axis") -> int:
+def axis_size(axis_name: str | tuple[str, ...], what: str = "ulysses_axis") -> int:
     """Size of a mesh axis bound by ``shard_map``; ValueError naming ``what`` if it is not bound."""
     try:
         return lax.psum(1, axis_name)
@@ -76,12 +76,12 @@ def kv_repeats(heads: int, kv_heads: int, ulysses_size: int) -> int:
     return ulysses_size // math.gcd(kv_heads, ulysses_size)
 
 
-def seq_to_heads(x: jax.Array, axis_name) -> jax.Array:
+def seq_to_heads(x: jax.Array, axis_name: str | tuple[str, ...]) -> jax.Array:
     """[B, S, H, D] sequence piece, all heads -> [B, U S, H / U, D] whole group sequence."""
     return lax.all_to_all(x, axis_name, split_axis=2, concat_axis=1, tiled=True)
 
 
-def heads_to_seq(x: jax.Array, axis_name) -> jax.Array:
+def heads_to_seq(x: jax.Array, axis_name: str | tuple[str, ...]) -> jax.Array:
     """Inverse of :func:`seq_to_heads`: [B, U S, H / U, D] -> [B, S, H, D]."""
     return lax.all_to_all(x, axis_name, split_axis=1, concat_axis=2, tiled=True)
 
@@ -92,8 +92,8 @@ def ulysses_attention(
     k: jax.Array,
     v: jax.Array,
     segment_ids: jax.Array | None,
-    ulysses_axis,
-    seq_axis,
+    ulysses_axis: str | tuple[str, ...],
+    seq_axis: str | tuple[str, ...],
     sinks: jax.Array | None = None,
 ) -> jax.Array:
     """Runs ``ring(q, k, v, segment_ids)`` over ``seq_axis`` on heads exchanged over ``ulysses_axis``.
@@ -151,7 +151,7 @@ def whole_sequence_attention(
     k: jax.Array,
     v: jax.Array,
     segment_ids: jax.Array | None,
-    axis_name,
+    axis_name: str | tuple[str, ...],
     layout: str,
     sinks: jax.Array | None = None,
 ) -> jax.Array:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 from jax.sharding import Mesh
@@ -20,13 +21,16 @@ from jax.sharding import Mesh
 from models import generate as gen
 from models import llama, needle
 from models.cli import run
-from models.tokenizer import get_tokenizer
+from models.config import LlamaConfig
+from models.tokenizer import Tokenizer, get_tokenizer
 from train import config as config_lib
 from train import steps
 from train.checkpoint import Checkpointer, CheckpointError
 
 
-def load_run(run_dir: str, mesh: Mesh | None = None, step: int | None = None, **overrides):
+def load_run(
+    run_dir: str, mesh: Mesh | None = None, step: int | None = None, **overrides: Any
+) -> tuple[LlamaConfig, Any, Tokenizer]:
     """(LlamaConfig, params, tokenizer) of a training run: its config with LlamaConfig
     ``overrides``, the parameters of checkpoint ``step`` (default: the newest complete one)."""
     run_dir = run_dir.rstrip("/")
@@ -54,7 +58,7 @@ def load_run(run_dir: str, mesh: Mesh | None = None, step: int | None = None, **
     return config, params, get_tokenizer(cfg.data.tokenizer, cfg.data.tokenizer_path)
 
 
-def main(argv: Sequence[str] | None = None):
+def main(argv: Sequence[str] | None = None) -> list[str] | dict:
     """``[needle] --run_dir DIR ...``: the generation CLI, or the needle test with ``needle``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["needle"]:

@@ -81,7 +81,7 @@ def write_config(config: config_lib.TrainConfig, history: list[str] = ()) -> Non
         yaml.safe_dump(config_lib.to_dict(config), f, sort_keys=False)
 
 
-def check_changes(config: config_lib.TrainConfig, step: int, log) -> Callable[[], None]:
+def check_changes(config: config_lib.TrainConfig, step: int, log: Callable[[str], Any]) -> Callable[[], None]:
     """Compares ``config`` with the run's ``config.yaml`` before step ``step`` is resumed: raises
     ConfigError on a guarded change unless ``resume.allow_changes``. Returns the function that
     records accepted changes in ``config.yaml``, to be called once the checkpoint is restored (a
