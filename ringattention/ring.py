@@ -371,7 +371,8 @@ def ring_attention(
       k, v: [batch, kv_shard, kv_heads, head_dim] with ``heads % kv_heads == 0`` (GQA/MQA); only the kv
         heads travel around the ring. ``kv_shard == q_shard``. v may have its own head dim
         (v [batch, kv_shard, kv_heads, v_head_dim], MLA shapes); the output then has it too.
-      axis_name: the mesh axis (bound by ``shard_map``) along which the sequence is sharded.
+      axis_name: the mesh axis (bound by ``shard_map``) along which the sequence is sharded, or a
+        tuple of axes that together form one ring (the first axis major, as ``lax.axis_index``).
       causal: a key is visible only if its global position is <= the query's.
       segment_ids: None or int [batch, q_shard], this shard of the global ids; a query sees a key only
         if their ids are equal. Key ids travel with k/v.

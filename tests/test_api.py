@@ -105,6 +105,44 @@ def test_sharded_attention_on_global_arrays(layout):
     assert rel_err(out, want) <= F32_RTOL
 
 
+def test_a_tuple_of_mesh_axes_is_one_ring(layout="zigzag"):
+    """``axis_name=("a", "b")``: a 2 x 3 mesh's six devices form one ring, the first axis major
+    (the shards of ``P(None, ("a", "b"))``), forward and gradients against float64."""
+    mesh = Mesh(np.array(jax.devices()[:6]).reshape(2, 3), ("a", "b"))
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, 48, 4, 8)).astype(np.float32)
+    (
+        k,
+        v,
+    ) = (rng.standard_normal((1, 48, 2, 8)).astype(np.float32) for _ in range(2))
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    spec = P(None, ("a", "b"))
+    ring = jax.shard_map(
+        lambda q, k, v: ringattention.ring_attention(
+            q,
+            k,
+            v,
+            ("a", "b"),
+            causal=True,
+            layout=layout,
+            implementation="xla",
+            block_sizes=BlockSizes(4, 4),
+        ),
+        mesh=mesh,
+        in_specs=(spec,) * 3,
+        out_specs=spec,
+    )
+    to = lambda x: ringattention.layouts.to_layout(x, layout, 6)  # noqa: E731
+    back = lambda x: ringattention.layouts.from_layout(x, layout, 6)  # noqa: E731
+    loss = lambda q, k, v: jnp.sum(back(ring(to(q), to(k), to(v))) * do)  # noqa: E731
+    out = back(ring(to(q), to(k), to(v)))
+    grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    want, *want_grads = reference64(q, k, v, do, causal=True, seg=None)
+    assert rel_err(out, want) <= F32_RTOL
+    for got, ref in zip(grads, want_grads, strict=True):
+        assert rel_err(got, ref) <= F32_RTOL
+
+
 def test_sharded_attention_bad_mesh_axis():
     mesh = Mesh(np.array(jax.devices()[:2]), ("sp",))
     q, k, v = _qkv()
