@@ -105,16 +105,13 @@ def test_sharded_attention_on_global_arrays(layout):
     assert rel_err(out, want) <= F32_RTOL
 
 
-def test_a_tuple_of_mesh_axes_is_one_ring(layout="zigzag"):
+def test_a_tuple_of_mesh_axes_is_one_ring():
     """``axis_name=("a", "b")``: a 2 x 3 mesh's six devices form one ring, the first axis major
     (the shards of ``P(None, ("a", "b"))``), forward and gradients against float64."""
-    mesh = Mesh(np.array(jax.devices()[:6]).reshape(2, 3), ("a", "b"))
+    mesh, layout = Mesh(np.array(jax.devices()[:6]).reshape(2, 3), ("a", "b")), "zigzag"
     rng = np.random.default_rng(4)
     q = rng.standard_normal((1, 48, 4, 8)).astype(np.float32)
-    (
-        k,
-        v,
-    ) = (rng.standard_normal((1, 48, 2, 8)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((1, 48, 2, 8)).astype(np.float32) for _ in range(2))
     do = rng.standard_normal(q.shape).astype(np.float32)
     spec = P(None, ("a", "b"))
     ring = jax.shard_map(
