@@ -324,6 +324,11 @@ def backward_step(
     return dq[:, :Sq, :, :D], dk[:, :Sk, :, :D], dv[:, :Sk, :, :Dv]
 
 
+def _positions(mask: _Mask, q_pos, k_pos) -> tuple:
+    """The kernels' position inputs: (q_pos, k_pos) where the mask compares positions, else Nones."""
+    return (q_pos, k_pos) if mask.pos else (None, None)
+
+
 def _dq_specs(mask: _Mask, dims, q_seg, k_seg, prefix):
     """In and out BlockSpecs of the dq kernel (grid (nq, B, H); causal: the latest query blocks
     first). dims: Sk, G, bq, nq, D, Dv."""
@@ -396,17 +401,8 @@ def _dq_call(
         name="ring_step_dq",
     )(
         *common.block_bounds(table, B, mask.window),
-        q,
-        k,
-        v,
-        do,
-        lse2,
-        delta,
-        q_pos if mask.pos else None,
-        k_pos if mask.pos else None,
-        q_seg,
-        k_seg,
-        prefix,
+        *(q, k, v, do, lse2, delta),
+        *(*_positions(mask, q_pos, k_pos), q_seg, k_seg, prefix),
     )
 
 
@@ -489,15 +485,6 @@ def _dkv_call(
         name="ring_step_dkv",
     )(
         *common.block_bounds(table_t, B, mask.window),
-        group(q),
-        k,
-        v,
-        group(do),
-        rows(lse2),
-        rows(delta),
-        q_pos if mask.pos else None,
-        k_pos if mask.pos else None,
-        q_seg,
-        k_seg,
-        prefix,
+        *(group(q), k, v, group(do), rows(lse2), rows(delta)),
+        *(*_positions(mask, q_pos, k_pos), q_seg, k_seg, prefix),
     )
