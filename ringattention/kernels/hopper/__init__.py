@@ -20,9 +20,10 @@ Files:
   producer, the register split, wgmma ``Ops`` (plain ``jnp`` in interpret mode), ``FwdConfig``.
 * ``fwd_kernel.py``: the forward kernel body (producer and compute warpgroups, masks).
 * ``fwd_loops.py``: the compute warpgroups' key-block loops (ping-pong, FA3's overlap).
+* ``warp_rescale.py``: the forward's accumulator rescale, skipped per warp where nothing changed.
 * ``backward.py``: the two-kernel backward ("mosaic"): padding, bounds, launches.
-* ``bwd_common.py``: what every backward kernel shares (``BwdConfig``, masks, block loops).
 * ``bwd_kernels.py``: its dq and dk/dv kernel bodies.
+* ``bwd_common.py``: what every backward kernel shares (``BwdConfig``, masks, block loops).
 * ``fused_bwd.py``: the frame of the fused backward (its key-CTA launch, dq buffer, GQA split).
 * ``cta_dq_bwd.py``: the fused backward ("fused"): one kernel over key CTAs, dq by TMA reduce-adds.
 * ``split_bwd.py``: the head-dim-split backward above head dim 128 (padding, launches);
