@@ -10,7 +10,6 @@ two share: hopper_feature_cases.py. The backward of the features: test_hopper_fe
 """
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +27,6 @@ from ringattention.kernels.triton import pallas_gpu as pg
 # 2^-10.987 (PTX ISA); interpret mode computes the exact tanh
 TANH_APPROX_RTOL = 2.0**-10.987
 FEATURE_EFFECT = 5 * BF16_RTOL  # a case's features each move o by at least this (else untested)
-
-EXP2_FMA = ph.BlockSizes(schedule="pingpong3", exp2_fma=48)
 
 FEATURE_CASES = {
     # soft-capping alone: head dim 64 (one 256-key block: masked), logits up to ~4x the cap
@@ -80,10 +77,6 @@ FEATURE_CASES = {
         logit_scale=3.0,
         bs=PINGPONG3,
     ),
-    # the last 48 columns of each fully visible block through exp2_fma (the causal diagonal's
-    # masked blocks through the MUFU), with and without the soft cap, three warpgroups
-    "softcap-exp2-fma": Case(128, softcap=5.0, segments=True, sq=256, sk=384, logit_scale=3.0, bs=EXP2_FMA),
-    "exp2-fma-d64": Case(64, heads=4, kv_heads=2, sq=128, sk=512, logit_scale=6.0, bs=EXP2_FMA),
     "all-mla": Case(
         192,
         dv=128,
@@ -178,31 +171,13 @@ def test_logits_times_100_do_not_overflow(softcap):
 
 
 @needs_interpret
-@pytest.mark.parametrize("bs", [None, EXP2_FMA], ids=["mufu", "exp2-fma"])
-def test_softcap_logits_times_100_in_blocks_no_mask_touches(bs):
+def test_softcap_logits_times_100_in_blocks_no_mask_touches():
     """Soft-capped logits x 100 in the loop without a mask (head dim 128, causal, a whole 128-row
     query tile after two 128-key blocks; a part tile's padding rows would mask them). The row
     maximum there must be the capped logits' (the raw one, ~100x the cap, would flush every
     probability to zero; a variant that capped the raw maximum once per row was timed and lost:
-    docs/kernels.md); ``exp2_fma`` takes exponents down to -126 and below."""
-    _check_forward(Case(128, softcap=30.0, sq=128, sk=256, where="after", logit_scale=100.0, bs=bs), seed=5)
-
-
-# fwd_loops.EXP2_POLY's relative error bound (7.5e-5 from its fit) with float32 rounding
-EXP2_FMA_RTOL = 8e-5
-# at x = -126 (and below, clamped to it) the exponent field reaches 0: the denormal 2^-126 (2 c0 - 1)
-EXP2_FMA_FLOOR_RTOL = 2 * (1 - hfl.EXP2_POLY[0]) + 1e-6
-
-
-def test_exp2_fma_is_two_to_the_x():
-    """``fwd_loops.exp2_fma`` (the probabilities of ``BlockSizes.exp2_fma``'s columns) against
-    numpy's 2^x in float64 on a million points of [-125, 0] and the half-integers where the
-    rounding ties (to even); about 2^-126 at -126 and below."""
-    x = np.concatenate([np.linspace(-125, 0, 1_000_001), -np.arange(0, 125.5, 0.5)]).astype(np.float32)
-    got = np.asarray(jax.jit(functools.partial(hfl.exp2_fma, interpret=True))(jnp.asarray(x)), np.float64)
-    assert np.abs(got / 2.0 ** x.astype(np.float64) - 1).max() <= EXP2_FMA_RTOL
-    low = np.asarray(hfl.exp2_fma(jnp.asarray([-126.0, -200.0, -1e30], jnp.float32), interpret=True))
-    np.testing.assert_allclose(low, 2.0**-126, rtol=EXP2_FMA_FLOOR_RTOL)
+    docs/kernels.md)."""
+    _check_forward(Case(128, softcap=30.0, sq=128, sk=256, where="after", logit_scale=100.0), seed=5)
 
 
 @needs_interpret

@@ -8,7 +8,6 @@ The features in interpret mode: test_hopper_features_fwd.py; what the two share:
 hopper_feature_cases.py.
 """
 
-import dataclasses
 import functools
 import types
 import warnings
@@ -143,32 +142,6 @@ def test_features_add_only_their_own_operations(semantics):
         else:  # per query row, not per logit
             assert all(n <= 5 for op, n in added.items() if op.startswith("arith.")), (kw, added)
             assert added["memref.load"] == kw.get("prefix", False)
-
-
-@pytest.mark.parametrize("softcap", [None, 30.0])
-@pytest.mark.parametrize("semantics", ["default", "warpgroup"])
-def test_exp2_fma_columns_leave_the_mufu(softcap, semantics):
-    """``BlockSizes(exp2_fma=n)``: in the fully visible loop each compute thread's ``ex2.approx``
-    count falls by its share of the n columns (n / 2 of a [64, 128] block's 64 per thread), the
-    masked loop keeps all of its own; the tanh count stays. None is 0 without a soft cap and
-    SOFTCAP_EXP2_FMA with one. On jax 0.10 (Mosaic GPU lowers no concatenate) None is 0 and
-    n > 0 a ValueError."""
-    kw = dict(softcap=softcap, semantics=semantics)
-    tiles = ph.default_block_sizes(128)
-    base, _ = _lower(block_sizes=dataclasses.replace(tiles, exp2_fma=0), **kw)
-    default, _ = _lower(**kw)
-    if not ph.CONCATENATES:
-        assert default == base
-        with pytest.raises(ValueError, match="exp2_fma=16 needs jax >= 0.11"):
-            _lower(block_sizes=dataclasses.replace(tiles, exp2_fma=16), **kw)
-        return
-    off = 0 if softcap is None else ph.SOFTCAP_EXP2_FMA
-    assert default == _lower(block_sizes=dataclasses.replace(tiles, exp2_fma=off), **kw)[0]
-    for n in (16, 48):
-        ops, _ = _lower(block_sizes=dataclasses.replace(tiles, exp2_fma=n), **kw)
-        assert base["asm:ex2.approx.ftz.f32"] - ops["asm:ex2.approx.ftz.f32"] == n // 2
-        assert ops["asm:tanh.approx.f32"] == base["asm:tanh.approx.f32"]
-        assert ops["arith.shli"] > base["arith.shli"] and ops["arith.bitcast"] > base["arith.bitcast"]
 
 
 def test_kernels_lower_without_load_deprecations():

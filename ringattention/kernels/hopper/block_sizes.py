@@ -32,8 +32,6 @@ REGISTERS = hm.REGISTER_CHOICES  # BlockSizes.registers: per compute-warpgroup t
 # intra-warpgroup pipelining) or "pingpong3" (three take turns: 192-row CTAs, 160 registers per
 # compute thread; shards under 192 rows run two); docs/kernels.md gives the A/B behind each default.
 SCHEDULES = ("pingpong", "overlap", "pingpong3")
-# BlockSizes.exp2_fma's default with a soft cap: no columns until an A/B on the device says otherwise
-SOFTCAP_EXP2_FMA = 0
 
 
 def _triton_step():
@@ -79,10 +77,6 @@ class BlockSizes:
     (float32) of memory (``fused_bwd.split_group_extra_bytes``). None (the default) decides
     per call from the shapes (``fused_bwd.use_split_group``: split where the group's dq is
     >= 32 MiB per batch row, not causal at head dim 128, at most 8 GiB extra); False never splits.
-    ``exp2_fma``: key columns of each fully visible block (the last ones) whose probabilities
-    2^x the forward computes by a polynomial on the FMA units instead of the MUFU, which also
-    runs the soft cap's tanh (``fwd_loops.exp2_fma``, FlashAttention-4's emulation); a multiple
-    of 16 below ``block_k``. None (the default): :data:`SOFTCAP_EXP2_FMA` with a soft cap, else 0.
     Defaults: :func:`default_block_sizes`.
     """
 
@@ -95,7 +89,6 @@ class BlockSizes:
     registers: int = 232
     triton: pallas_gpu.BlockSizes | None = None
     split_group: bool | None = None
-    exp2_fma: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.block_k, int) or self.block_k < 64 or self.block_k % 64:
@@ -113,11 +106,6 @@ class BlockSizes:
             raise ValueError(f"BlockSizes.schedule={self.schedule!r} must be one of {SCHEDULES}")
         if self.split_group is not None and not isinstance(self.split_group, bool):
             raise TypeError(f"BlockSizes.split_group={self.split_group!r} must be a bool or None")
-        n = self.exp2_fma
-        if n is not None and (not isinstance(n, int) or n < 0 or n % 16 or n >= self.block_k):
-            raise ValueError(
-                f"BlockSizes.exp2_fma={n!r} must be None or a multiple of 16 in [0, {self.block_k=})"
-            )
         if self.backward == "triton" and _triton_step() is None:
             raise ValueError(
                 "BlockSizes.backward='triton' runs pallas_gpu's Triton kernels, but this "

@@ -51,35 +51,9 @@ def softmax_stats(cfg: FwdConfig, s, m, l, masked: bool):
     c = cfg.logit_scale  # qk_scale > 0 (checked by the wrapper), or C * log2(e) with a soft cap
     m_new = jnp.maximum(m, s.max(axis=1) * c)
     m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
-    x = s * c - lax.broadcast_in_dim(m_use, s.shape, [0])  # [bq, bk], <= 0
-    n = 0 if masked else cfg.exp2_fma  # masked blocks hold -inf, which exp2_fma does not take
-    if n:  # the last n columns on the FMA units
-        p = jnp.concatenate([jnp.exp2(x[:, :-n]), exp2_fma(x[:, -n:], cfg.interpret)], axis=1)
-    else:
-        p = jnp.exp2(x)  # [bq, bk]
+    p = jnp.exp2(s * c - lax.broadcast_in_dim(m_use, s.shape, [0]))  # [bq, bk]
     alpha = jnp.exp2(m - m_use)  # [bq]
     return m_new, l * alpha + p.sum(axis=1), p, alpha
-
-
-# 2^f on [-1/2, 1/2]: the degree-3 polynomial of least maximum relative error (a linear program
-# over 4,001 points): 7.5e-5 at most, far below the bfloat16 rounding of p (3.9e-3).
-EXP2_POLY = (0.9999281167984009, 0.6932609677314758, 0.24261054396629333, 0.05517132207751274)
-_ROUNDER = 12582912.0  # 1.5 * 2^23: x + _ROUNDER rounds x to an integer held in its low bits
-
-
-def exp2_fma(x, interpret: bool = False):
-    """2^x for float32 x <= 0 (not -inf) on the FMA pipe, without the MUFU (FlashAttention-4's
-    exponential emulation): x = r + f with r = round(x) (the low mantissa bits of x + 1.5 * 2^23),
-    2^f by :data:`EXP2_POLY` (Horner), then r added to the exponent field by one integer add.
-    Below 2^-126 it returns about 2^-126 (p is summed with entries near 1, so nothing is lost).
-    ``interpret``: r by ``jnp.round`` (XLA on CPU folds ``(x + c) - c`` to x; the same r)."""
-    x = jnp.maximum(x, -126.0)
-    t = x + _ROUNDER
-    f = x - (jnp.round(x) if interpret else t - _ROUNDER)  # [-1/2, 1/2]
-    c0, c1, c2, c3 = EXP2_POLY
-    p = ((c3 * f + c2) * f + c1) * f + c0
-    r = lax.shift_left(lax.bitcast_convert_type(t, jnp.int32), jnp.int32(23))  # round(x) << 23
-    return lax.bitcast_convert_type(lax.bitcast_convert_type(p, jnp.int32) + r, jnp.float32)
 
 
 def rescale(acc, alpha):

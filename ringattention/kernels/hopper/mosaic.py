@@ -325,9 +325,6 @@ class FwdConfig:
     prefix: bool = False  # a bidirectional prefix per batch row: one more input, int32 [B]
     bidirectional: bool = False  # queries of negative segments see their whole segment
     wgs: int = COMPUTE_WGS  # compute warpgroups (3: "pingpong3", registers THREE_WG_REGISTERS)
-    # key columns per fully visible block whose exp2 runs on the FMA pipe (fwd_loops.exp2_fma),
-    # not the MUFU, which the soft cap's tanh also takes
-    exp2_fma: int = 0
 
     @property
     def positions(self) -> bool:

@@ -73,7 +73,6 @@ from ringattention.kernels.hopper.block_sizes import (  # noqa: F401  (the step'
     ROWS,
     SCHEDULES,
     SMEM_LIMIT,
-    SOFTCAP_EXP2_FMA,
     BlockSizes,
     _pad64,
     _triton_step,
@@ -261,7 +260,6 @@ def _fwd_call(
         wgs=geo.wgs,
         window=window,
         overlap=bs.schedule == "overlap",
-        exp2_fma=_exp2_fma(bs, features.get("softcap"), interpret),
         **features,
     )
     smem = (geo.cta_rows * D + bs.stages * geo.bk * (D + Dv)) * q.dtype.itemsize
@@ -283,23 +281,6 @@ def _fwd_call(
         wgs=cfg.wgs,
     )
     return kernel(lo, mid, hi, q, k, v, *extra)
-
-
-# Mosaic GPU lowers lax.concatenate (exp2_fma's two column ranges of p) from jax 0.11 on
-CONCATENATES = jax.__version_info__ >= (0, 11)
-
-
-def _exp2_fma(bs: BlockSizes, softcap, interpret: bool) -> int:
-    """Key columns per fully visible block whose exp2 runs on the FMA units (``BlockSizes``); on
-    jax 0.10 (no concatenate in Mosaic GPU) none by default, and a ValueError if asked for."""
-    if bs.exp2_fma is None:
-        return SOFTCAP_EXP2_FMA if softcap is not None and (CONCATENATES or interpret) else 0
-    if bs.exp2_fma and not (CONCATENATES or interpret):
-        raise ValueError(
-            f"pallas_hopper: BlockSizes.exp2_fma={bs.exp2_fma} needs jax >= 0.11 (Mosaic GPU "
-            f"lowers no concatenate in jax {jax.__version__}); use exp2_fma=0 or None"
-        )
-    return bs.exp2_fma
 
 
 def _scratch(cfg: hm.FwdConfig, d: int, dtype, dv: int | None = None):
