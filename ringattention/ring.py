@@ -326,7 +326,9 @@ def _configure(
     impl = implementations.resolve(implementation, shard=step, needs=_features(cfg, q, v))
     _check_platform(impl, cfg.interpret)
     if deterministic:
-        block_sizes = implementations.deterministic_block_sizes(impl, block_sizes, q.shape[-1], cfg.causal)
+        block_sizes = implementations.deterministic_block_sizes(
+            impl, block_sizes, q.shape[-1], cfg.causal, v_head_dim=v.shape[-1]
+        )
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     window, hops = window_plan(sliding_window, cfg.layout, cfg.ring_size, shard, cfg.one_sided)
     cfg = dataclasses.replace(

@@ -48,7 +48,9 @@ def test_hopper_deterministic_block_sizes():
         assert got == want
         assert (got.block_k, got.stages, got.schedule) == (default.block_k, default.stages, default.schedule)
     hopper = implementations.resolve("pallas_hopper")
-    assert implementations.deterministic_block_sizes(hopper, None, 128, causal=False).schedule == "overlap"
+    assert implementations.deterministic_block_sizes(hopper, None, 128, causal=False).schedule == "pingpong3"
+    mla = implementations.deterministic_block_sizes(hopper, None, 192, causal=False, v_head_dim=128)
+    assert mla == dataclasses.replace(ph.default_block_sizes(192, False, v_head_dim=128), backward="mosaic")
     mine = ph.BlockSizes(backward="triton", block_k=64)
     assert ph.deterministic_block_sizes(mine, 128) is mine
     with pytest.raises(ValueError, match="fused"):
@@ -98,16 +100,22 @@ def test_ring_flag_picks_the_hopper_backward(backward_calls, deterministic):
 
 @needs_interpret
 def test_deterministic_ring_runs_the_forward_of_its_mask(forward_loops_used):
-    """deterministic=True changes the backward only: at head dim 128 without a causal mask the
-    forward is still the overlapped one, and with one the three-warpgroup ping-pong (deterministic
-    too: each query row is written by one CTA, the rows a last CTA overlaps by the one before)."""
+    """deterministic=True changes the backward only: the forward is the default's, at head dim
+    128 the three-warpgroup ping-pong with a causal mask and without (deterministic too: each
+    query row is written by one CTA, the rows a last CTA overlaps by the one before), for MLA
+    (192 / 128) without a causal mask FA3's overlapped loop."""
     used = forward_loops_used
-    q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
-    k = jax.ShapeDtypeStruct((1, 256, 1, 128), jnp.bfloat16)
-    for causal, want in ((False, ("overlap_loops", False, 2)), (True, ("loops", True, 3))):
+    for causal, dims, want in (
+        (False, (128, 128), ("loops", True, 3)),
+        (True, (128, 128), ("loops", True, 3)),
+        (False, (192, 128), ("overlap_loops", False, 2)),
+    ):
+        q = jax.ShapeDtypeStruct((1, 256, 2, dims[0]), jnp.bfloat16)
+        k = jax.ShapeDtypeStruct((1, 256, 1, dims[0]), jnp.bfloat16)
+        v = jax.ShapeDtypeStruct((1, 256, 1, dims[1]), jnp.bfloat16)
         used.clear()
-        jax.eval_shape(_ring_loss(True, causal), q, k, k)
-        assert set(used) == {want}, causal
+        jax.eval_shape(_ring_loss(True, causal), q, k, v)
+        assert set(used) == {want}, (causal, dims)
 
 
 @needs_interpret

@@ -26,15 +26,15 @@ def test_hopper_check_variants_become_block_sizes(bench):
     want = dataclasses.replace(ph.default_block_sizes(64), backward="fused", bwd_block_k=128, registers=240)
     assert got == want and got.schedule == "pingpong3"  # the head-dim-64 defaults underneath
     assert hr.block_sizes("default/split_group=false", 128).split_group is False  # not the string
-    full = hr.block_sizes("default", 128, causal=False)  # the forward schedule follows the mask
-    assert full == ph.default_block_sizes(128, causal=False) and full.schedule == "overlap"
-    assert hr.block_sizes("default/schedule=pingpong3", 128, causal=False) == hr.block_sizes("default", 128)
+    full = hr.block_sizes("default", 64, causal=False)  # the registers follow the mask
+    assert full == ph.default_block_sizes(64, causal=False) and full.registers == 232
+    assert hr.block_sizes("default/registers=240", 64, causal=False) == hr.block_sizes("default", 64)
     for d, causal in ((64, True), (64, False), (128, True), (128, False), (256, True)):
         assert hr.block_sizes("deterministic", d, causal) == ph.deterministic_block_sizes(
             None, d, causal
         )  # what deterministic=True runs
-    got = hr.block_sizes("deterministic/bwd_stages=3", 128, causal=False)
-    assert (got.backward, got.bwd_stages, got.schedule) == ("mosaic", 3, "overlap")
+    got = hr.block_sizes("deterministic/bwd_stages=3", 192, causal=False, v_head_dim=128)
+    assert (got.backward, got.bwd_stages, got.schedule) == ("mosaic", 3, "overlap")  # MLA's forward
     assert hr.block_sizes("deterministic", 64).bwd_block_k == 128  # its own dq tiles at 64
     mla = hr.block_sizes("default", 192, v_head_dim=128)  # MLA's defaults: the fused backward
     assert mla == ph.default_block_sizes(192, v_head_dim=128) and mla.backward == "fused"
@@ -56,9 +56,9 @@ def test_hopper_check_skips_duplicate_and_unfit_backwards(bench, monkeypatch):
     assert [(name, bs.backward) for name, bs in hr.distinct_backwards(256)] == [("default", "mosaic")]
     assert any("is backward=default" in line for line in hr.LINES)
     assert any("applies at head dims <= 128 only" in line for line in hr.LINES)
-    monkeypatch.setattr(hr, "BACKWARDS", ["default", "default/schedule=overlap"])
-    assert [n for n, _ in hr.distinct_backwards(128)] == hr.BACKWARDS  # causal: two forwards
-    assert [n for n, _ in hr.distinct_backwards(128, causal=False)] == ["default"]  # the same
+    monkeypatch.setattr(hr, "BACKWARDS", ["default", "default/registers=240"])
+    assert [n for n, _ in hr.distinct_backwards(64, causal=False)] == hr.BACKWARDS  # 232 registers
+    assert [n for n, _ in hr.distinct_backwards(64)] == ["default"]  # causal: 240, the same
     monkeypatch.setattr(hr, "BACKWARDS", ["default", "fused", "fused/bwd_stages=3", "mosaic/bwd_stages=3"])
     assert [n for n, _ in hr.distinct_backwards(128)] == [
         "default",

@@ -49,7 +49,7 @@ def block_sizes(spec: str, d: int, causal: bool = True, v_head_dim: int | None =
     name, *fields = spec.split("/")
     over = {k: _field_value(v) for k, v in (f.split("=") for f in fields)}
     if name == "deterministic":
-        return dataclasses.replace(ph.deterministic_block_sizes(None, d, causal), **over)
+        return dataclasses.replace(ph.deterministic_block_sizes(None, d, causal, v_head_dim), **over)
     if name != "default":
         over["backward"] = name
     return dataclasses.replace(ph.default_block_sizes(d, causal, v_head_dim=v_head_dim), **over)

@@ -53,10 +53,10 @@ class BlockSizes:
     rows); ``stages``: shared-memory slots for keys/values; ``schedule``: "pingpong" (the compute
     warpgroups alternate on the tensor cores), "pingpong3" (the forward runs three compute
     warpgroups taking turns, ``fwd_kernel._Turns``, 160 registers per compute thread whatever
-    ``registers`` says; the head-dim-128 default with a causal mask) or "overlap" (the forward
+    ``registers`` says; the default at head dims 64 and 128) or "overlap" (the forward
     overlaps block j's softmax with block j-1's P·V inside each warpgroup, FlashAttention-3's
-    intra-warpgroup pipelining, ``fwd_loops.overlap_loops``; the head-dim-128 default without a
-    causal mask).
+    intra-warpgroup pipelining, ``fwd_loops.overlap_loops``; MLA's default without a causal
+    mask).
     ``backward``: "mosaic" (``bwd_kernels``: a dq and a dk/dv
     kernel, 64-row tiles, ``bwd_stages`` slots, the dq kernel streaming ``bwd_block_k`` keys per
     block; deterministic; above 128 ``split_bwd``'s
@@ -117,9 +117,9 @@ class BlockSizes:
 
 
 _DEFAULTS = {  # H200, docs/kernels.md
-    # D=64: causal, three compute warpgroups over 128-key blocks: H100 causal forward 1.13x /
-    # 1.33x / 1.14x / 1.18x the two warpgroups' speed over 256-key blocks at 16K / 32K / 64K / 128K
-    # (2026-12-07, docs/kernels.md; _FULL_DEFAULTS keeps those without a causal mask). The fused
+    # D=64: three compute warpgroups over 128-key blocks: H100 causal forward 1.13x / 1.33x /
+    # 1.14x / 1.18x the two warpgroups' speed over 256-key blocks at 16K / 32K / 64K / 128K
+    # (2026-12-07), without a causal mask 1.15x / 1.14x at 32K / 128K (2026-12-08). The fused
     # backward with one dq tile per CTA (the warpgroups take turns; 0.89-1.01x cuDNN against
     # 0.86-1.01x with one tile per warpgroup, 0.88-0.95x for the two-kernel one, 2026-12-01)
     # through 3 stages and, causal, 240 registers (_FULL_DEFAULTS: 232 without a causal mask).
@@ -130,7 +130,8 @@ _DEFAULTS = {  # H200, docs/kernels.md
     # (64K fwd+bwd 0.95-0.99x cuDNN against 0.91-0.94x for one dq tile per warpgroup, 2026-12-01).
     # The forward's three compute warpgroups take turns (schedule="pingpong3", 192-row CTAs; its
     # compute threads have 160 registers, the backward's 240): H100 32K / 128K causal forward
-    # 1.11x / 1.11x the two's speed, soft-capped 1.08x / 1.03x (2026-12-07, bitwise the same o).
+    # 1.11x / 1.11x the two's speed, soft-capped 1.08x / 1.03x (2026-12-07, bitwise the same o);
+    # without a causal mask 1.10x / 1.08x FA3's intra-warpgroup overlap's (2026-12-08, bitwise).
     128: BlockSizes(block_k=128, stages=2, schedule="pingpong3", backward="fused", registers=240),
     # D=256: the deterministic head-dim-split pair (split_bwd, no atomics): 64K fwd+bwd
     # 0.92-0.93x cuDNN; a fused split kernel adding dq by per-element float32 atomics ran
@@ -139,18 +140,11 @@ _DEFAULTS = {  # H200, docs/kernels.md
 }
 
 
-# Without a causal mask the head-dim-128 forward overlaps each block's softmax with the previous
-# block's P.V inside a warpgroup (FA3), with no ping-pong: 16K-128K forward 1.00-1.03x cuDNN against
-# 0.97-1.00x (2026-12-01, docs/kernels.md). Causal it loses (0.97-1.07x against 1.01-1.10x), as
-# does head dim 64 (0.89-0.96x against 0.97-1.02x). Head dim 64 without a causal mask keeps 232
-# registers: with 240 its forward+backward ran 2-6% slower there (docs/kernels.md); with a causal
-# mask 240 and 3 stages ran 1.02-1.05x cuDNN against 0.97-1.01x.
-_FULL_DEFAULTS = {
-    128: dataclasses.replace(_DEFAULTS[128], schedule="overlap"),
-    # 256-key blocks with two warpgroups: 16K-128K forward 1.02-1.16x cuDNN against 0.93-1.04x for
-    # 128 keys in 3 stages (docs/kernels.md).
-    64: dataclasses.replace(_DEFAULTS[64], block_k=256, schedule="pingpong", registers=232),
-}
+# Without a causal mask (the forward's tiles and schedule as with one, H100 2026-12-08: 32K / 128K
+# forward 1.10x / 1.12x cuDNN at head dim 128, 1.12x / 1.15x at 64; docs/kernels.md) head dim 64
+# keeps 232 registers: with 240 its forward+backward ran 2-6% slower there (docs/kernels.md); with
+# a causal mask 240 and 3 stages ran 1.02-1.05x cuDNN against 0.97-1.01x.
+_FULL_DEFAULTS = {64: dataclasses.replace(_DEFAULTS[64], registers=232)}
 
 # The two-kernel ("mosaic") backward of deterministic=True keeps its own tiles where the fused
 # default's lost on it: head dim 64, 64K causal 0.95x cuDNN against 0.91x (docs/kernels.md); its dq
@@ -161,8 +155,8 @@ _DETERMINISTIC_TILES = {64: dict(bwd_stages=2, registers=232, bwd_block_k=128)}
 
 def default_block_sizes(head_dim: int, causal: bool = True, v_head_dim: int | None = None) -> BlockSizes:
     """Defaults for the padded head dim (64, 128 or 256), from the H200 runs cited above.
-    ``causal``: whether the step has a causal mask (without one, head dim 128 runs the forward with
-    ``schedule="overlap"`` and head dim 64 its kernels with 232 registers per compute thread, not 240).
+    ``causal``: whether the step has a causal mask (without one, head dim 64 runs its kernels with
+    232 registers per compute thread, not 240, and MLA its forward with ``schedule="overlap"``).
     ``v_head_dim``: v's own head dim where it differs: the row of the larger of the two, with MLA's
     tiles (:data:`_MLA`) where they pad to 192 and 128."""
     if v_head_dim is not None and v_head_dim != head_dim:
@@ -194,10 +188,11 @@ def _tuned_dim(head_dim: int) -> int:
 
 
 def deterministic_block_sizes(
-    block_sizes: BlockSizes | None, head_dim: int, causal: bool = True
+    block_sizes: BlockSizes | None, head_dim: int, causal: bool = True, v_head_dim: int | None = None
 ) -> BlockSizes:
     """The block sizes of ``ring_attention(..., deterministic=True)`` (``implementations.py``): the
-    defaults for ``head_dim`` and ``causal``, with the fused backward replaced by the two-kernel
+    defaults for ``head_dim``, ``causal`` and ``v_head_dim`` (v's own head dim where it differs:
+    MLA's forward tiles stay), with the fused backward replaced by the two-kernel
     "mosaic" one (with ``_DETERMINISTIC_TILES``' fields: at head dim 64 2 stages, 232 registers and
     128-key dq blocks).
 
@@ -211,7 +206,7 @@ def deterministic_block_sizes(
     pair of ``split_bwd``.
     """
     if block_sizes is None:
-        bs = default_block_sizes(head_dim, causal)
+        bs = default_block_sizes(head_dim, causal, v_head_dim)
         if bs.backward != "fused":
             return bs
         return dataclasses.replace(

@@ -4,8 +4,8 @@ FlashAttention-3 (Shah et al. 2024): the online softmax in the log2 domain, then
 the loop over the key blocks ``[lo, hi)``. :func:`loops` runs one block per iteration (QK^T,
 softmax, P·V), the two compute warpgroups optionally taking turns on the tensor cores (ping-pong).
 :func:`overlap_loops` is FA3's intra-warpgroup overlap: block j's QK^T and block j-1's P·V are
-issued together and block j's softmax runs while P·V is in flight (``BlockSizes.fwd_overlap``;
-the default at head dim 128 without a causal mask). Both walk the ranges of
+issued together and block j's softmax runs while P·V is in flight (``schedule="overlap"``;
+MLA's default without a causal mask). Both walk the ranges of
 :meth:`Warpgroup.ranges`: the window's far edge ``[lo, edge)`` and ``[mid, hi)`` with the
 elementwise mask, the fully visible blocks in between without it (``fwd_kernel``'s bounds).
 Shapes in comments: ``bq`` rows per compute warpgroup, ``bk`` keys per block, ``D`` the padded

@@ -3,9 +3,9 @@
 The fused inner loop of Ring Attention (Liu, Zaharia & Abbeel 2023) for H100/H200 with the techniques
 of FlashAttention-3 (Shah et al. 2024): warp specialisation (two compute warpgroups and a TMA producer
 warpgroup), wgmma from swizzled shared memory, a multi-stage TMA pipeline for keys and values, and
-ping-pong scheduling of the compute warpgroups (at head dims 64 and 128 with a causal mask three of them
-taking turns, ``schedule="pingpong3"``), or (head dim 128 without a causal mask) the overlap of
-each block's softmax with the previous block's P·V inside a warpgroup. Kernel body:
+ping-pong scheduling of the compute warpgroups (at head dims 64 and 128 three of them taking turns,
+``schedule="pingpong3"``), or (MLA without a causal mask) the overlap of each block's softmax
+with the previous block's P·V inside a warpgroup. Kernel body:
 ``fwd_kernel.py`` and ``fwd_loops.py``; ``BlockSizes`` and the tuned defaults: ``block_sizes.py``,
 re-exported here (the package's files: ``kernels/hopper/__init__.py``).
 
