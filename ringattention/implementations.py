@@ -18,10 +18,9 @@ block_sizes, interpret)``
 
 Query head ``h`` reads kv head ``h // (H // K)``; kv heads are never repeated in memory.
 
-``deterministic_block_sizes(block_sizes, head_dim, causal[, v_head_dim=]) -> block_sizes`` (optional)
+``deterministic_block_sizes(block_sizes, head_dim, causal, v_head_dim) -> block_sizes`` (optional)
     What ``ring_attention(..., deterministic=True)`` runs with: block sizes (None: the defaults for
-    ``head_dim`` and ``causal``, the ring's mask, and v's own head dim where it differs, passed as
-    ``v_head_dim`` then only) whose
+    ``head_dim``, ``causal`` (the ring's mask) and ``v_head_dim`` (v's)) whose
     forward and backward steps add up their sums in a fixed order, so that two runs on the same
     inputs give the same bits. Raises ValueError if the given block sizes cannot. An implementation
     without it is deterministic as it is: "xla" (plain XLA ops; on GPU XLA's own scatters, reductions
@@ -158,13 +157,9 @@ def resolve(
 def deterministic_block_sizes(
     impl: Implementation, block_sizes: Any, head_dim: int, causal: bool = True, v_head_dim: int | None = None
 ) -> Any:
-    """``block_sizes`` for ``deterministic=True``: the module's hook (contract above) if it has one;
-    ``v_head_dim`` reaches it only where v has its own head dim."""
+    """``block_sizes`` for ``deterministic=True``: the module's hook (contract above) if it has one."""
     hook = getattr(impl.load(), "deterministic_block_sizes", None)
-    if hook is None:
-        return block_sizes
-    own = {} if v_head_dim in (None, head_dim) else {"v_head_dim": v_head_dim}
-    return hook(block_sizes, head_dim, causal, **own)
+    return block_sizes if hook is None else hook(block_sizes, head_dim, causal, v_head_dim)
 
 
 # The pure-JAX step; the Pallas kernels register themselves, one package per backend
